@@ -1,0 +1,315 @@
+"""Configuration: one TOML file per target database, loaded into attrs classes.
+
+Unknown keys and bad values are errors that name the path of the offending key
+(``$.recovery.buffer_window: ...``), so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import cattrs
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
+
+__all__ = [
+    "Address",
+    "ConfigError",
+    "Config",
+    "load_config",
+    "parse_config",
+    "parse_duration",
+    "parse_size",
+]
+
+
+class ConfigError(Exception):
+    """A configuration problem, with every bad key listed by path."""
+
+
+class Size(int):
+    """A byte count; the config accepts 1048576, "1MiB", "64 MiB", "512KiB", "1GiB"."""
+
+
+class Duration(float):
+    """Seconds; the config accepts 2, 0.5, "500ms", "30s", "2m"."""
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "kb": 1000, "mb": 1000**2, "gb": 1000**3}
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_size(value: Any) -> Size:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a size like 65536 or '64MiB', got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"size must not be negative, got {value}")
+        return Size(value)
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", value)
+        if m and m.group(2).lower() in _SIZE_UNITS:
+            return Size(int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]))
+    raise ValueError(f"expected a size like 65536 or '64MiB' (units B, KiB, MiB, GiB, KB, MB, GB), got {value!r}")
+
+
+def parse_duration(value: Any) -> Duration:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration like 30 or '500ms', got {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"duration must not be negative, got {value}")
+        return Duration(value)
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*", value)
+        if m and m.group(2).lower() in _DURATION_UNITS:
+            return Duration(float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()])
+    raise ValueError(f"expected a duration like 30 (seconds), '500ms', '30s' or '2m', got {value!r}")
+
+
+@attrs.frozen
+class Address:
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, value: Any) -> "Address":
+        if not isinstance(value, str):
+            raise ValueError(f"expected 'host:port', got {value!r}")
+        host, sep, port = value.rpartition(":")
+        host = host.strip("[]")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"expected 'host:port' with a port from 1 to 65535, got {value!r}")
+        return cls(host, int(port))
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@attrs.frozen
+class ListenConfig:
+    address: Address = Address("127.0.0.1", 4000)
+    # A client that has not finished authenticating by then is disconnected.
+    handshake_timeout: Duration = Duration(10)
+    # Connections beyond this are refused with ERR 1040 (too many connections).
+    max_connections: int = attrs.field(default=4096, validator=attrs.validators.gt(0))
+    # Version string shown to clients before the backend's own is known.
+    server_version: str = "8.0.11-replay-proxy"
+
+
+@attrs.frozen
+class BackendConfig:
+    addresses: list[Address] = attrs.field(validator=attrs.validators.min_len(1))
+    connect_timeout: Duration = Duration(5)
+    # Timeout for the proxy's own short exchanges with the backend (login, session restore, replay).
+    io_timeout: Duration = Duration(30)
+
+
+@attrs.frozen
+class UserConfig:
+    name: str
+    password: str | None = attrs.field(default=None, repr=False)
+    password_env: str | None = None
+    # Credentials for the backend login; by default the client's own name and password.
+    backend_user: str | None = None
+    backend_password: str | None = attrs.field(default=None, repr=False)
+    backend_password_env: str | None = None
+
+    def resolved_password(self) -> str:
+        return _secret(self.password, self.password_env, f"users[{self.name}].password")
+
+    def resolved_backend_user(self) -> str:
+        return self.backend_user if self.backend_user is not None else self.name
+
+    def resolved_backend_password(self) -> str:
+        if self.backend_password is None and self.backend_password_env is None:
+            return self.resolved_password()
+        return _secret(self.backend_password, self.backend_password_env, f"users[{self.name}].backend_password")
+
+
+def _secret(value: str | None, env: str | None, what: str) -> str:
+    if value is not None and env is not None:
+        raise ConfigError(f"{what}: give either the value or the _env variable name, not both")
+    if env is not None:
+        if env not in os.environ:
+            raise ConfigError(f"{what}: environment variable {env} is not set")
+        return os.environ[env]
+    return value if value is not None else ""
+
+
+@attrs.frozen
+class RecoveryConfig:
+    enabled: bool = True
+    # How long a client's request is held while the backend is unreachable.
+    buffer_window: Duration = Duration(30)
+    backoff_initial: Duration = Duration(0.05)
+    backoff_max: Duration = Duration(1)
+    # Above this many bytes (statements plus results' bookkeeping) the open transaction is not replayable.
+    journal_max_bytes: Size = Size(4 * 1024 * 1024)
+    journal_max_statements: int = 10000
+    # "none": replay only what provably did not commit.
+    # "safe-mode": also replay an in-flight COMMIT / autocommit write when every statement is idempotent.
+    idempotent: Literal["none", "safe-mode"] = "none"
+    # After reconnecting to the same server instance, KILL the old connection id so its locks go away.
+    kill_old_session: bool = True
+
+
+@attrs.frozen
+class LimitsConfig:
+    max_allowed_packet: Size = Size(64 * 1024 * 1024)
+    oversized: Literal["reject", "split"] = "reject"
+    # Commands bigger than this are spooled to a temporary file instead of memory while being checked.
+    spool_threshold: Size = Size(4 * 1024 * 1024)
+
+
+@attrs.frozen
+class AdminConfig:
+    address: Address = Address("127.0.0.1", 9100)
+    enabled: bool = True
+
+
+@attrs.frozen
+class LogConfig:
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["text", "json"] = "text"
+
+
+@attrs.frozen
+class PluginsConfig:
+    chain: list[str] = attrs.Factory(list)
+    # Option tables, one per plugin name: [plugins.<name>]. Checked by each plugin's own options class.
+    options: dict[str, dict[str, Any]] = attrs.Factory(dict)
+
+
+@attrs.frozen
+class Config:
+    backend: BackendConfig
+    users: list[UserConfig] = attrs.field(validator=attrs.validators.min_len(1))
+    # Target name used in logs and metrics; defaults to the config file's stem.
+    name: str = "default"
+    listen: ListenConfig = ListenConfig()
+    recovery: RecoveryConfig = RecoveryConfig()
+    limits: LimitsConfig = LimitsConfig()
+    admin: AdminConfig = AdminConfig()
+    log: LogConfig = LogConfig()
+    plugins: PluginsConfig = PluginsConfig()
+
+    def user(self, name: str) -> UserConfig | None:
+        for user in self.users:
+            if user.name == name:
+                return user
+        return None
+
+
+def _make_converter() -> cattrs.Converter:
+    conv = cattrs.Converter(forbid_extra_keys=True)
+    conv.register_structure_hook(Size, lambda v, _: parse_size(v))
+    conv.register_structure_hook(Duration, lambda v, _: parse_duration(v))
+    conv.register_structure_hook(Address, lambda v, _: Address.parse(v))
+
+    def structure_str(value: Any, _: Any) -> str:
+        if not isinstance(value, str):
+            raise ValueError(f"expected a string, got {value!r}")
+        return value
+
+    def structure_int(value: Any, _: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"expected an integer, got {value!r}")
+        return value
+
+    def structure_bool(value: Any, _: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {value!r}")
+        return value
+
+    def is_literal(t: Any) -> bool:
+        return getattr(t, "__origin__", None) is Literal
+
+    def structure_literal(value: Any, t: Any) -> Any:
+        if value not in t.__args__:
+            choices = ", ".join(repr(a) for a in t.__args__)
+            raise ValueError(f"expected one of {choices}, got {value!r}")
+        return value
+
+    conv.register_structure_hook_func(is_literal, structure_literal)
+    conv.register_structure_hook(str, structure_str)
+    conv.register_structure_hook(int, structure_int)
+    conv.register_structure_hook(bool, structure_bool)
+    return conv
+
+
+converter = _make_converter()
+
+
+def structure_checked(data: Any, cls: type, root: str = "$") -> Any:
+    """Structure ``data`` into ``cls``; raise ConfigError listing each bad key by path."""
+    try:
+        return converter.structure(data, cls)
+    except (ClassValidationError, ForbiddenExtraKeysError, ValueError, TypeError) as exc:
+        raise ConfigError("\n".join(_describe(exc, root))) from None
+
+
+def _describe(exc: BaseException, path: str) -> list[str]:
+    if isinstance(exc, ForbiddenExtraKeysError):
+        return [f"{path}: unknown key(s) {', '.join(sorted(exc.extra_fields))}"]
+    if isinstance(exc, BaseExceptionGroup):
+        out: list[str] = []
+        for sub in exc.exceptions:
+            out.extend(_describe(sub, path + _path_step(sub)))
+        return out
+    if isinstance(exc, KeyError):
+        return [f"{path}: required key missing"]
+    return [f"{path}: {exc}"]
+
+
+def _path_step(exc: BaseException) -> str:
+    """cattrs notes each sub-error with the attribute name or list index it came from."""
+    for note in getattr(exc, "__notes__", []):
+        if getattr(note, "name", None) is not None:
+            return f".{note.name}"
+        if getattr(note, "index", None) is not None:
+            return f"[{note.index!r}]"
+    return ""
+
+
+def parse_config(data: dict[str, Any], default_name: str = "default") -> Config:
+    data = dict(data)
+    data.setdefault("name", default_name)
+    plugins = data.get("plugins")
+    if isinstance(plugins, dict):
+        # [plugins] holds "chain" plus one table per plugin; fold the tables under "options".
+        plugins = dict(plugins)
+        options = {k: plugins.pop(k) for k in list(plugins) if k != "chain" and isinstance(plugins[k], dict)}
+        plugins["options"] = options
+        data["plugins"] = plugins
+    config = structure_checked(data, Config)
+    names = [u.name for u in config.users]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"$.users: duplicate user name(s) {', '.join(dupes)}")
+    for user in config.users:  # fail at start-up, not at the first login, on a missing env var
+        user.resolved_password()
+        user.resolved_backend_password()
+    unknown = sorted(set(config.plugins.options) - set(config.plugins.chain))
+    if unknown:
+        raise ConfigError(f"$.plugins: option table(s) for plugin(s) not in the chain: {', '.join(unknown)}")
+    return config
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    try:
+        return parse_config(data, default_name=path.stem)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}:\n{exc}") from None
