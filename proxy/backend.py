@@ -1,0 +1,246 @@
+"""Backend connections: connect, log in, and the proxy's own small exchanges with the server."""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+
+import attrs
+import trio
+
+from proxy.config import Address
+from proxy.netio import Channel, PeerClosed, open_tcp
+from proxy.protocol.auth import ClientAuth
+from proxy.protocol.constants import REQUIRED_BACKEND_CAPABILITIES, Capabilities, Commands, Err
+from proxy.protocol.framing import encode_packet
+from proxy.protocol.packets import (
+    ERR_HEADER,
+    ErrPacket,
+    HandshakeResponse,
+    OkPacket,
+    ProtocolError,
+    Reader,
+    ServerHandshake,
+    make_handshake_response,
+    parse_err,
+    parse_ok,
+    parse_server_handshake,
+)
+from proxy.protocol.response import Expect, ResponseTracker
+
+__all__ = ["Backend", "BackendError", "Login", "connect_backend", "RETRYABLE_LOGIN_ERRORS"]
+
+log = logging.getLogger("replay_proxy.backend")
+
+# Login errors that mean "try again shortly": too many connections (1040, 1203), shutdown in
+# progress (1053), connection killed (1927), TiDB's PD / TiKV not reachable yet (9001, 9002).
+RETRYABLE_LOGIN_ERRORS = frozenset({1040, 1053, 1203, 1927, 9001, 9002})
+
+MAX_PACKET = 1 << 30  # what the proxy announces as its own receive limit to the backend
+
+
+class BackendError(Exception):
+    """Could not get a working backend connection."""
+
+    def __init__(self, message: str, *, retryable: bool, err: ErrPacket | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.err = err
+
+
+@attrs.frozen
+class Login:
+    user: str
+    password: str = attrs.field(repr=False)
+    database: str | None
+    collation: int
+    capabilities: int  # what the client negotiated with the proxy
+    connect_attrs: dict[str, str] = attrs.Factory(dict)
+
+
+@attrs.define(eq=False)
+class Backend:
+    channel: Channel
+    address: Address
+    handshake: ServerHandshake
+    capabilities: int  # negotiated between proxy and server
+    status: int
+    connected_at: float
+    max_allowed_packet: int | None = None
+
+    @property
+    def connection_id(self) -> int:
+        return self.handshake.connection_id
+
+    @property
+    def deprecate_eof(self) -> bool:
+        return bool(self.capabilities & Capabilities.CLIENT_DEPRECATE_EOF)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    async def exchange(self, frames: bytes, expect: Expect, fingerprint: bool = False) -> ResponseTracker:
+        """Send one framed command and read its whole response without forwarding it anywhere."""
+        tracker = ResponseTracker(expect, self.deprecate_eof, fingerprint)
+        await self.channel.send(frames)
+        if tracker.done:
+            return tracker
+        while True:
+            data = await self.channel.recv()
+            end = tracker.feed(data)
+            if end >= 0:
+                if end != len(data):
+                    raise ProtocolError(f"{len(data) - end} unexpected bytes after a response from {self.address}")
+                return tracker
+
+    async def query(self, sql: str) -> list[list[bytes | None]]:
+        """Run a statement of the proxy's own; returns text rows (empty for OK). Raises
+        BackendError on ERR."""
+        await self.channel.send(encode_packet(b"\x03" + sql.encode("utf-8"), 0)[0])
+        first = (await self.channel.read_packet()).payload
+        if first[0] == ERR_HEADER:
+            err = parse_err(first)
+            raise BackendError(f"{self.address}: {sql[:60]!r} failed: {err}", retryable=False, err=err)
+        if first[0] == 0x00:
+            ok = parse_ok(first, self.capabilities)
+            self.status = ok.status
+            return []
+        ncols = Reader(first).lenenc()
+        for _ in range(ncols):
+            await self.channel.read_packet()
+        if not self.deprecate_eof:
+            await self.channel.read_packet()
+        rows = []
+        while True:
+            payload = (await self.channel.read_packet()).payload
+            if payload[0] == ERR_HEADER:
+                err = parse_err(payload)
+                raise BackendError(f"{self.address}: {sql[:60]!r} failed: {err}", retryable=False, err=err)
+            if payload[0] == 0xFE and len(payload) < 0xFFFFFF:
+                return rows
+            r = Reader(payload)
+            row: list[bytes | None] = []
+            for _ in range(ncols):
+                if payload[r.pos] == 0xFB:
+                    r.pos += 1
+                    row.append(None)
+                else:
+                    row.append(r.lenenc_str())
+            rows.append(row)
+
+
+def _set_keepalive(sock: socket.socket) -> None:
+    """Notice a silently dead server (network loss, frozen host) in ~25 s instead of hours."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 10)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 5)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+    except (OSError, AttributeError):
+        pass
+
+
+async def read_greeting(address: Address, connect_timeout: float) -> tuple[Channel, ServerHandshake]:
+    try:
+        with trio.fail_after(connect_timeout):
+            channel = await open_tcp(address.host, address.port, f"backend {address}")
+            _set_keepalive(channel.sock)
+            try:
+                packet = await channel.read_packet()
+                if packet.payload[:1] == bytes([ERR_HEADER]):
+                    err = parse_err(packet.payload)
+                    raise BackendError(
+                        f"backend {address} refused the connection: {err}",
+                        retryable=err.code in RETRYABLE_LOGIN_ERRORS,
+                        err=err,
+                    )
+                return channel, parse_server_handshake(packet.payload)
+            except BaseException:
+                channel.close()
+                raise
+    except trio.TooSlowError:
+        raise BackendError(f"backend {address}: no greeting within {connect_timeout:g}s", retryable=True) from None
+    except (OSError, PeerClosed) as exc:
+        raise BackendError(f"backend {address}: {getattr(exc, 'strerror', None) or exc}", retryable=True) from None
+    except ProtocolError as exc:
+        raise BackendError(f"backend {address}: bad greeting: {exc}", retryable=True) from None
+
+
+async def connect_backend(address: Address, login: Login, *, connect_timeout: float, io_timeout: float) -> Backend:
+    """Open, authenticate and probe a backend connection."""
+    channel, hs = await read_greeting(address, connect_timeout)
+    try:
+        with trio.fail_after(io_timeout):
+            return await _login(channel, hs, address, login)
+    except trio.TooSlowError:
+        channel.close()
+        raise BackendError(f"backend {address}: login took longer than {io_timeout:g}s", retryable=True) from None
+    except (PeerClosed, OSError) as exc:
+        channel.close()
+        raise BackendError(f"backend {address}: connection lost during login: {exc}", retryable=True) from None
+    except ProtocolError as exc:
+        channel.close()
+        raise BackendError(f"backend {address}: protocol error during login: {exc}", retryable=False) from None
+    except BaseException:
+        channel.close()
+        raise
+
+
+async def _login(channel: Channel, hs: ServerHandshake, address: Address, login: Login) -> Backend:
+    missing = REQUIRED_BACKEND_CAPABILITIES & ~hs.capabilities
+    if missing:
+        raise BackendError(f"backend {address} lacks capabilities {Capabilities(missing)!r}", retryable=False)
+    caps = (login.capabilities & hs.capabilities) | REQUIRED_BACKEND_CAPABILITIES
+    caps |= Capabilities.CLIENT_PLUGIN_AUTH & hs.capabilities
+    caps &= ~(Capabilities.CLIENT_SSL | Capabilities.CLIENT_COMPRESS | Capabilities.CLIENT_LOCAL_FILES)
+    if login.database:
+        caps |= Capabilities.CLIENT_CONNECT_WITH_DB
+    else:
+        caps &= ~Capabilities.CLIENT_CONNECT_WITH_DB
+    if hs.capabilities & Capabilities.CLIENT_CONNECT_ATTRS:
+        caps |= Capabilities.CLIENT_CONNECT_ATTRS
+    auth = ClientAuth(login.user, login.password, hs.scramble, hs.auth_plugin)
+    attrs_ = dict(login.connect_attrs)
+    attrs_["_proxy"] = "replay-proxy"
+    response = HandshakeResponse(
+        capabilities=caps,
+        max_packet=MAX_PACKET,
+        charset=login.collation & 0xFF,
+        username=login.user,
+        auth_response=auth.first_response(),
+        database=login.database,
+        auth_plugin=auth.plugin,
+        connect_attrs=attrs_,
+    )
+    seq = 1
+    await channel.send(encode_packet(make_handshake_response(response), seq)[0])
+    while True:
+        packet = await channel.read_packet()
+        action, value = auth.on_packet(packet.payload)
+        if action == "ok":
+            ok = parse_ok(packet.payload, caps)
+            break
+        if action == "error":
+            assert isinstance(value, ErrPacket)
+            raise BackendError(
+                f"backend {address} refused login for user {login.user!r}: {value}",
+                retryable=value.code in RETRYABLE_LOGIN_ERRORS,
+                err=value,
+            )
+        if action == "send":
+            assert isinstance(value, bytes)
+            await channel.send(encode_packet(value, packet.seq + 1)[0])
+    backend = Backend(channel, address, hs, caps, ok.status, trio.current_time())
+    rows = await backend.query("SELECT @@max_allowed_packet")
+    if rows and rows[0][0] is not None:
+        backend.max_allowed_packet = int(rows[0][0])
+    return backend
+
+
+def backoff_delays(initial: float, maximum: float):
+    """initial, 2*initial, ... capped at maximum, forever."""
+    delay = initial
+    while True:
+        yield delay
+        delay = min(maximum, delay * 2) if not math.isinf(delay) else maximum

@@ -1,0 +1,121 @@
+"""The listening side: accept clients, run one Session per connection, log its life."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import socket
+
+import trio
+
+from proxy.config import Config
+from proxy.hooks import Hooks
+from proxy.netio import Channel, PeerClosed
+from proxy.protocol.constants import Err
+from proxy.protocol.framing import encode_packet
+from proxy.protocol.packets import ProtocolError, make_err
+from proxy.relay import Session, SessionClosed
+from proxy.target import Target
+
+__all__ = ["serve", "Proxy"]
+
+log = logging.getLogger("replay_proxy.frontend")
+
+
+class Proxy:
+    """A running proxy for one target: listeners plus the sessions they accepted."""
+
+    def __init__(self, config: Config, hooks: Hooks | None = None) -> None:
+        self.config = config
+        self.target = Target(config, hooks)
+        self._ids = itertools.count(1)
+        self.addresses: list[tuple[str, int]] = []
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        listen = self.config.listen.address
+        listeners = await trio.open_tcp_listeners(listen.port, host=listen.host, backlog=1024)
+        self.addresses = [lst.socket.getsockname()[:2] for lst in listeners]
+        log.info(
+            "target %s: listening on %s, backend %s",
+            self.target.name,
+            ", ".join(f"{h}:{p}" for h, p in self.addresses),
+            ", ".join(str(a) for a in self.config.backend.addresses),
+        )
+        async with trio.open_nursery() as nursery:
+            for listener in listeners:
+                nursery.start_soon(self._accept_loop, listener, nursery)
+            task_status.started(self.addresses)
+
+    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        tsock = listener.socket
+        while True:
+            try:
+                conn, addr = await tsock.accept()
+            except OSError as exc:  # EMFILE and friends: back off instead of spinning
+                log.error("accept failed: %s", exc)
+                await trio.sleep(0.1)
+                continue
+            sock = socket.socket(conn.family, conn.type, conn.proto, fileno=conn.detach())
+            nursery.start_soon(self._handle, sock, addr)
+
+    async def _handle(self, sock: socket.socket, addr) -> None:
+        session_id = next(self._ids)
+        client_address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+        channel = Channel(sock, f"client {client_address}")
+        target = self.target
+        if len(target.sessions) >= self.config.listen.max_connections:
+            await _refuse(channel, *Err.CON_COUNT, "Too many connections")
+            log.warning("refused client %s: %d sessions open", client_address, len(target.sessions))
+            return
+        session = Session(target, channel, client_address, session_id)
+        target.sessions.add(session)
+        started = trio.current_time()
+        opened = False
+        try:
+            with trio.move_on_after(self.config.listen.handshake_timeout) as scope:
+                opened = await session.handshake()
+            if scope.cancelled_caught:
+                session.close_reason = f"no login within {self.config.listen.handshake_timeout:g}s"
+            if opened:
+                log.info(
+                    "session %d open: user=%s client=%s backend=%s backend_conn=%d",
+                    session_id, session.info.user, client_address, session.info.backend_address,
+                    session.backend.connection_id if session.backend else -1,
+                )
+                if target.hooks.session_opened:
+                    await target.hooks.notify(target.hooks.session_opened, session.info)
+                await session.run()
+        except SessionClosed as exc:
+            session.close_reason = str(exc)
+        except (PeerClosed, ProtocolError) as exc:
+            session.close_reason = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # a bug must cost one session, not the proxy
+            session.close_reason = f"internal error: {type(exc).__name__}: {exc}"
+            log.exception("session %d: internal error", session_id)
+        finally:
+            session.close()
+            target.sessions.discard(session)
+            if opened:
+                log.info(
+                    "session %d closed: user=%s client=%s backend=%s duration=%.3fs commands=%d recoveries=%d reason=%s",
+                    session_id, session.info.user, client_address, session.info.backend_address,
+                    trio.current_time() - started, session.commands, session.recoveries, session.close_reason,
+                )
+                if target.hooks.session_closed:
+                    with trio.CancelScope(shield=True):
+                        await target.hooks.notify(target.hooks.session_closed, session.info)
+            elif session.close_reason:
+                log.info("client %s not admitted: %s", client_address, session.close_reason)
+
+
+async def _refuse(channel: Channel, code: int, sqlstate: str, message: str) -> None:
+    try:
+        with trio.move_on_after(1):
+            await channel.send(encode_packet(make_err(code, sqlstate, message), 0)[0])
+    except PeerClosed:
+        pass
+    channel.close()
+
+
+async def serve(config: Config, hooks: Hooks | None = None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    await Proxy(config, hooks).serve(task_status=task_status)

@@ -1,0 +1,132 @@
+"""Socket I/O for the relay hot path.
+
+The proxy drives plain non-blocking stdlib sockets and only parks in trio when the kernel says
+"would block": a relayed statement then costs one recv and one send per direction and no
+scheduler round trip (measured: ~25% more statements/s than trio's SocketStream). Long
+non-blocking runs yield every few MiB so one busy session cannot starve the others.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import trio
+from trio.lowlevel import checkpoint, wait_readable, wait_writable
+
+from proxy.protocol.framing import Packet, PacketDecoder
+
+__all__ = ["Channel", "PeerClosed", "open_tcp"]
+
+RECV_SIZE = 256 * 1024
+_YIELD_EVERY = 4 * 1024 * 1024  # bytes moved without blocking before a fairness checkpoint
+
+
+class PeerClosed(ConnectionError):
+    """The other side closed the connection (EOF) or reset it."""
+
+
+class Channel:
+    """One TCP connection: raw chunk I/O plus a packet decoder for whole-packet reads."""
+
+    __slots__ = ("sock", "name", "decoder", "_unyielded", "closed")
+
+    def __init__(self, sock: socket.socket, name: str) -> None:
+        sock.setblocking(False)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass  # not TCP (unix socket in tests)
+        self.sock = sock
+        self.name = name
+        self.decoder = PacketDecoder()
+        self._unyielded = 0
+        self.closed = False
+
+    async def recv(self, size: int = RECV_SIZE) -> bytes:
+        """Next chunk of bytes; raises PeerClosed on EOF or reset."""
+        sock = self.sock
+        while True:
+            try:
+                data = sock.recv(size)
+            except BlockingIOError:
+                try:
+                    await wait_readable(sock)
+                except trio.ClosedResourceError:
+                    raise PeerClosed(f"{self.name}: closed") from None
+                self._unyielded = 0
+                continue
+            except (ConnectionResetError, ConnectionAbortedError, BrokenPipeError, TimeoutError) as exc:
+                raise PeerClosed(f"{self.name}: {exc.strerror or exc}") from None
+            except OSError as exc:
+                if self.closed:
+                    raise PeerClosed(f"{self.name}: closed") from None
+                raise PeerClosed(f"{self.name}: {exc.strerror or exc}") from None
+            if not data:
+                raise PeerClosed(f"{self.name}: connection closed by peer")
+            self._unyielded += len(data)
+            if self._unyielded > _YIELD_EVERY:
+                self._unyielded = 0
+                await checkpoint()
+            return data
+
+    async def send(self, data: bytes | bytearray | memoryview) -> None:
+        sock = self.sock
+        try:
+            n = sock.send(data)
+        except BlockingIOError:
+            n = 0
+        except OSError as exc:
+            raise PeerClosed(f"{self.name}: {exc.strerror or exc}") from None
+        if n == len(data):
+            return
+        view = memoryview(data)[n:]
+        while view:
+            try:
+                n = sock.send(view)
+            except BlockingIOError:
+                try:
+                    await wait_writable(sock)
+                except trio.ClosedResourceError:
+                    raise PeerClosed(f"{self.name}: closed") from None
+                continue
+            except OSError as exc:
+                raise PeerClosed(f"{self.name}: {exc.strerror or exc}") from None
+            view = view[n:]
+
+    async def read_packet(self) -> Packet:
+        """Next whole logical packet (for handshakes and the proxy's own exchanges)."""
+        while True:
+            packet = self.decoder.next_packet()
+            if packet is not None:
+                return packet
+            self.decoder.feed(await self.recv())
+
+    def data_pending(self) -> bool:
+        """True when the peer has sent something (or closed) that nobody has read yet."""
+        if self.decoder.buffered():
+            return True
+        try:
+            self.sock.recv(1, socket.MSG_PEEK)  # data, or b"" for EOF: either way the peer spoke
+            return True
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+
+
+async def open_tcp(host: str, port: int, name: str) -> Channel:
+    """Connect without blocking the event loop (trio resolves and connects), then hand the
+    plain socket to a Channel."""
+    stream = await trio.open_tcp_stream(host, port)
+    tsock = stream.socket
+    family, type_, proto = tsock.family, tsock.type, tsock.proto
+    sock = socket.socket(family, type_, proto, fileno=tsock.detach())
+    return Channel(sock, name)

@@ -1,0 +1,341 @@
+"""Where does a response end? A streaming tracker that reads frame headers and the first bytes
+of packets, never row contents, so the proxy can pass a response through chunk by chunk.
+
+Rules (MySQL client/server protocol, 4.1):
+- A result set is: column count, that many column definitions, EOF (absent with
+  CLIENT_DEPRECATE_EOF), rows, then EOF / OK-with-0xFE-header, or ERR.
+- A packet starting with 0xFE whose first frame is shorter than 0xFFFFFF is a terminator; a row
+  can only start with 0xFE when its first column is >= 16 MiB, which makes the frame full-size.
+- SERVER_MORE_RESULTS_EXISTS in a terminator's status means another result follows.
+- COM_STMT_PREPARE: PREPARE_OK, then parameter and column definitions, each block followed by EOF
+  (unless DEPRECATE_EOF) when not empty.
+- A cursor-opening COM_STMT_EXECUTE ends after the column definitions (status CURSOR_EXISTS).
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import zlib
+
+from proxy.protocol.constants import MAX_FRAME, Commands, ServerStatus
+from proxy.protocol.packets import (
+    ERR_HEADER,
+    EOF_HEADER,
+    LOCAL_INFILE_HEADER,
+    OK_HEADER,
+    ErrPacket,
+    OkPacket,
+    PrepareOk,
+    ProtocolError,
+    Reader,
+    parse_err,
+    parse_ok,
+    parse_prepare_ok,
+)
+
+__all__ = ["Expect", "expect_for", "ResponseTracker"]
+
+
+class Expect(enum.IntEnum):
+    NONE = 0  # COM_STMT_CLOSE, COM_STMT_SEND_LONG_DATA, COM_QUIT: no response at all
+    SINGLE = 1  # one packet: OK / ERR / EOF (COM_PING, COM_INIT_DB, COM_SET_OPTION, ...)
+    QUERY = 2  # COM_QUERY: OK | ERR | LOCAL INFILE request | text result sets
+    EXECUTE = 3  # COM_STMT_EXECUTE: OK | ERR | binary result sets
+    PREPARE = 4
+    FETCH = 5  # rows then EOF
+    FIELD_LIST = 6  # column definitions then EOF
+    STRING = 7  # COM_STATISTICS: one human-readable string packet
+
+
+_EXPECT = {
+    Commands.COM_QUERY: Expect.QUERY,
+    Commands.COM_STMT_EXECUTE: Expect.EXECUTE,
+    Commands.COM_STMT_PREPARE: Expect.PREPARE,
+    Commands.COM_STMT_FETCH: Expect.FETCH,
+    Commands.COM_FIELD_LIST: Expect.FIELD_LIST,
+    Commands.COM_STATISTICS: Expect.STRING,
+    Commands.COM_STMT_CLOSE: Expect.NONE,
+    Commands.COM_STMT_SEND_LONG_DATA: Expect.NONE,
+    Commands.COM_QUIT: Expect.NONE,
+}
+
+
+def expect_for(command: int) -> Expect:
+    return _EXPECT.get(command, Expect.SINGLE)
+
+
+# Tracker states (plain ints: this runs once per packet).
+_FIRST, _COLDEFS, _COLDEFS_EOF, _ROWS, _P_PARAMS, _P_PARAMS_EOF, _P_COLS, _P_COLS_EOF, _SINGLE, _DONE = range(10)
+# Modes within a frame.
+_HEADER, _SKIP, _PEEK, _COLLECT = range(4)
+
+_MORE = ServerStatus.SERVER_MORE_RESULTS_EXISTS
+_CURSOR = ServerStatus.SERVER_STATUS_CURSOR_EXISTS
+_CONTROL_MAX = 1 << 20  # OK/ERR/EOF/column-count packets are small; bigger means a confused stream
+
+
+class ResponseTracker:
+    """Feed response bytes; learn where the response ends and what it said.
+
+    ``feed`` returns -1 while the response continues past the given bytes, else the number of
+    bytes of ``data`` that belong to the response (the rest, if any, is not part of it).
+    With ``fingerprint=True`` it also computes a checksum of what the client saw (rows, column
+    definitions, affected rows, insert ids, warnings, errors) for replay verification.
+    """
+
+    __slots__ = (
+        "expect", "deprecate_eof", "done", "status", "saw_status", "ok", "error", "prepare_ok", "local_infile",
+        "rows", "results", "last_seq", "nbytes", "fingerprint", "hashing", "_state", "_mode", "_count",
+        "_skip", "_plen", "_pkt", "_hdr", "_cont", "_done_after_skip", "_binary",
+    )
+
+    def __init__(self, expect: Expect, deprecate_eof: bool = False, fingerprint: bool = False) -> None:
+        self.expect = expect
+        self.deprecate_eof = deprecate_eof
+        self.done = expect == Expect.NONE
+        self.status = 0  # status word of the last OK/EOF seen
+        self.saw_status = False  # False when the response had no status word (ERR only, no response)
+        self.ok: OkPacket | None = None  # last OK packet (statement results)
+        self.error: ErrPacket | None = None
+        self.prepare_ok: PrepareOk | None = None
+        self.local_infile = False
+        self.rows = 0
+        self.results = 0
+        self.last_seq = 0
+        self.nbytes = 0
+        self.fingerprint = 0
+        self.hashing = fingerprint
+        self._binary = expect == Expect.EXECUTE or expect == Expect.FETCH
+        if expect == Expect.FETCH:
+            self._state = _ROWS
+        elif expect == Expect.FIELD_LIST:
+            self._state = _ROWS  # definitions until a terminator, like rows
+        elif expect in (Expect.SINGLE, Expect.STRING):
+            self._state = _SINGLE
+        else:
+            self._state = _FIRST
+        self._mode = _HEADER
+        self._count = 0
+        self._skip = 0
+        self._plen = 0
+        self._pkt = bytearray()
+        self._hdr = b""
+        self._cont = False
+        self._done_after_skip = False
+
+    def feed(self, data: bytes) -> int:
+        if self.done:
+            return 0
+        pos = 0
+        n = len(data)
+        while pos < n:
+            mode = self._mode
+            if mode == _SKIP:
+                take = self._skip if self._skip <= n - pos else n - pos
+                if self.hashing:
+                    self.fingerprint = zlib.crc32(memoryview(data)[pos : pos + take], self.fingerprint)
+                pos += take
+                self._skip -= take
+                if self._skip:
+                    break
+                self._mode = _HEADER
+                if self._done_after_skip and not self._cont:
+                    return self._finish(pos)
+                continue
+            if mode == _HEADER:
+                if self._hdr or n - pos < 4:
+                    need = 4 - len(self._hdr)
+                    self._hdr += bytes(data[pos : pos + need])
+                    pos += min(need, n - pos)
+                    if len(self._hdr) < 4:
+                        break
+                    h = self._hdr
+                    self._hdr = b""
+                    length = h[0] | h[1] << 8 | h[2] << 16
+                    self.last_seq = h[3]
+                else:
+                    length = data[pos] | data[pos + 1] << 8 | data[pos + 2] << 16
+                    self.last_seq = data[pos + 3]
+                    pos += 4
+                if self._cont:  # continuation of a large row or definition: pure data
+                    self._cont = length == MAX_FRAME
+                    self._skip = length
+                    self._mode = _SKIP
+                    if not length and not self._cont:
+                        self._mode = _HEADER
+                        if self._done_after_skip:
+                            return self._finish(pos)
+                    continue
+                self._cont = length == MAX_FRAME
+                state = self._state
+                if state == _COLDEFS or state == _P_PARAMS or state == _P_COLS:
+                    self._count -= 1
+                    if not self._count:
+                        self._definitions_done()
+                    self._skip = length
+                    self._mode = _SKIP
+                    if not length and not self._cont:
+                        self._mode = _HEADER
+                        if self._done_after_skip:
+                            return self._finish(pos)
+                    continue
+                self._plen = length
+                self._mode = _PEEK if state == _ROWS else _COLLECT
+                if length == 0:
+                    if state == _ROWS:  # an empty row packet cannot be a terminator
+                        self.rows += 1
+                        self._mode = _HEADER
+                        continue
+                continue
+            if mode == _PEEK:
+                first = data[pos]
+                if (first == EOF_HEADER and self._plen < MAX_FRAME) or first == ERR_HEADER:
+                    self._mode = _COLLECT
+                else:
+                    self.rows += 1
+                    self._skip = self._plen
+                    self._mode = _SKIP
+                continue
+            # _COLLECT: gather a whole control packet, then act on it
+            if self._cont or self._plen > _CONTROL_MAX:
+                raise ProtocolError(f"control packet of {self._plen} bytes in a response; stream is out of sync")
+            want = self._plen - len(self._pkt)
+            if not self._pkt and n - pos >= want:
+                pkt = bytes(data[pos : pos + want])
+                pos += want
+            else:
+                self._pkt += data[pos : pos + want]
+                pos += min(want, n - pos)
+                if len(self._pkt) < self._plen:
+                    break
+                pkt = bytes(self._pkt)
+                self._pkt.clear()
+            self._mode = _HEADER
+            if self._control(pkt):
+                return self._finish(pos)
+        self.nbytes += n
+        return -1
+
+    def _finish(self, pos: int) -> int:
+        self.done = True
+        self._state = _DONE
+        self.nbytes += pos
+        return pos
+
+    def _definitions_done(self) -> None:
+        """The last definition of a block arrived; what comes next?"""
+        state = self._state
+        if state == _COLDEFS:
+            self._state = _ROWS if self.deprecate_eof else _COLDEFS_EOF
+        elif state == _P_PARAMS:
+            if not self.deprecate_eof:
+                self._state = _P_PARAMS_EOF
+            else:
+                self._after_prepare_params()
+        else:  # _P_COLS
+            if self.deprecate_eof:
+                self._done_after_skip = True
+            else:
+                self._state = _P_COLS_EOF
+
+    def _after_prepare_params(self) -> None:
+        assert self.prepare_ok is not None
+        if self.prepare_ok.num_columns:
+            self._state = _P_COLS
+            self._count = self.prepare_ok.num_columns
+        else:
+            self._done_after_skip = True
+
+    def _summarize(self, *values: int) -> None:
+        if self.hashing:
+            self.fingerprint = zlib.crc32(struct.pack(f"<{len(values)}Q", *values), self.fingerprint)
+
+    def _control(self, pkt: bytes) -> bool:
+        """Act on a complete control packet; True when the response is complete."""
+        state = self._state
+        first = pkt[0] if pkt else -1
+        if first == ERR_HEADER:
+            self.error = parse_err(pkt)
+            if self.hashing:
+                self._summarize(0xFF, self.error.code)
+                self.fingerprint = zlib.crc32(pkt, self.fingerprint)
+            return True
+        if state == _FIRST:
+            if first == OK_HEADER:
+                if self.expect == Expect.PREPARE:
+                    return self._prepare_ok(pkt)
+                self.ok = parse_ok(pkt)
+                self.status = self.ok.status
+                self.saw_status = True
+                self.results += 1
+                self._summarize(0, self.ok.affected_rows, self.ok.last_insert_id, self.ok.warnings)
+                return not self.status & _MORE
+            if first == LOCAL_INFILE_HEADER and self.expect == Expect.QUERY:
+                self.local_infile = True
+                return True
+            ncols = Reader(pkt).lenenc()
+            if ncols == 0:
+                raise ProtocolError("result set with zero columns")
+            self._count = ncols
+            self._state = _COLDEFS
+            self._summarize(1, ncols)
+            return False
+        if state == _ROWS:  # 0xFE terminator: EOF, or OK under DEPRECATE_EOF
+            if len(pkt) >= 7:  # an OK packet standing in for EOF (DEPRECATE_EOF); an EOF is 5 bytes
+                ok = parse_ok(pkt)
+                self.status, warnings = ok.status, ok.warnings
+                self.saw_status = True
+            else:
+                warnings, self.status = _eof_fields(pkt)
+                self.saw_status = True
+            self.results += 1
+            self._summarize(2, self.rows, warnings)
+            if self.status & _MORE and self.expect in (Expect.QUERY, Expect.EXECUTE):
+                self._state = _FIRST
+                self.rows = 0
+                return False
+            return True
+        if state == _COLDEFS_EOF:
+            _warnings, self.status = _eof_fields(pkt)
+            self.saw_status = True
+            if self.expect == Expect.EXECUTE and self.status & _CURSOR:
+                self.results += 1
+                return True  # rows come later through COM_STMT_FETCH
+            self._state = _ROWS
+            return False
+        if state == _P_PARAMS_EOF:
+            self._after_prepare_params()
+            return self._done_after_skip
+        if state == _P_COLS_EOF:
+            return True
+        if state == _SINGLE:
+            if first == OK_HEADER:
+                self.ok = parse_ok(pkt)
+                self.status = self.ok.status
+                self.saw_status = True
+            elif first == EOF_HEADER and len(pkt) < 9:
+                _warnings, self.status = _eof_fields(pkt)
+                self.saw_status = True
+            return True
+        raise ProtocolError(f"unexpected packet 0x{first:02x} in response state {state}")
+
+    def _prepare_ok(self, pkt: bytes) -> bool:
+        self.prepare_ok = p = parse_prepare_ok(pkt)
+        self._summarize(4, p.num_columns, p.num_params, p.warnings)
+        if p.num_params:
+            self._state = _P_PARAMS
+            self._count = p.num_params
+            return False
+        if p.num_columns:
+            self._state = _P_COLS
+            self._count = p.num_columns
+            return False
+        return True
+
+
+def _eof_fields(pkt: bytes) -> tuple[int, int]:
+    """(warnings, status) of an EOF packet; a bare 0xFE (pre-4.1) has neither."""
+    if len(pkt) >= 5:
+        return pkt[1] | pkt[2] << 8, pkt[3] | pkt[4] << 8
+    return 0, 0

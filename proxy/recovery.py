@@ -1,0 +1,109 @@
+"""Recovery decisions: after the backend connection is lost, what may the proxy do?
+
+``plan_recovery`` is a pure function of what was in flight, the open transaction and the
+configuration; it encodes GUIDE §4:
+
+1. Never acknowledge a COMMIT that did not happen; never run a non-idempotent statement twice.
+2. Lost before COMMIT was sent: the transaction did not commit. Replay it and check every
+   result against what the client saw.
+3. Lost while COMMIT (or an autocommit write) was in flight: outcome unknown. Replay only when
+   everything is idempotent (safe mode, opt-in) or nothing was written; otherwise a connection
+   error.
+4. What cannot be replayed becomes 1213 only when the transaction is known not to have
+   committed; otherwise a connection error.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+__all__ = ["Sent", "Outcome", "Plan", "StatementFacts", "plan_recovery"]
+
+
+class Sent(enum.Enum):
+    """How far the in-flight command got."""
+
+    NOT_EXECUTED = "not executed"  # never (fully) sent, or the server refused it (1053 / 1927)
+    MAYBE_EXECUTED = "maybe executed"  # fully sent, no response yet: the server may have run it
+    PARTIAL_RESPONSE = "partially answered"  # the client already saw part of the response
+
+
+class Outcome(enum.Enum):
+    RESUME = "resume"  # reconnect, restore, replay the journal (if any), resend the command
+    FAIL_RETRYABLE = "fail-retryable"  # 1213: known not committed, cannot be made transparent
+    FAIL_CONNECTION = "fail-connection"  # 2013 and close: outcome unknown or state unrecoverable
+
+
+@attrs.frozen
+class StatementFacts:
+    """What recovery needs to know about one statement."""
+
+    commits: bool = False  # COMMIT, or commits implicitly (DDL, BEGIN inside a transaction, ...)
+    rollback: bool = False  # plain ROLLBACK (not to a savepoint)
+    writes: bool = True  # may change data (anything not known to be read-only)
+    idempotent: bool = False  # safe to apply again after it may have been applied (safe mode)
+    session_only: bool = False  # changes only session state (SET, USE, PREPARE, PING, ...)
+
+
+@attrs.frozen
+class Plan:
+    outcome: Outcome
+    reason: str
+    replay: bool = False  # replay the journal of the open transaction
+    verify: bool = True  # compare replayed results with what the client saw
+    resend: bool = False  # send the in-flight command again on the new connection
+
+
+def plan_recovery(
+    *,
+    sent: Sent | None,
+    inflight: StatementFacts | None,
+    in_transaction: bool,
+    journal: list[StatementFacts],
+    not_replayable: str | None,
+    unrestorable: str | None,
+    autocommit: bool,
+    safe_mode: bool,
+) -> Plan:
+    """Decide what happens to the session. ``sent``/``inflight`` are None when the client was
+    idle; ``journal`` describes the statements of the open transaction."""
+    if sent is Sent.PARTIAL_RESPONSE:
+        return Plan(Outcome.FAIL_CONNECTION, "connection lost while the response was being relayed")
+    if unrestorable is not None:
+        return Plan(Outcome.FAIL_CONNECTION, f"session cannot be restored on a new connection: {unrestorable}")
+    resend = sent is not None
+    maybe_ran = sent is Sent.MAYBE_EXECUTED
+
+    if not in_transaction:
+        if not maybe_ran or inflight is None:
+            return Plan(Outcome.RESUME, "idle" if sent is None else "command had not run", resend=resend)
+        if not inflight.writes or inflight.session_only or (not autocommit and not inflight.commits):
+            # Reads and session changes may run twice; with autocommit off a write (not DDL) only
+            # opened a transaction that died with the old connection.
+            return Plan(Outcome.RESUME, "in-flight command is safe to repeat", resend=True)
+        if safe_mode and inflight.idempotent:
+            return Plan(Outcome.RESUME, "in-flight autocommit write is idempotent (safe mode)", resend=True)
+        return Plan(Outcome.FAIL_CONNECTION, "an autocommit write was in flight; its outcome is unknown")
+
+    if maybe_ran and inflight is not None and inflight.rollback:
+        # The old transaction rolled back with its connection; a ROLLBACK on a fresh one is a no-op.
+        return Plan(Outcome.RESUME, "ROLLBACK was in flight", resend=True)
+
+    if maybe_ran and inflight is not None and inflight.commits:
+        if not_replayable is not None:
+            return Plan(Outcome.FAIL_CONNECTION, f"COMMIT in flight and the transaction is not replayable: {not_replayable}")
+        if not any(s.writes for s in journal) and not inflight.writes:
+            return Plan(Outcome.RESUME, "COMMIT in flight for a transaction that wrote nothing", replay=True, resend=True)
+        if safe_mode and inflight.idempotent and all(s.idempotent for s in journal):
+            # It may have committed already; applying it again leaves the same rows. Results of
+            # the replay legitimately differ (e.g. REPLACE counts 2 rows), so don't compare them.
+            return Plan(Outcome.RESUME, "COMMIT in flight, transaction idempotent (safe mode)", replay=True, verify=False, resend=True)
+        why = "not all statements are idempotent" if safe_mode else "recovery.idempotent is not safe-mode"
+        return Plan(Outcome.FAIL_CONNECTION, f"COMMIT was in flight; its outcome is unknown ({why})")
+
+    # COMMIT was not sent: the transaction did not commit.
+    if not_replayable is not None:
+        return Plan(Outcome.FAIL_RETRYABLE, f"transaction rolled back and cannot be replayed: {not_replayable}")
+    return Plan(Outcome.RESUME, "transaction replay", replay=True, resend=resend)

@@ -1,0 +1,1041 @@
+"""One client session: login, the command relay, and recovery when the backend goes away.
+
+Two tasks per session:
+
+- the client task reads a command, lets the plugins look at it, and sends it to the backend;
+- the backend task reads the backend socket all the time. It streams each response to the
+  client, and while the client is idle its pending read is what notices a server closing the
+  connection (FIN, reset, an unsolicited ERR) at once, so the connection is replaced before the
+  client's next command. It also runs recovery (reconnect, restore, replay, resend).
+
+``inflight`` is the one command sent (or queued while recovering) whose response is not
+complete. The client task does not wait for a response after sending; it only waits when the
+client sends the next command before the previous response completed (pipelining).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+
+import attrs
+import trio
+
+from proxy import statements as st
+from proxy.backend import Backend, BackendError, Login, backoff_delays
+from proxy.hooks import AnswerOk, CommandInfo, PluginError, Reject, ResultInfo, Rewrite, SessionInfo, Veto
+from proxy.netio import Channel, PeerClosed
+from proxy.protocol import sql
+from proxy.protocol.auth import NATIVE, ServerAuth, new_scramble
+from proxy.protocol.constants import PROXY_CAPABILITIES, Capabilities, Commands, Err, ServerStatus
+from proxy.protocol.framing import encode_packet
+from proxy.protocol.packets import (
+    ERR_HEADER,
+    HandshakeResponse,
+    ProtocolError,
+    ServerHandshake,
+    make_err,
+    make_ok,
+    make_server_handshake,
+    parse_change_user,
+    parse_err,
+    parse_handshake_response,
+)
+from proxy.protocol.response import Expect, ResponseTracker, expect_for
+from proxy.recovery import Outcome, Plan, Sent, StatementFacts, plan_recovery
+from proxy.session import PreparedStatement, SessionState, parse_use
+from proxy.target import Target
+from proxy.transaction import JournalEntry, Transaction
+
+__all__ = ["Session"]
+
+log = logging.getLogger("replay_proxy.session")
+
+C = Commands
+IN_TRANS = ServerStatus.SERVER_STATUS_IN_TRANS
+AUTOCOMMIT = ServerStatus.SERVER_STATUS_AUTOCOMMIT
+
+# Send states of an in-flight command.
+NOT_SENT, SENDING, SENT, SEND_FAILED = range(4)
+
+# Errors with which a server says "I am going away" in answer to a command it did not run.
+SERVER_GOING_AWAY = frozenset({1053, 1927})
+
+_STMT_COMMANDS = frozenset(
+    {C.COM_STMT_EXECUTE, C.COM_STMT_SEND_LONG_DATA, C.COM_STMT_CLOSE, C.COM_STMT_RESET, C.COM_STMT_FETCH}
+)
+# Commands a proxy in front of a replicator's target has no business relaying.
+_REFUSED_COMMANDS = frozenset(
+    {
+        C.COM_BINLOG_DUMP, C.COM_BINLOG_DUMP_GTID, C.COM_REGISTER_SLAVE, C.COM_TABLE_DUMP, C.COM_CONNECT_OUT,
+        C.COM_SHUTDOWN, C.COM_SLEEP, C.COM_CONNECT, C.COM_TIME, C.COM_DELAYED_INSERT, C.COM_DAEMON,
+    }
+)
+_SESSION_ONLY_COMMANDS = frozenset(
+    {
+        C.COM_PING, C.COM_INIT_DB, C.COM_STMT_PREPARE, C.COM_STMT_CLOSE, C.COM_STMT_RESET, C.COM_STMT_SEND_LONG_DATA,
+        C.COM_FIELD_LIST, C.COM_STATISTICS, C.COM_SET_OPTION, C.COM_RESET_CONNECTION, C.COM_PROCESS_INFO,
+    }
+)
+
+
+@attrs.define(slots=True, eq=False)
+class Command:
+    payload: bytes  # command byte + arguments
+    raw: bytes  # the frames as the client sent them (forwarded unchanged when possible)
+    seq_end: int  # sequence id of the client's last frame; responses continue from here
+
+    @property
+    def code(self) -> int:
+        return self.payload[0]
+
+    def text(self) -> str:
+        return self.payload[1:].decode("utf-8", "surrogateescape")
+
+
+@attrs.define(slots=True, eq=False)
+class Inflight:
+    command: Command
+    tracker: ResponseTracker
+    statement: PreparedStatement | None
+    arrived: float
+    keyword: bytes = b""  # first keyword of a COM_QUERY
+    state: int = NOT_SENT
+    forwarded: bool = False  # part of the response already reached the client
+    held: bytearray | None = None  # PREPARE responses are held whole (statement ids get rewritten)
+    refuse_infile: bool = False  # answering the server's LOCAL INFILE request with "no file"
+    resent: bool = False
+    done: trio.Event | None = None
+
+
+class SessionClosed(Exception):
+    """End the session (after the client has been told why, where possible)."""
+
+
+class Session:
+    def __init__(self, target: Target, client: Channel, client_address: str, session_id: int) -> None:
+        self.target = target
+        self.config = target.config
+        self.hooks = target.hooks
+        self.client = client
+        self.client_address = client_address
+        self.id = session_id
+        self.info = SessionInfo(session_id, target.name, "", client_address, opened_at=trio.current_time())
+        self.backend: Backend | None = None
+        self.backend_ok = False
+        self.login: Login | None = None
+        self.state: SessionState | None = None
+        self.tx = Transaction(self.config.recovery.journal_max_bytes, self.config.recovery.journal_max_statements)
+        self.autocommit = True
+        self.client_caps = 0
+        self.deprecate_eof = False
+        self.scramble = b""
+        self.prepared: dict[int, PreparedStatement] = {}
+        self.remap_ids = False  # once a reconnect renumbered statements, the proxy numbers them
+        self.next_stmt_id = 1
+        self.generation = 0  # bumped for every new backend connection
+        self.inflight: Inflight | None = None
+        self.pending_error: tuple[bytes, bool] | None = None  # (ERR payload, close after sending)
+        self._send_settled: trio.Event | None = None
+        self._backend_replaced = trio.Event()
+        self._cancel: trio.CancelScope | None = None
+        self.commands = 0
+        self.recoveries = 0
+        self.close_reason = ""
+
+    # ------------------------------------------------------------------ login
+
+    async def handshake(self) -> bool:
+        """Authenticate the client and open its backend connection. False: session refused."""
+        client = self.client
+        try:
+            profile = await self.target.profile()
+        except BackendError as exc:
+            await self._send_client(make_err(*Err.CONN_HOST_ERROR, f"Can't connect to backend: {exc}"), 0)
+            self.close_reason = f"backend unreachable: {exc}"
+            return False
+        self.scramble = new_scramble()
+        offered = (PROXY_CAPABILITIES & profile.capabilities) | (
+            Capabilities.CLIENT_PROTOCOL_41 | Capabilities.CLIENT_SECURE_CONNECTION | Capabilities.CLIENT_PLUGIN_AUTH
+        )
+        greeting = ServerHandshake(
+            profile.server_version, self.id, self.scramble, offered, profile.collation, int(AUTOCOMMIT), NATIVE
+        )
+        await self._send_client(make_server_handshake(greeting), 0)
+        packet = await client.read_packet()
+        resp = parse_handshake_response(packet.payload)
+        if resp.ssl_request:
+            await self._send_client(make_err(*Err.HANDSHAKE, "replay-proxy does not support TLS yet"), packet.seq + 1)
+            self.close_reason = "client asked for TLS"
+            return False
+        self.client_caps = resp.capabilities & offered
+        self.deprecate_eof = bool(self.client_caps & Capabilities.CLIENT_DEPRECATE_EOF)
+        host = self.client_address.rsplit(":", 1)[0]
+        auth = ServerAuth(self.scramble, self.target.passwords, host)
+        user, seq = await self._authenticate(auth, auth.start(resp), packet.seq + 1)
+        if user is None:
+            self.close_reason = f"login refused for user {resp.username!r}"
+            log.warning("session %d: login refused for user %r from %s", self.id, resp.username, self.client_address)
+            return False
+        self.info.user = user
+        self.state = SessionState(user, resp.database, resp.charset)
+        self.info.database = resp.database
+        self.login = self._login_for(user, resp)
+        try:
+            self.backend = await self._connect_within_window()
+        except BackendError as exc:
+            await self._send_backend_error(exc, seq)
+            self.close_reason = f"backend login failed: {exc}"
+            return False
+        self.backend_ok = True
+        self.autocommit = bool(self.backend.status & AUTOCOMMIT)
+        self.info.backend_address = str(self.backend.address)
+        await self._send_client(make_ok(self.backend.status), seq)
+        return True
+
+    def _login_for(self, user: str, resp: HandshakeResponse | None, database: str | None = None) -> Login:
+        cfg = self.config.user(user)
+        assert cfg is not None
+        return Login(
+            user=cfg.resolved_backend_user(),
+            password=cfg.resolved_backend_password(),
+            database=resp.database if resp is not None else database,
+            collation=resp.charset if resp is not None else self.state.collation,
+            capabilities=self.client_caps,
+            connect_attrs=resp.connect_attrs if resp is not None else (self.login.connect_attrs if self.login else {}),
+        )
+
+    async def _authenticate(self, auth: ServerAuth, result, seq: int) -> tuple[str | None, int]:
+        while True:
+            for payload in result.packets:
+                await self._send_client(payload, seq)
+                seq += 1
+            if result.done:
+                break
+            packet = await self.client.read_packet()
+            seq = packet.seq + 1
+            result = auth.on_packet(packet.payload)
+        if result.error is not None:
+            await self._send_client(result.error, seq)
+            return None, seq
+        return result.user, seq
+
+    async def _send_backend_error(self, exc: BackendError, seq: int) -> None:
+        if exc.err is not None and not exc.retryable:
+            payload = make_err(exc.err.code, exc.err.sqlstate, exc.err.message)
+        else:
+            payload = make_err(*Err.CONN_HOST_ERROR, f"Can't connect to backend through replay-proxy: {exc}")
+        await self._send_client(payload, seq)
+
+    async def _connect_within_window(self) -> Backend:
+        """Log into the backend, retrying retryable failures for up to recovery.buffer_window."""
+        rec = self.config.recovery
+        deadline = trio.current_time() + rec.buffer_window
+        delays = backoff_delays(rec.backoff_initial, rec.backoff_max)
+        while True:
+            try:
+                return await self.target.connect(self.login)
+            except BackendError as exc:
+                if not exc.retryable or trio.current_time() + rec.backoff_initial >= deadline:
+                    raise
+                await trio.sleep(min(next(delays), max(0.0, deadline - trio.current_time())))
+
+    # ------------------------------------------------------------------ relay
+
+    async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._cancel = nursery.cancel_scope
+                nursery.start_soon(self._backend_task)
+                try:
+                    self.close_reason = await self._client_task()
+                finally:
+                    nursery.cancel_scope.cancel()
+        except SessionClosed as exc:
+            self.close_reason = str(exc)
+
+    def close(self) -> None:
+        if self.backend is not None:
+            if self.backend_ok and not self.backend.channel.closed:
+                # A polite COM_QUIT spares the server an "aborted connection" warning.
+                try:
+                    self.backend.channel.sock.send(encode_packet(b"\x01", 0)[0])
+                except OSError:
+                    pass
+            self._close_backend(self.backend)
+        self.client.close()
+
+    async def _client_task(self) -> str:
+        while True:
+            cmd = await self._read_command()
+            if cmd is None:
+                return "client closed the connection"
+            if cmd.code == C.COM_QUIT:
+                return "client quit"
+            self.commands += 1
+            if self.inflight is not None:
+                await self._wait_inflight()
+            if self.pending_error is not None:
+                await self._answer_pending(cmd)
+                continue
+            code = cmd.code
+            if code in _REFUSED_COMMANDS:
+                await self._answer_error(cmd, *Err.UNKNOWN_COM, f"{CommandInfo(code, b'').name} is not supported through replay-proxy")
+                continue
+            if code == C.COM_CHANGE_USER:
+                await self._change_user(cmd)
+                continue
+            if self.hooks.command_received:
+                cmd = await self._run_command_hooks(cmd)
+                if cmd is None:
+                    continue
+            await self._submit(cmd)
+
+    async def _read_command(self) -> Command | None:
+        decoder = self.client.decoder
+        while True:
+            packet = decoder.next_packet()
+            if packet is not None:
+                if not packet.payload:
+                    raise SessionClosed("client sent an empty command packet")
+                return Command(packet.payload, packet.raw, packet.last_seq)
+            try:
+                data = await self.client.recv()
+            except PeerClosed:
+                return None
+            decoder.feed(data)
+
+    async def _wait_inflight(self) -> None:
+        inflight = self.inflight
+        if inflight is not None:
+            if inflight.done is None:
+                inflight.done = trio.Event()
+            await inflight.done.wait()
+
+    async def _run_command_hooks(self, cmd: Command) -> Command | None:
+        try:
+            verdict = await self.hooks.run_command_chain(self.info, CommandInfo(cmd.code, cmd.payload))
+        except PluginError as exc:
+            log.error("session %d: %s", self.id, exc)
+            await self._answer_error(cmd, *Err.UNKNOWN_ERROR, str(exc))
+            return None
+        if verdict is None:
+            return cmd
+        if isinstance(verdict, Rewrite):
+            raw, last_seq = encode_packet(verdict.payload, 0)
+            if (last_seq - 1) & 0xFF != cmd.seq_end:
+                await self._answer_error(cmd, *Err.UNKNOWN_ERROR, "plugin rewrite changed the packet count; not supported")
+                return None
+            return Command(verdict.payload, raw, cmd.seq_end)
+        if isinstance(verdict, Reject):
+            await self._answer_error(cmd, verdict.code, verdict.sqlstate, verdict.message)
+        elif isinstance(verdict, AnswerOk):
+            status = (IN_TRANS if self.tx.active else 0) | (AUTOCOMMIT if self.autocommit else 0)
+            ok = make_ok(status, verdict.affected_rows, verdict.last_insert_id, verdict.warnings, verdict.info.encode())
+            await self._send_client(ok, cmd.seq_end + 1)
+        return None
+
+    async def _submit(self, cmd: Command) -> None:
+        code = cmd.code
+        statement = None
+        if code in _STMT_COMMANDS and len(cmd.payload) >= 5:
+            statement = self.prepared.get(int.from_bytes(cmd.payload[1:5], "little"))
+        expect = expect_for(code)
+        keyword = st.first_keyword(cmd.payload[1:4097]) if code == C.COM_QUERY else b""
+        fingerprint = self.tx.active or not self.autocommit or keyword in st.TX_CONTROL
+        inflight = Inflight(cmd, ResponseTracker(expect, self.deprecate_eof, fingerprint), statement, trio.current_time(), keyword)
+        if code == C.COM_STMT_PREPARE:
+            inflight.held = bytearray()
+        elif code == C.COM_STMT_SEND_LONG_DATA and statement is not None:
+            statement.long_data.append(cmd.payload)
+            statement.long_data_bytes += len(cmd.payload)
+        self.inflight = inflight
+        if self.backend_ok:
+            await self._send_inflight(inflight)
+
+    async def _send_inflight(self, inflight: Inflight) -> None:
+        """Send (or resend) the in-flight command to the current backend."""
+        backend = self.backend
+        assert backend is not None
+        data = self._backend_bytes(inflight.command.payload, inflight.command.raw, inflight.statement)
+        inflight.state = SENDING
+        try:
+            await backend.channel.send(data)
+            inflight.state = SENT
+        except (PeerClosed, trio.ClosedResourceError):
+            inflight.state = SEND_FAILED  # the backend task notices the loss and recovers
+        finally:
+            if self._send_settled is not None:
+                self._send_settled.set()
+        if inflight.state == SENT and inflight.tracker.done:  # no response expected
+            await self._complete(inflight, b"")
+
+    def _backend_bytes(self, payload: bytes, raw: bytes | None, stmt: PreparedStatement | None) -> bytes:
+        """The command as this backend must see it: statement ids renumbered, parameter types
+        bound again for a statement that was re-prepared."""
+        if stmt is None:
+            return raw if raw is not None else encode_packet(payload, 0)[0]
+        new = payload
+        if payload[0] == C.COM_STMT_EXECUTE and stmt.num_params:
+            flag_pos = 10 + (stmt.num_params + 7) // 8
+            if len(payload) > flag_pos:
+                if payload[flag_pos]:
+                    stmt.param_types = payload[flag_pos + 1 : flag_pos + 1 + 2 * stmt.num_params]
+                    stmt.types_bound_on_backend = True
+                elif not stmt.types_bound_on_backend and stmt.param_types is not None:
+                    new = payload[:flag_pos] + b"\x01" + stmt.param_types + payload[flag_pos + 1 :]
+                    stmt.types_bound_on_backend = True
+        if stmt.backend_id != stmt.client_id:
+            new = new[:1] + struct.pack("<I", stmt.backend_id) + new[5:]
+        if new is payload and raw is not None:
+            return raw
+        return encode_packet(new, 0)[0]
+
+    async def _backend_task(self) -> None:
+        while True:
+            backend = self.backend
+            assert backend is not None
+            try:
+                data = await backend.channel.recv()
+            except PeerClosed as exc:
+                if self.backend is not backend:  # replaced on purpose (COM_CHANGE_USER)
+                    await self._backend_replaced.wait()
+                    continue
+                await self._recover(str(exc))
+                continue
+            inflight = self.inflight
+            if inflight is None or inflight.state == NOT_SENT:
+                await self._recover(f"backend sent {_describe_unsolicited(data)} while idle")
+                continue
+            await self._on_response_data(inflight, data)
+
+    async def _on_response_data(self, inflight: Inflight, data: bytes) -> None:
+        tracker = inflight.tracker
+        try:
+            end = tracker.feed(data)
+        except ProtocolError as exc:
+            await self._fail_connection(inflight, f"protocol error in backend response: {exc}")
+            return
+        if end < 0:
+            if inflight.held is not None or inflight.refuse_infile:
+                if inflight.held is not None:
+                    inflight.held += data
+                return
+            inflight.forwarded = True
+            await self.client.send(data)
+            return
+        extra = data[end:]
+        if extra:
+            data = data[:end]
+        error = tracker.error
+        if error is not None and error.code in SERVER_GOING_AWAY and not inflight.forwarded:
+            await self._recover(f"backend answered {error}", rejected=True)
+            return
+        if tracker.local_infile and not inflight.refuse_infile:
+            await self._refuse_local_infile(inflight)
+            return
+        await self._complete(inflight, data)
+        if extra:
+            await self._recover(f"backend sent {_describe_unsolicited(extra)} after a response")
+
+    async def _refuse_local_infile(self, inflight: Inflight) -> None:
+        """The server asked for a client file (LOAD DATA LOCAL). Send it an empty one; the
+        client gets an ERR instead of the request."""
+        assert self.backend is not None
+        seq = inflight.tracker.last_seq + 1
+        inflight.refuse_infile = True
+        inflight.tracker = ResponseTracker(Expect.SINGLE, self.deprecate_eof)
+        await self.backend.channel.send(encode_packet(b"", seq)[0])
+
+    async def _complete(self, inflight: Inflight, last: bytes) -> None:
+        """The response is complete: update session and transaction state, then let the
+        client have the rest of it."""
+        tracker = inflight.tracker
+        captures = self._bookkeep(inflight)
+        if inflight.refuse_infile:
+            out = encode_packet(
+                make_err(*Err.NOT_ALLOWED_COMMAND, "LOAD DATA LOCAL INFILE is not supported through replay-proxy"),
+                inflight.command.seq_end + 1,
+            )[0]
+        elif inflight.held is not None:
+            inflight.held += last
+            out = self._rewrite_prepare_ok(inflight)
+        else:
+            out = last
+        if not captures:
+            self.inflight = None
+        if out:
+            await self.client.send(out)
+        if captures:
+            await self._capture_variables(captures)
+            self.inflight = None
+        if inflight.done is not None:
+            inflight.done.set()
+        if self.hooks.result_received:
+            error = tracker.error
+            result = ResultInfo(
+                ok=error is None,
+                error_code=error.code if error else None,
+                error_message=error.message if error else None,
+                affected_rows=tracker.ok.affected_rows if tracker.ok else 0,
+                rows=tracker.rows,
+                bytes=tracker.nbytes,
+                latency=trio.current_time() - inflight.arrived,
+                in_transaction=self.tx.active,
+            )
+            await self.hooks.notify(self.hooks.result_received, self.info, CommandInfo(inflight.command.code, inflight.command.payload), result)
+
+    def _rewrite_prepare_ok(self, inflight: Inflight) -> bytes:
+        held = inflight.held
+        assert held is not None
+        prep = inflight.tracker.prepare_ok
+        stmt = self._last_prepared
+        if prep is not None and stmt is not None and stmt.client_id != prep.statement_id:
+            held[5:9] = struct.pack("<I", stmt.client_id)  # frame header (4) + OK byte (1)
+        return bytes(held)
+
+    # ------------------------------------------------------------------ state bookkeeping
+
+    _last_prepared: PreparedStatement | None = None
+
+    def _bookkeep(self, inflight: Inflight) -> list[str]:
+        """Record what a completed command did to the session and the transaction. Returns the
+        session variables whose new values must be read back from the server."""
+        cmd = inflight.command
+        tracker = inflight.tracker
+        code = cmd.code
+        ok = tracker.error is None
+        state = self.state
+        assert state is not None
+        captures: list[str] = []
+        ends_tx = False
+        if tracker.saw_status:
+            self.autocommit = bool(tracker.status & AUTOCOMMIT)
+        if code == C.COM_QUERY:
+            keyword = inflight.keyword
+            if tracker.results > 1:
+                self._note_multi_statement(cmd)
+            elif keyword in st.TX_CONTROL or keyword in st.IMPLICIT_COMMIT:
+                ends_tx = ok and self._ends_transaction(cmd, keyword)
+            if ok and keyword in st.SESSION_CHANGE:
+                captures = self._note_session_change(cmd, keyword)
+            if ok and st.may_pin_session(keyword, cmd.payload):
+                reason = sql.classify(cmd.text()).session_unrestorable
+                if reason:
+                    state.mark_unrestorable(reason)
+        elif code == C.COM_STMT_EXECUTE:
+            stmt = inflight.statement
+            if stmt is not None:
+                long_data = stmt.long_data
+                stmt.long_data, stmt.long_data_bytes = [], 0
+                if len(cmd.payload) > 5 and cmd.payload[5] & 0x07:
+                    state.mark_unrestorable("a server-side cursor was opened")
+                if self.tx.active or (tracker.saw_status and tracker.status & IN_TRANS):
+                    ends_tx = self._statement_ends_transaction(stmt)
+                self._journal(inflight, ends_tx, long_data)
+            return captures
+        elif code == C.COM_STMT_PREPARE:
+            if ok and tracker.prepare_ok is not None:
+                self._register_prepared(cmd, tracker)
+            return captures
+        elif code == C.COM_STMT_CLOSE:
+            if inflight.statement is not None:
+                self.prepared.pop(inflight.statement.client_id, None)
+            return captures
+        elif code == C.COM_STMT_RESET:
+            if ok and inflight.statement is not None:
+                inflight.statement.long_data, inflight.statement.long_data_bytes = [], 0
+            return captures
+        elif code == C.COM_STMT_FETCH:
+            self.tx.mark_not_replayable("server-side cursor fetch")
+            return captures
+        elif code == C.COM_INIT_DB:
+            if ok:
+                self.tx.note_session_change(state)
+                state.database = cmd.payload[1:].decode("utf-8", "surrogateescape")
+                self.info.database = state.database
+        elif code == C.COM_RESET_CONNECTION:
+            if ok:
+                state.reset()
+                self.prepared.clear()
+                self.tx.reset()
+            return captures
+        elif code == C.COM_SET_OPTION:
+            if ok:
+                state.mark_unrestorable("COM_SET_OPTION changed multi-statement mode")
+            return captures
+        elif code in _SESSION_ONLY_COMMANDS or code == C.COM_STMT_SEND_LONG_DATA:
+            return captures
+        self._journal(inflight, ends_tx, None)
+        return captures
+
+    def _journal(self, inflight: Inflight, ends_tx: bool, long_data: list[bytes] | None) -> None:
+        tracker = inflight.tracker
+        tx = self.tx
+        if tracker.error is not None and tracker.error.code == 1213:
+            tx.reset()  # deadlock: the server rolled the whole transaction back
+            return
+        if ends_tx:
+            tx.reset()
+        in_tx_after = bool(tracker.status & IN_TRANS) if tracker.saw_status else tx.active
+        if not in_tx_after:
+            if tx.active:
+                tx.reset()
+            return
+        if not tx.active:
+            state = self.state
+            tx.start(state.next_transaction if state else None)
+            if state is not None:
+                state.next_transaction = None
+            if ends_tx and inflight.keyword in (b"COMMIT", b"ROLLBACK"):
+                return  # ... AND CHAIN: the new transaction starts empty
+        self.info.in_transaction = True
+        cmd = inflight.command
+        fingerprint = tracker.fingerprint if tracker.hashing else None
+        tx.record(JournalEntry(cmd.payload, tracker.expect, fingerprint, inflight.statement, long_data or None))
+
+    def _ends_transaction(self, cmd: Command, keyword: bytes) -> bool:
+        """Does this accepted statement end the open transaction (commit, rollback, implicit
+        commit) even if IN_TRANS stays set afterwards (a new transaction began)?"""
+        if keyword in st.IMPLICIT_COMMIT:
+            # CREATE TEMPORARY TABLE and a few others do not commit; the classifier knows.
+            return sql.classify(cmd.text()).implicit_commit
+        if keyword in (b"BEGIN", b"COMMIT") or (keyword == b"START" and b"TRANSACTION" in cmd.payload[:64].upper()):
+            return True
+        if keyword == b"ROLLBACK":
+            return sql.classify(cmd.text()).kind == sql.Kind.ROLLBACK
+        if keyword == b"XA":
+            self.tx.mark_not_replayable("XA transaction")
+        return False
+
+    def _statement_ends_transaction(self, stmt: PreparedStatement) -> bool:
+        text = stmt.prepare_payload[1:]
+        keyword = st.first_keyword(text)
+        if keyword in st.TX_CONTROL or keyword in st.IMPLICIT_COMMIT:
+            return self._ends_transaction(Command(stmt.prepare_payload, b"", 0), keyword)
+        return False
+
+    def _note_multi_statement(self, cmd: Command) -> None:
+        """Several statements in one COM_QUERY: the proxy does not track their effects one by one."""
+        if any(k in cmd.payload.upper() for k in (b"SET", b"USE", b"BEGIN", b"START", b"COMMIT", b"ROLLBACK", b"LOCK", b"TEMPORARY")):
+            self.state.mark_unrestorable("a multi-statement query changed session or transaction state")
+        self.tx.mark_not_replayable("multi-statement query")
+
+    def _note_session_change(self, cmd: Command, keyword: bytes) -> list[str]:
+        state = self.state
+        assert state is not None
+        text = cmd.text()
+        if keyword == b"USE":
+            db = parse_use(text)
+            if db is not None:
+                self.tx.note_session_change(state)
+                state.database = db
+                self.info.database = db
+            return []
+        assignments = sql.parse_set(text)
+        if not assignments:
+            return []
+        self.tx.note_session_change(state)
+        return state.apply_set(assignments)
+
+    async def _capture_variables(self, names: list[str]) -> None:
+        """Read back session variables that were set from an expression, so a restore can set
+        the value itself."""
+        assert self.backend is not None and self.state is not None
+        try:
+            for name in names:
+                rows = await self.backend.query(f"SELECT @@session.{name}")
+                value = rows[0][0] if rows else None
+                self.state.variables.pop(name, None)
+                self.state.variables[name] = "NULL" if value is None else sql.quote_string(value.decode("utf-8", "surrogateescape"))
+        except (BackendError, PeerClosed, ProtocolError) as exc:
+            self.state.mark_unrestorable(f"could not read back session variables {names}: {exc}")
+
+    def _register_prepared(self, cmd: Command, tracker: ResponseTracker) -> None:
+        prep = tracker.prepare_ok
+        assert prep is not None
+        client_id = prep.statement_id
+        if self.remap_ids:
+            client_id = self.next_stmt_id
+        self.next_stmt_id = max(self.next_stmt_id, client_id) + 1
+        stmt = PreparedStatement(client_id, cmd.payload, prep.num_params, prep.num_columns, prep.statement_id)
+        stmt.generation = self.generation
+        self.prepared[client_id] = stmt
+        self._last_prepared = stmt
+
+    # ------------------------------------------------------------------ answering locally
+
+    async def _send_client(self, payload: bytes, seq: int) -> None:
+        await self.client.send(encode_packet(payload, seq)[0])
+
+    async def _answer_error(self, cmd: Command, code: int, sqlstate: str, message: str) -> None:
+        await self._send_client(make_err(code, sqlstate, message), cmd.seq_end + 1)
+
+    async def _answer_pending(self, cmd: Command) -> None:
+        payload, close = self.pending_error  # type: ignore[misc]
+        self.pending_error = None
+        if not close and cmd.code == C.COM_QUERY and st.first_keyword(cmd.payload[1:]) == b"ROLLBACK":
+            # The client wants to roll back a transaction that is already gone: that is fine.
+            await self._send_client(make_ok(AUTOCOMMIT if self.autocommit else 0), cmd.seq_end + 1)
+            return
+        await self._send_client(payload, cmd.seq_end + 1)
+        if close:
+            raise SessionClosed(parse_err(payload).message)
+
+    async def _change_user(self, cmd: Command) -> None:
+        """COM_CHANGE_USER: authenticate the new user against the proxy's users, then give the
+        session a fresh backend connection logged in as that user."""
+        change = parse_change_user(cmd.payload, self.client_caps)
+        auth = ServerAuth(self.scramble, self.target.passwords, self.client_address.rsplit(":", 1)[0])
+        resp = HandshakeResponse(self.client_caps, 0, change.charset or self.state.collation, change.username,
+                                 change.auth_response, change.database, change.auth_plugin, change.connect_attrs)
+        user, seq = await self._authenticate(auth, auth.start(resp), cmd.seq_end + 1)
+        if user is None:
+            raise SessionClosed(f"COM_CHANGE_USER refused for {change.username!r}")
+        old = self.backend
+        self.backend_ok = False
+        self.backend = None
+        self._backend_replaced = trio.Event()
+        if old is not None:
+            self._close_backend(old)
+        self.state = SessionState(user, change.database, change.charset or self.state.collation)
+        self.login = self._login_for(user, resp)
+        self.prepared.clear()
+        self.tx.reset()
+        self.info.user = user
+        self.info.database = change.database
+        try:
+            self.backend = await self._connect_within_window()
+        except BackendError as exc:
+            await self._send_backend_error(exc, seq)
+            raise SessionClosed(f"backend login after COM_CHANGE_USER failed: {exc}") from None
+        self.generation += 1
+        self.backend_ok = True
+        self._backend_replaced.set()
+        await self._send_client(make_ok(self.backend.status), seq)
+
+    # ------------------------------------------------------------------ recovery
+
+    def _close_backend(self, backend: Backend) -> None:
+        if not backend.channel.closed:
+            trio.lowlevel.notify_closing(backend.channel.sock)
+            backend.close()
+
+    async def _recover(self, reason: str, rejected: bool = False) -> None:
+        """The backend connection is gone (or going). Decide, reconnect, restore, replay, resend.
+
+        ``rejected``: the server answered the in-flight command with a going-away error, so it
+        did not run it."""
+        lost_at = trio.current_time()
+        old = self.backend
+        self.backend_ok = False
+        if old is not None:
+            self._close_backend(old)
+        inflight = self.inflight
+        if inflight is not None and inflight.state == SENDING:
+            self._send_settled = trio.Event()
+            await self._send_settled.wait()
+            self._send_settled = None
+        sent = self._sent(inflight, rejected)
+        plan = self._plan(inflight, sent)
+        self.recoveries += 1
+        log.warning(
+            "session %d (user %s, client %s): backend %s lost: %s; transaction open: %s (%d journaled); in flight: %s; plan: %s (%s)",
+            self.id, self.info.user, self.client_address, old.address if old else "-", reason, self.tx.active,
+            len(self.tx.entries), self._describe(inflight), plan.outcome.value, plan.reason,
+        )
+        if self.hooks.backend_lost:
+            await self.hooks.notify(self.hooks.backend_lost, self.info, reason)
+        if plan.outcome is Outcome.RESUME and (plan.replay or plan.resend) and self.hooks.replay_decided:
+            plan = await self._ask_veto(plan) or plan
+        if plan.outcome is Outcome.FAIL_CONNECTION:
+            await self._fail_connection(inflight, plan.reason)
+        if plan.outcome is Outcome.FAIL_RETRYABLE:
+            self._fail_retryable_later(plan.reason)
+            if inflight is not None:
+                await self._answer_inflight_with_pending()
+        elif inflight is not None:
+            # Resend on the new connection, from a clean slate.
+            inflight.state = NOT_SENT
+            inflight.tracker = ResponseTracker(inflight.tracker.expect, self.deprecate_eof, inflight.tracker.hashing)
+            if inflight.held is not None:
+                inflight.held = bytearray()
+        # Past the buffer window, a command that may have run gets a connection error; one that
+        # certainly did not run gets 1213.
+        may_have_run = sent is Sent.MAYBE_EXECUTED and plan.outcome is Outcome.RESUME
+        while True:
+            backend = await self._reestablish(inflight if may_have_run else None)
+            replayed = 0
+            if not (plan.replay and self.tx.active):
+                break
+            try:
+                replayed, mismatch = await self._replay(backend, plan.verify)
+                if mismatch is not None:
+                    log.warning("session %d: replay stopped: %s; transaction rolled back", self.id, mismatch)
+                    if not plan.verify:
+                        await self._fail_connection(self.inflight, f"idempotent replay failed: {mismatch}")
+                    await backend.query("ROLLBACK")
+                    self._fail_retryable_later(f"replay did not reproduce what the client saw: {mismatch}")
+                break
+            except (PeerClosed, BackendError, ProtocolError) as exc:
+                log.warning("session %d: new backend connection lost during replay (%s); reconnecting", self.id, exc)
+                self._close_backend(backend)
+        self.backend_ok = True
+        waited = trio.current_time() - lost_at
+        current = self.inflight
+        log.warning(
+            "session %d: recovered on %s (connection %d) after %.0f ms; replayed %d statement(s)%s",
+            self.id, backend.address, backend.connection_id, waited * 1000, replayed,
+            "; sending the waiting command" if current is not None and current.state == NOT_SENT else "",
+        )
+        if self.hooks.backend_recovered:
+            await self.hooks.notify(
+                self.hooks.backend_recovered, self.info,
+                {"reason": reason, "plan": plan.outcome.value, "replayed": replayed, "waited": waited},
+            )
+        if current is not None and current.state == NOT_SENT:
+            if self.pending_error is not None:
+                await self._answer_inflight_with_pending()
+            else:
+                await self._send_inflight(current)
+
+    def _sent(self, inflight: Inflight | None, rejected: bool) -> Sent | None:
+        if inflight is None:
+            return None
+        if inflight.forwarded:
+            return Sent.PARTIAL_RESPONSE
+        if inflight.state in (NOT_SENT, SEND_FAILED):
+            return Sent.NOT_EXECUTED
+        if rejected and not self._facts_of_inflight(inflight).commits:
+            return Sent.NOT_EXECUTED  # a statement refused with 1053/1927 did not run (a COMMIT: unknown)
+        return Sent.MAYBE_EXECUTED
+
+    def _plan(self, inflight: Inflight | None, sent: Sent | None) -> Plan:
+        rec = self.config.recovery
+        state = self.state
+        if not rec.enabled:
+            return Plan(Outcome.FAIL_CONNECTION, "recovery is disabled for this target")
+        return plan_recovery(
+            sent=sent,
+            inflight=self._facts_of_inflight(inflight) if inflight is not None else None,
+            in_transaction=self.tx.active,
+            journal=[self._facts(e.payload, e.statement) for e in self.tx.entries] if self.tx.active else [],
+            not_replayable=self.tx.not_replayable,
+            unrestorable=state.unrestorable if state else None,
+            autocommit=self.autocommit,
+            safe_mode=rec.idempotent == "safe-mode",
+        )
+
+    def _facts_of_inflight(self, inflight: Inflight) -> StatementFacts:
+        return self._facts(inflight.command.payload, inflight.statement)
+
+    def _facts(self, payload: bytes, stmt: PreparedStatement | None) -> StatementFacts:
+        code = payload[0]
+        if code in _SESSION_ONLY_COMMANDS:
+            return StatementFacts(writes=False, idempotent=True, session_only=True)
+        if code == C.COM_STMT_EXECUTE:
+            if stmt is None:
+                return StatementFacts()
+            text = stmt.prepare_payload[1:].decode("utf-8", "surrogateescape")
+        elif code == C.COM_QUERY:
+            text = payload[1:].decode("utf-8", "surrogateescape")
+        else:
+            return StatementFacts()
+        c = sql.classify(text)
+        kind = c.kind
+        session_only = kind in (sql.Kind.SET, sql.Kind.USE)
+        return StatementFacts(
+            commits=kind == sql.Kind.COMMIT or c.implicit_commit,
+            rollback=kind == sql.Kind.ROLLBACK,
+            writes=not (c.read_only or session_only or kind in (sql.Kind.BEGIN, sql.Kind.COMMIT, sql.Kind.ROLLBACK)),
+            idempotent=self._is_idempotent(text),
+            session_only=session_only,
+        )
+
+    def _is_idempotent(self, text: str) -> bool:
+        if self.hooks.is_idempotent:
+            for _name, fn, is_async in self.hooks.is_idempotent.impls:
+                if is_async:
+                    continue
+                try:
+                    answer = fn(self.info, text)
+                except Exception:
+                    log.exception("session %d: is_idempotent hook failed; treating statement as not idempotent", self.id)
+                    return False
+                if answer is not None:
+                    return bool(answer)
+        return sql.is_idempotent(text)
+
+    async def _ask_veto(self, plan: Plan) -> Plan | None:
+        for name, fn, is_async in self.hooks.replay_decided.impls:
+            try:
+                answer = (await fn(self.info, plan)) if is_async else fn(self.info, plan)
+            except Exception:
+                log.exception("session %d: replay_decided hook of %s failed; treating as veto", self.id, name)
+                answer = Veto(f"plugin {name} failed")
+            if isinstance(answer, Veto):
+                log.warning("session %d: plugin %s vetoed the replay: %s", self.id, name, answer.reason)
+                if plan.verify and self.tx.active:  # COMMIT was not in flight: known not committed
+                    return Plan(Outcome.FAIL_RETRYABLE, f"replay vetoed by plugin {name}: {answer.reason}")
+                return Plan(Outcome.FAIL_CONNECTION, f"replay vetoed by plugin {name}: {answer.reason}")
+        return None
+
+    def _describe(self, inflight: Inflight | None) -> str:
+        if inflight is None:
+            return "nothing"
+        cmd = inflight.command
+        what = CommandInfo(cmd.code, b"").name
+        if cmd.code == C.COM_QUERY:
+            what += " " + repr(cmd.payload[1:61].decode("utf-8", "replace"))
+        states = {NOT_SENT: "not sent", SENDING: "sending", SENT: "sent", SEND_FAILED: "send failed"}
+        return f"{what} ({states[inflight.state]}{', partly answered' if inflight.forwarded else ''})"
+
+    def _fail_retryable_later(self, reason: str) -> None:
+        """The open transaction is lost and known not committed: the client hears 1213 (for the
+        in-flight command, or its next one)."""
+        self.tx.reset()
+        self.info.in_transaction = False
+        msg = f"Deadlock found when trying to get lock; try restarting transaction (replay-proxy: backend connection lost, {reason})"
+        self.pending_error = (make_err(*Err.LOCK_DEADLOCK, msg), False)
+
+    async def _answer_inflight_with_pending(self) -> None:
+        inflight = self.inflight
+        assert inflight is not None and self.pending_error is not None
+        payload, close = self.pending_error
+        self.pending_error = None
+        self.inflight = None
+        seq = (inflight.tracker.last_seq if inflight.forwarded else inflight.command.seq_end) + 1
+        try:
+            await self._send_client(payload, seq)
+        finally:
+            if inflight.done is not None:
+                inflight.done.set()
+        if close:
+            raise SessionClosed(parse_err(payload).message)
+
+    async def _fail_connection(self, inflight: Inflight | None, reason: str) -> None:
+        """Outcome unknown or state unrecoverable: tell the client (now, or at its next command)
+        and end the session."""
+        address = self.backend.address if self.backend else "-"
+        msg = f"Lost connection to backend {address} during query (replay-proxy: {reason})"
+        self.pending_error = (make_err(*Err.SERVER_LOST, msg), True)
+        log.error("session %d: %s", self.id, msg)
+        if inflight is not None:
+            await self._answer_inflight_with_pending()
+        # Idle client: it hears the error at its next command; nothing more to do here.
+        await trio.sleep_forever()
+
+    async def _reestablish(self, may_have_run: Inflight | None) -> Backend:
+        """Reconnect (with backoff) and restore the session. While the backend stays away, a
+        waiting command gets an error after buffer_window: a connection error if it may have
+        run already (``may_have_run``), else 1213."""
+        rec = self.config.recovery
+        state = self.tx.session_before if (self.tx.active and self.tx.session_before) else self.state
+        assert state is not None and self.login is not None
+        delays = backoff_delays(rec.backoff_initial, rec.backoff_max)
+        attempts = 0
+        old = self.backend
+        while True:
+            attempts += 1
+            login = attrs.evolve(self.login, database=state.database, collation=state.collation)
+            try:
+                backend = await self.target.connect(login)
+                self.backend = backend
+                self.generation += 1
+                await self._restore(backend, state, old)
+                self.info.backend_address = str(backend.address)
+                return backend
+            except BackendError as exc:
+                if not exc.retryable:
+                    await self._fail_connection(self.inflight, f"cannot restore the session: {exc}")
+                error = exc
+            except (PeerClosed, ProtocolError, OSError) as exc:
+                error = BackendError(str(exc), retryable=True)
+            if attempts == 1 or attempts % 20 == 0:
+                log.warning("session %d: reconnect attempt %d failed: %s", self.id, attempts, error)
+            inflight = self.inflight
+            if inflight is not None and trio.current_time() - inflight.arrived >= rec.buffer_window:
+                why = f"backend unavailable for {rec.buffer_window:g}s (last error: {error})"
+                if inflight is may_have_run:
+                    await self._fail_connection(inflight, why)
+                self._fail_retryable_later(why)
+                await self._answer_inflight_with_pending()
+            await trio.sleep(next(delays))
+
+    async def _restore(self, backend: Backend, state: SessionState, old: Backend | None) -> None:
+        """Make the new connection look like the old session: variables, prepared statements;
+        and free the old session's locks if it may still be alive."""
+        if old is not None and self.config.recovery.kill_old_session:
+            await self._kill_if_alive(backend, old)
+        for statement in state.restore_statements():
+            await backend.query(statement)
+        for stmt in list(self.prepared.values()):
+            await self._prepare_on(backend, stmt)
+
+    async def _kill_if_alive(self, backend: Backend, old: Backend) -> None:
+        """KILL the old connection id, but only on the same server instance: after a restart
+        the id may belong to someone else."""
+        try:
+            rows = await backend.query("SHOW GLOBAL STATUS LIKE 'Uptime'")
+            uptime = float(rows[0][1]) if rows and rows[0][1] is not None else 0.0
+        except (BackendError, ValueError, IndexError):
+            return
+        if uptime > trio.current_time() - old.connected_at + 2 and backend.address == old.address:
+            try:
+                await backend.query(f"KILL {int(old.connection_id)}")
+                log.info("session %d: killed old backend connection %d", self.id, old.connection_id)
+            except BackendError:
+                pass  # already gone
+
+    async def _prepare_on(self, backend: Backend, stmt: PreparedStatement) -> None:
+        tracker = await backend.exchange(encode_packet(stmt.prepare_payload, 0)[0], Expect.PREPARE)
+        if tracker.error is not None or tracker.prepare_ok is None:
+            raise BackendError(f"re-preparing statement {stmt.client_id} failed: {tracker.error}", retryable=False)
+        stmt.backend_id = tracker.prepare_ok.statement_id
+        stmt.generation = self.generation
+        stmt.types_bound_on_backend = False
+        if stmt.backend_id != stmt.client_id:
+            self.remap_ids = True
+        for payload in stmt.long_data:
+            await backend.channel.send(self._backend_bytes(payload, None, stmt))
+
+    async def _replay(self, backend: Backend, verify: bool) -> tuple[int, str | None]:
+        """Run the journal of the open transaction on the new connection."""
+        tx = self.tx
+        entries = list(tx.entries)
+        if tx.prefix:
+            await backend.query(tx.prefix)
+        first = entries[0].payload if entries else b""
+        if not (first[:1] == b"\x03" and st.first_keyword(first[1:]) in (b"BEGIN", b"START")):
+            await backend.query("START TRANSACTION")
+        temporary: list[PreparedStatement] = []
+        count = 0
+        try:
+            for entry in entries:
+                stmt = entry.statement
+                if stmt is not None and stmt.generation != self.generation:
+                    await self._prepare_on(backend, stmt)  # closed by the client since; needed again
+                    temporary.append(stmt)
+                for payload in entry.long_data or ():
+                    await backend.channel.send(self._backend_bytes(payload, None, stmt))
+                data_payload = entry.payload
+                tracker = await backend.exchange(self._backend_bytes(data_payload, None, stmt), entry.expect, True)
+                count += 1
+                if verify and entry.fingerprint is not None and tracker.fingerprint != entry.fingerprint:
+                    return count, f"statement {count} of {len(entries)} returned a different result"
+                if not verify and tracker.error is not None:
+                    return count, f"statement {count} of {len(entries)} failed on replay: {tracker.error}"
+        finally:
+            for stmt in temporary:
+                if stmt.client_id not in self.prepared:
+                    await backend.channel.send(encode_packet(b"\x19" + struct.pack("<I", stmt.backend_id), 0)[0])
+        return count, None
+
+
+def _describe_unsolicited(data: bytes) -> str:
+    if len(data) > 5 and data[4] == ERR_HEADER:
+        try:
+            return str(parse_err(data[4 : 4 + (data[0] | data[1] << 8 | data[2] << 16)]))
+        except ProtocolError:
+            pass
+    return f"{len(data)} unexpected byte(s)"

@@ -1,0 +1,130 @@
+"""Replayable session state: what a fresh backend connection needs to look like the old one.
+
+Everything here is recorded only after the server accepted it (the response was OK), so a
+restore never applies something the server refused.
+"""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+
+from proxy.protocol import sql
+
+__all__ = ["PreparedStatement", "SessionState", "parse_use"]
+
+
+@attrs.define(slots=True, eq=False)
+class PreparedStatement:
+    """A server-side prepared statement as the client knows it."""
+
+    client_id: int
+    prepare_payload: bytes  # the COM_STMT_PREPARE payload, to prepare it again on a new backend
+    num_params: int
+    num_columns: int
+    backend_id: int
+    # Parameter types from the last COM_STMT_EXECUTE that bound them: a client only sends them
+    # again when they change, but a re-prepared statement has none yet.
+    param_types: bytes | None = None
+    types_bound_on_backend: bool = False
+    # COM_STMT_SEND_LONG_DATA payloads since the last execute/reset, resent after a reconnect.
+    long_data: list[bytes] = attrs.Factory(list)
+    long_data_bytes: int = 0
+    generation: int = 0  # which backend connection (Session.generation) backend_id belongs to
+
+
+@attrs.define(slots=True)
+class SessionState:
+    username: str
+    database: str | None
+    collation: int  # from the client's handshake
+    names: str | None = None  # the last accepted SET NAMES / CHARACTER SET statement
+    variables: dict[str, str] = attrs.Factory(dict)  # session variable -> SQL value
+    user_variables: dict[str, str] = attrs.Factory(dict)  # user variable -> SQL constant
+    next_transaction: str | None = None  # SET TRANSACTION ... for the next transaction only
+    unrestorable: str | None = None  # why a new backend cannot take over this session
+
+    def snapshot(self) -> "SessionState":
+        return attrs.evolve(self, variables=dict(self.variables), user_variables=dict(self.user_variables))
+
+    def mark_unrestorable(self, reason: str) -> None:
+        if self.unrestorable is None:
+            self.unrestorable = reason
+
+    def reset(self) -> None:
+        """COM_RESET_CONNECTION / COM_CHANGE_USER: the server forgets everything session-level."""
+        self.names = None
+        self.variables.clear()
+        self.user_variables.clear()
+        self.next_transaction = None
+        self.unrestorable = None
+
+    def apply_set(self, assignments: list[sql.SetAssignment]) -> list[str]:
+        """Record an accepted SET; returns the names of session variables whose value must be
+        read back from the server (assigned an expression, not a constant)."""
+        capture: list[str] = []
+        for a in assignments:
+            scope = a.scope
+            if scope == sql.SetScope.SESSION:
+                if a.is_constant:
+                    self.variables.pop(a.name, None)  # keep assignment order = last write order
+                    self.variables[a.name] = a.value_sql
+                else:
+                    capture.append(a.name)
+            elif scope in (sql.SetScope.NAMES, sql.SetScope.CHARSET):
+                self.names = sql.render_set([a])
+                # SET NAMES resets character_set_client/connection/results set earlier.
+                for var in ("character_set_client", "character_set_connection", "character_set_results", "collation_connection"):
+                    self.variables.pop(var, None)
+            elif scope == sql.SetScope.USER:
+                if a.is_constant:
+                    self.user_variables[a.name] = a.value_sql
+                else:
+                    self.mark_unrestorable(f"user variable @{a.name} was assigned a non-constant expression")
+            elif scope == sql.SetScope.TRANSACTION:
+                self.variables.pop("transaction", None)
+                self.variables["transaction"] = a.value_sql
+            elif scope == sql.SetScope.NEXT_TRANSACTION:
+                self.next_transaction = a.value_sql
+            # GLOBAL: server-wide, survives on the server by itself; nothing to restore.
+        return capture
+
+    def restore_statements(self) -> list[str]:
+        """SQL that makes a fresh connection (logged in with ``database`` and ``collation``)
+        match this session."""
+        out = []
+        if self.names:
+            out.append(self.names)
+        assignments = []
+        for name, value in self.variables.items():
+            if name == "transaction":
+                out.append(f"SET SESSION TRANSACTION {value}")
+            else:
+                assignments.append(f"@@session.{_ident(name)} = {value}")
+        for name, value in self.user_variables.items():
+            assignments.append(f"@{_ident(name)} = {value}")
+        if assignments:
+            out.append("SET " + ", ".join(assignments))
+        return out
+
+
+_PLAIN_IDENT = re.compile(r"[A-Za-z0-9_$]+")
+
+
+def _ident(name: str) -> str:
+    return name if _PLAIN_IDENT.fullmatch(name) else "`" + name.replace("`", "``") + "`"
+
+
+_USE = re.compile(r"\s*(?:/\*.*?\*/\s*)*USE\s+(`(?:[^`]|``)+`|[A-Za-z0-9_$\u0080-\uffff]+)\s*;?\s*$", re.I | re.S)
+
+
+def parse_use(text: str) -> str | None:
+    """Database named by a ``USE db`` statement, or None if it is not one."""
+    m = _USE.match(text)
+    if not m:
+        return None
+    name = m.group(1)
+    if name.startswith("`"):
+        name = name[1:-1].replace("``", "`")
+    return name

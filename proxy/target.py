@@ -1,0 +1,97 @@
+"""A target database: its config, backend addresses, and what the proxy learned about the server."""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import trio
+
+from proxy.backend import Backend, BackendError, Login, connect_backend, read_greeting
+from proxy.config import Address, Config
+
+__all__ = ["Target", "BackendProfile"]
+
+log = logging.getLogger("replay_proxy.target")
+
+
+@attrs.frozen
+class BackendProfile:
+    """What clients are shown in the proxy's greeting: the real server's version and abilities."""
+
+    server_version: str
+    capabilities: int
+    collation: int
+
+
+class Target:
+    def __init__(self, config: Config, hooks=None) -> None:
+        from proxy.hooks import Hooks
+
+        self.config = config
+        self.name = config.name
+        self.hooks = hooks if hooks is not None else Hooks([])
+        self.passwords = {u.name: u.resolved_password() for u in config.users}
+        self._profile: BackendProfile | None = None
+        self._profile_lock = trio.Lock()
+        self._preferred = 0  # index of the address that worked last
+        self.sessions: set = set()
+
+    @property
+    def addresses(self) -> list[Address]:
+        return self.config.backend.addresses
+
+    def _rotation(self) -> list[Address]:
+        addrs = self.addresses
+        return addrs[self._preferred :] + addrs[: self._preferred]
+
+    async def profile(self) -> BackendProfile:
+        """The backend's greeting, learned once (a connection opened, greeted and closed)."""
+        if self._profile is not None:
+            return self._profile
+        async with self._profile_lock:
+            if self._profile is None:
+                errors = []
+                for address in self._rotation():
+                    try:
+                        channel, hs = await read_greeting(address, self.config.backend.connect_timeout)
+                    except BackendError as exc:
+                        errors.append(str(exc))
+                        continue
+                    channel.close()
+                    self._remember(hs.server_version, hs.capabilities, hs.charset)
+                    break
+                else:
+                    raise BackendError("; ".join(errors), retryable=True)
+        assert self._profile is not None
+        return self._profile
+
+    def _remember(self, version: str, capabilities: int, collation: int) -> None:
+        profile = BackendProfile(version, capabilities, collation)
+        if self._profile is not None and self._profile != profile:
+            log.info("target %s: backend now reports %s (was %s)", self.name, profile, self._profile)
+        self._profile = profile
+
+    async def connect(self, login: Login) -> Backend:
+        """One login attempt per address, starting with the last one that worked."""
+        errors: list[BackendError] = []
+        for address in self._rotation():
+            try:
+                backend = await connect_backend(
+                    address,
+                    login,
+                    connect_timeout=self.config.backend.connect_timeout,
+                    io_timeout=self.config.backend.io_timeout,
+                )
+            except BackendError as exc:
+                errors.append(exc)
+                if not exc.retryable:
+                    raise
+                continue
+            self._preferred = self.addresses.index(address)
+            hs = backend.handshake
+            self._remember(hs.server_version, hs.capabilities, hs.charset)
+            return backend
+        if len(errors) == 1:
+            raise errors[0]
+        raise BackendError("; ".join(str(e) for e in errors), retryable=True)

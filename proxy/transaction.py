@@ -1,0 +1,83 @@
+"""Transaction tracking and the journal of the open transaction.
+
+Whether a transaction is open comes from the server: the IN_TRANS bit of every OK/EOF status
+word. Statement classification only adds what the status word cannot say: a BEGIN, COMMIT AND
+CHAIN or DDL inside a transaction ends the old one even though IN_TRANS stays set, and a
+deadlock error (1213) means the server rolled the transaction back.
+
+The journal holds every command of the open transaction as the client sent it, with a
+fingerprint of the response the client saw, so the transaction can be replayed on a new
+connection and checked to have produced the same results.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from proxy.protocol.response import Expect
+from proxy.session import PreparedStatement, SessionState
+
+__all__ = ["JournalEntry", "Transaction"]
+
+
+@attrs.define(slots=True, eq=False)
+class JournalEntry:
+    payload: bytes  # command payload with the client's statement ids
+    expect: Expect
+    # ResponseTracker.fingerprint of what the client saw; None when it was not computed
+    # (statements before the transaction was known to be open, e.g. its BEGIN).
+    fingerprint: int | None
+    statement: PreparedStatement | None = None  # for COM_STMT_EXECUTE
+    long_data: list[bytes] | None = None  # COM_STMT_SEND_LONG_DATA payloads sent before this execute
+
+
+@attrs.define(slots=True)
+class Transaction:
+    max_bytes: int
+    max_entries: int
+    active: bool = False
+    entries: list[JournalEntry] = attrs.Factory(list)
+    size: int = 0
+    # Why this transaction cannot be replayed (journal overflow, cursor, XA...), or None.
+    not_replayable: str | None = None
+    # Session state as it was when the transaction began, taken only when the session changes
+    # (USE, SET) inside the transaction, so replay starts from the right database and variables.
+    session_before: SessionState | None = None
+    # SET TRANSACTION ... that applied to this transaction, replayed before it.
+    prefix: str | None = None
+
+    def reset(self) -> None:
+        self.active = False
+        self.entries.clear()
+        self.size = 0
+        self.not_replayable = None
+        self.session_before = None
+        self.prefix = None
+
+    def start(self, prefix: str | None) -> None:
+        self.reset()
+        self.active = True
+        self.prefix = prefix
+
+    def record(self, entry: JournalEntry) -> None:
+        if self.not_replayable is not None:
+            return
+        self.size += len(entry.payload) + 64  # + bookkeeping, roughly
+        if self.size > self.max_bytes or len(self.entries) >= self.max_entries:
+            self.mark_not_replayable(
+                f"journal over its limit ({len(self.entries) + 1} commands, {self.size} bytes;"
+                f" limits {self.max_entries} commands, {self.max_bytes} bytes)"
+            )
+            return
+        self.entries.append(entry)
+
+    def mark_not_replayable(self, reason: str) -> None:
+        if self.not_replayable is None:
+            self.not_replayable = reason
+        self.entries.clear()  # nothing will replay them; give the memory back
+        self.size = 0
+
+    def note_session_change(self, session: SessionState) -> None:
+        """Call before applying a session change while the transaction is open."""
+        if self.active and self.session_before is None:
+            self.session_before = session.snapshot()
