@@ -141,11 +141,18 @@ def _set_keepalive(sock: socket.socket) -> None:
         pass
 
 
-async def read_greeting(address: Address, connect_timeout: float) -> tuple[Channel, ServerHandshake]:
+async def open_backend_socket(address: Address) -> Channel:
+    channel = await open_tcp(address.host, address.port, f"backend {address}")
+    _set_keepalive(channel.sock)
+    return channel
+
+
+async def read_greeting(address: Address, connect_timeout: float, opener=open_backend_socket) -> tuple[Channel, ServerHandshake]:
+    """Connect (``opener`` makes the Channel; tests pass one over memory streams) and read the
+    server's greeting."""
     try:
         with trio.fail_after(connect_timeout):
-            channel = await open_tcp(address.host, address.port, f"backend {address}")
-            _set_keepalive(channel.sock)
+            channel = await opener(address)
             try:
                 packet = await channel.read_packet()
                 if packet.payload[:1] == bytes([ERR_HEADER]):
@@ -167,9 +174,11 @@ async def read_greeting(address: Address, connect_timeout: float) -> tuple[Chann
         raise BackendError(f"backend {address}: bad greeting: {exc}", retryable=True) from None
 
 
-async def connect_backend(address: Address, login: Login, *, connect_timeout: float, io_timeout: float) -> Backend:
+async def connect_backend(
+    address: Address, login: Login, *, connect_timeout: float, io_timeout: float, opener=open_backend_socket
+) -> Backend:
     """Open, authenticate and probe a backend connection."""
-    channel, hs = await read_greeting(address, connect_timeout)
+    channel, hs = await read_greeting(address, connect_timeout, opener)
     try:
         with trio.fail_after(io_timeout):
             return await _login(channel, hs, address, login)

@@ -25,9 +25,9 @@ log = logging.getLogger("replay_proxy.frontend")
 class Proxy:
     """A running proxy for one target: listeners plus the sessions they accepted."""
 
-    def __init__(self, config: Config, hooks: Hooks | None = None) -> None:
+    def __init__(self, config: Config, hooks: Hooks | None = None, opener=None) -> None:
         self.config = config
-        self.target = Target(config, hooks)
+        self.target = Target(config, hooks) if opener is None else Target(config, hooks, opener)
         self._ids = itertools.count(1)
         self.addresses: list[tuple[str, int]] = []
 
@@ -59,9 +59,12 @@ class Proxy:
             nursery.start_soon(self._handle, sock, addr)
 
     async def _handle(self, sock: socket.socket, addr) -> None:
-        session_id = next(self._ids)
         client_address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
-        channel = Channel(sock, f"client {client_address}")
+        await self.handle_client(Channel(sock, f"client {client_address}"), client_address)
+
+    async def handle_client(self, channel: Channel, client_address: str) -> None:
+        """Run one client connection to its end (component tests call this with memory streams)."""
+        session_id = next(self._ids)
         target = self.target
         if len(target.sessions) >= self.config.listen.max_connections:
             await _refuse(channel, *Err.CON_COUNT, "Too many connections")
@@ -89,6 +92,8 @@ class Proxy:
             session.close_reason = str(exc)
         except (PeerClosed, ProtocolError) as exc:
             session.close_reason = f"{type(exc).__name__}: {exc}"
+            if not opened and not channel.decoder.buffered() and isinstance(exc, PeerClosed):
+                session.close_reason = ""  # a TCP probe (load balancer, kubelet) that never spoke
         except Exception as exc:  # a bug must cost one session, not the proxy
             session.close_reason = f"internal error: {type(exc).__name__}: {exc}"
             log.exception("session %d: internal error", session_id)
@@ -106,6 +111,8 @@ class Proxy:
                         await target.hooks.notify(target.hooks.session_closed, session.info)
             elif session.close_reason:
                 log.info("client %s not admitted: %s", client_address, session.close_reason)
+            else:
+                log.debug("client %s disconnected before logging in", client_address)
 
 
 async def _refuse(channel: Channel, code: int, sqlstate: str, message: str) -> None:

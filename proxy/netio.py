@@ -15,7 +15,7 @@ from trio.lowlevel import checkpoint, wait_readable, wait_writable
 
 from proxy.protocol.framing import Packet, PacketDecoder
 
-__all__ = ["Channel", "PeerClosed", "open_tcp"]
+__all__ = ["Channel", "StreamChannel", "PeerClosed", "open_tcp"]
 
 RECV_SIZE = 256 * 1024
 _YIELD_EVERY = 4 * 1024 * 1024  # bytes moved without blocking before a fairness checkpoint
@@ -113,13 +113,63 @@ class Channel:
         except OSError:
             return True
 
+    def send_nowait(self, data: bytes) -> None:
+        """Best effort, never blocks (a goodbye packet before closing)."""
+        try:
+            self.sock.send(data)
+        except OSError:
+            pass
+
     def close(self) -> None:
+        """Close; a task blocked reading or writing this channel gets PeerClosed."""
         if not self.closed:
             self.closed = True
+            trio.lowlevel.notify_closing(self.sock)
             try:
                 self.sock.close()
             except OSError:
                 pass
+
+
+class StreamChannel(Channel):
+    """The same interface over any trio Stream (memory streams in component tests)."""
+
+    __slots__ = ("stream",)
+
+    def __init__(self, stream: trio.abc.Stream, name: str) -> None:
+        self.stream = stream
+        self.name = name
+        self.decoder = PacketDecoder()
+        self._unyielded = 0
+        self.closed = False
+
+    async def recv(self, size: int = RECV_SIZE) -> bytes:
+        try:
+            data = await self.stream.receive_some(size)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise PeerClosed(f"{self.name}: {exc or 'closed'}") from None
+        if not data:
+            raise PeerClosed(f"{self.name}: connection closed by peer")
+        return bytes(data)
+
+    async def send(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise PeerClosed(f"{self.name}: {exc or 'closed'}") from None
+
+    def data_pending(self) -> bool:
+        return bool(self.decoder.buffered())
+
+    def send_nowait(self, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            for part in (getattr(self.stream, "send_stream", None), getattr(self.stream, "receive_stream", None)):
+                if part is not None and hasattr(part, "close"):
+                    part.close()
 
 
 async def open_tcp(host: str, port: int, name: str) -> Channel:

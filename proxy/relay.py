@@ -54,6 +54,7 @@ log = logging.getLogger("replay_proxy.session")
 C = Commands
 IN_TRANS = ServerStatus.SERVER_STATUS_IN_TRANS
 AUTOCOMMIT = ServerStatus.SERVER_STATUS_AUTOCOMMIT
+NO_BACKSLASH_ESCAPES = ServerStatus.SERVER_STATUS_NO_BACKSLASH_ESCAPES
 
 # Send states of an in-flight command.
 NOT_SENT, SENDING, SENT, SEND_FAILED = range(4)
@@ -127,6 +128,7 @@ class Session:
         self.state: SessionState | None = None
         self.tx = Transaction(self.config.recovery.journal_max_bytes, self.config.recovery.journal_max_statements)
         self.autocommit = True
+        self.nbe = False  # sql_mode NO_BACKSLASH_ESCAPES, from the status word: changes how SQL lexes
         self.client_caps = 0
         self.deprecate_eof = False
         self.scramble = b""
@@ -258,11 +260,8 @@ class Session:
         if self.backend is not None:
             if self.backend_ok and not self.backend.channel.closed:
                 # A polite COM_QUIT spares the server an "aborted connection" warning.
-                try:
-                    self.backend.channel.sock.send(encode_packet(b"\x01", 0)[0])
-                except OSError:
-                    pass
-            self._close_backend(self.backend)
+                self.backend.channel.send_nowait(encode_packet(b"\x01", 0)[0])
+            self.backend.close()
         self.client.close()
 
     async def _client_task(self) -> str:
@@ -511,6 +510,7 @@ class Session:
         ends_tx = False
         if tracker.saw_status:
             self.autocommit = bool(tracker.status & AUTOCOMMIT)
+            self.nbe = bool(tracker.status & NO_BACKSLASH_ESCAPES)
         if code == C.COM_QUERY:
             keyword = inflight.keyword
             if tracker.results > 1:
@@ -520,7 +520,7 @@ class Session:
             if ok and keyword in st.SESSION_CHANGE:
                 captures = self._note_session_change(cmd, keyword)
             if ok and st.may_pin_session(keyword, cmd.payload):
-                reason = sql.classify(cmd.text()).session_unrestorable
+                reason = sql.classify(cmd.text(), no_backslash_escapes=self.nbe).session_unrestorable
                 if reason:
                     state.mark_unrestorable(reason)
         elif code == C.COM_STMT_EXECUTE:
@@ -599,11 +599,11 @@ class Session:
         commit) even if IN_TRANS stays set afterwards (a new transaction began)?"""
         if keyword in st.IMPLICIT_COMMIT:
             # CREATE TEMPORARY TABLE and a few others do not commit; the classifier knows.
-            return sql.classify(cmd.text()).implicit_commit
+            return sql.classify(cmd.text(), no_backslash_escapes=self.nbe).implicit_commit
         if keyword in (b"BEGIN", b"COMMIT") or (keyword == b"START" and b"TRANSACTION" in cmd.payload[:64].upper()):
             return True
         if keyword == b"ROLLBACK":
-            return sql.classify(cmd.text()).kind == sql.Kind.ROLLBACK
+            return sql.classify(cmd.text(), no_backslash_escapes=self.nbe).kind == sql.Kind.ROLLBACK
         if keyword == b"XA":
             self.tx.mark_not_replayable("XA transaction")
         return False
@@ -632,7 +632,7 @@ class Session:
                 state.database = db
                 self.info.database = db
             return []
-        assignments = sql.parse_set(text)
+        assignments = sql.parse_set(text, no_backslash_escapes=self.nbe)
         if not assignments:
             return []
         self.tx.note_session_change(state)
@@ -697,7 +697,7 @@ class Session:
         self.backend = None
         self._backend_replaced = trio.Event()
         if old is not None:
-            self._close_backend(old)
+            self._drop_backend(old)
         self.state = SessionState(user, change.database, change.charset or self.state.collation)
         self.login = self._login_for(user, resp)
         self.prepared.clear()
@@ -716,10 +716,8 @@ class Session:
 
     # ------------------------------------------------------------------ recovery
 
-    def _close_backend(self, backend: Backend) -> None:
-        if not backend.channel.closed:
-            trio.lowlevel.notify_closing(backend.channel.sock)
-            backend.close()
+    def _drop_backend(self, backend: Backend) -> None:
+        backend.close()
 
     async def _recover(self, reason: str, rejected: bool = False) -> None:
         """The backend connection is gone (or going). Decide, reconnect, restore, replay, resend.
@@ -730,7 +728,7 @@ class Session:
         old = self.backend
         self.backend_ok = False
         if old is not None:
-            self._close_backend(old)
+            self._drop_backend(old)
         inflight = self.inflight
         if inflight is not None and inflight.state == SENDING:
             self._send_settled = trio.Event()
@@ -779,7 +777,7 @@ class Session:
                 break
             except (PeerClosed, BackendError, ProtocolError) as exc:
                 log.warning("session %d: new backend connection lost during replay (%s); reconnecting", self.id, exc)
-                self._close_backend(backend)
+                self._drop_backend(backend)
         self.backend_ok = True
         waited = trio.current_time() - lost_at
         current = self.inflight
@@ -841,7 +839,7 @@ class Session:
             text = payload[1:].decode("utf-8", "surrogateescape")
         else:
             return StatementFacts()
-        c = sql.classify(text)
+        c = sql.classify(text, no_backslash_escapes=self.nbe)
         kind = c.kind
         session_only = kind in (sql.Kind.SET, sql.Kind.USE)
         return StatementFacts(
@@ -864,7 +862,7 @@ class Session:
                     return False
                 if answer is not None:
                     return bool(answer)
-        return sql.is_idempotent(text)
+        return sql.is_idempotent(text, no_backslash_escapes=self.nbe)
 
     async def _ask_veto(self, plan: Plan) -> Plan | None:
         for name, fn, is_async in self.hooks.replay_decided.impls:

@@ -7,7 +7,7 @@ import logging
 import attrs
 import trio
 
-from proxy.backend import Backend, BackendError, Login, connect_backend, read_greeting
+from proxy.backend import Backend, BackendError, Login, connect_backend, open_backend_socket, read_greeting
 from proxy.config import Address, Config
 
 __all__ = ["Target", "BackendProfile"]
@@ -25,10 +25,11 @@ class BackendProfile:
 
 
 class Target:
-    def __init__(self, config: Config, hooks=None) -> None:
+    def __init__(self, config: Config, hooks=None, opener=open_backend_socket) -> None:
         from proxy.hooks import Hooks
 
         self.config = config
+        self.opener = opener  # address -> Channel; component tests connect to fake servers
         self.name = config.name
         self.hooks = hooks if hooks is not None else Hooks([])
         self.passwords = {u.name: u.resolved_password() for u in config.users}
@@ -54,7 +55,7 @@ class Target:
                 errors = []
                 for address in self._rotation():
                     try:
-                        channel, hs = await read_greeting(address, self.config.backend.connect_timeout)
+                        channel, hs = await read_greeting(address, self.config.backend.connect_timeout, self.opener)
                     except BackendError as exc:
                         errors.append(str(exc))
                         continue
@@ -82,6 +83,7 @@ class Target:
                     login,
                     connect_timeout=self.config.backend.connect_timeout,
                     io_timeout=self.config.backend.io_timeout,
+                    opener=self.opener,
                 )
             except BackendError as exc:
                 errors.append(exc)

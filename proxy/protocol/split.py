@@ -1,0 +1,234 @@
+"""Split an oversized multi-row INSERT/REPLACE ... VALUES into statements under a size limit.
+
+Works on the raw COM_QUERY text as bytes, so bytes that are not valid UTF-8 (``_binary'...'``
+literals) survive untouched: only ASCII bytes (quotes, backslashes, parentheses, comment
+markers) matter to the MySQL lexer with utf8mb4, latin1 or binary connection charsets.
+Multi-byte charsets whose second byte can be ``\\`` or a quote (sjis, gbk, big5) are not
+supported.
+
+Rows are found by one regular expression (C speed, linear: strings, comments and nested
+parentheses are matched whole with possessive quantifiers, so nothing backtracks). Greedy
+packing reuses it: matching the rows pattern with ``endpos`` at the end of the room left in a
+piece yields exactly the rows that fit, because a row can only match once its closing ``)`` is
+inside the window and the lexing of everything before that ``)`` is the same as in the full text.
+
+Splitting changes what the client can observe: each piece is a statement of its own (atomic on
+its own, with its own affected-rows count and LAST_INSERT_ID), so the caller must run the pieces
+inside one transaction and add up the results.
+"""
+
+from __future__ import annotations
+
+import re
+
+from proxy.protocol import sql as sqltext
+from proxy.protocol.sql import (
+    BACKTICK_IDENT,
+    BLOCK_COMMENT,
+    DASH_COMMENT,
+    HASH_COMMENT,
+    WS,
+    SqlLexError,
+    TokenKind,
+    quoted_string,
+)
+
+__all__ = ["CannotSplit", "MAX_NESTING", "split_values_statement"]
+
+# Parentheses nesting inside one row that the row pattern follows (CONCAT(LEFT('a', 1), ...)).
+MAX_NESTING = 16
+# The head (INSERT ... VALUES) is looked for in this many bytes first; longer heads are rare.
+_HEAD_PROBE = 64 * 1024
+# A malformed row is diagnosed with the Python lexer over at most this many bytes.
+_DIAGNOSE_WINDOW = 1024 * 1024
+
+
+class CannotSplit(ValueError):
+    """The statement cannot be split safely; the message says why."""
+
+
+def _row_pattern(backslash_escapes: bool) -> bytes:
+    sq = quoted_string("'", backslash_escapes)
+    dq = quoted_string('"', backslash_escapes)
+    # Everything but quotes, parentheses and comment starters goes by in runs; "-" and "/" are
+    # ordinary unless they start a comment; "/*!" (executable comment) matches nothing, so a
+    # row containing one is refused.
+    atom = "|".join(
+        [
+            r"[^'\"`()/#\-]++",
+            sq,
+            dq,
+            BACKTICK_IDENT,
+            HASH_COMMENT,
+            DASH_COMMENT,
+            BLOCK_COMMENT,
+            r"-",
+            r"/(?!\*)",
+        ]
+    )
+    row = rf"\((?:{atom})*+\)"
+    for _ in range(MAX_NESTING - 1):
+        row = rf"\((?:{atom}|{row})*+\)"
+    return row.encode("ascii")
+
+
+_SEP = rf"(?:{WS}|{HASH_COMMENT}|{DASH_COMMENT}|{BLOCK_COMMENT})*+,(?:{WS}|{HASH_COMMENT}|{DASH_COMMENT}|{BLOCK_COMMENT})*+".encode()
+
+
+def _compile(backslash_escapes: bool) -> tuple[re.Pattern[bytes], re.Pattern[bytes], re.Pattern[bytes]]:
+    row = _row_pattern(backslash_escapes)
+    return re.compile(row), re.compile(row + rb"(?:" + _SEP + row + rb")*+"), re.compile(_SEP)
+
+
+_PATTERNS = {False: _compile(True), True: _compile(False)}  # keyed by no_backslash_escapes
+_TRAILING_WS = b" \t\n\r\f\v"
+
+
+def split_values_statement(sql: bytes, limit: int, *, no_backslash_escapes: bool = False) -> list[bytes]:
+    """Split ``INSERT|REPLACE ... VALUES (row), (row)... [suffix]`` into statements that each fit
+    in a COM_QUERY packet of ``limit`` bytes: ``len(piece) + 1 <= limit`` (the +1 is the
+    COM_QUERY command byte in front of the text, which counts against max_allowed_packet).
+
+    Each piece is the original head (everything up to the first row, leading comments
+    included), as many whole rows as fit (bytes, separators and order preserved), then the
+    original suffix (``ON DUPLICATE KEY UPDATE ...`` / ``AS alias ...``; a trailing ``;`` is
+    dropped). A statement that already fits is returned unchanged as the only piece.
+
+    Raises CannotSplit if the statement is not such an INSERT/REPLACE, is malformed (unterminated
+    literal or comment, unbalanced parentheses), contains executable comments around or inside
+    the rows, or if one row with the head and suffix is larger than the limit.
+    """
+    sql = bytes(sql)
+    nbe = no_backslash_escapes
+    row_re, rows_re, sep_re = _PATTERNS[nbe]
+    rows_start = _rows_start(sql, nbe)
+    rows = rows_re.match(sql, rows_start)
+    if rows is None:
+        raise CannotSplit(_diagnose_row(sql, rows_start, nbe))
+    rows_end = rows.end()
+    sep = sep_re.match(sql, rows_end)
+    if sep is not None:  # a "," after the last row that matched: the next row is malformed
+        raise CannotSplit(_diagnose_row(sql, sep.end(), nbe))
+    suffix = _suffix(sql, rows_end, nbe)
+    if len(sql) + 1 <= limit:
+        return [sql]
+
+    head = memoryview(sql)[:rows_start]
+    body = memoryview(sql)
+    room = limit - 1 - len(head) - len(suffix)  # bytes of rows a piece can hold
+    pieces = []
+    pos = rows_start
+    while True:
+        fitting = rows_re.match(sql, pos, min(pos + max(room, 0), rows_end))
+        if fitting is None:
+            row = row_re.match(sql, pos)
+            row_len = row.end() - pos if row else 0
+            raise CannotSplit(
+                f"a single row is larger than the limit: the row at byte {pos} is {row_len} bytes, and with the "
+                f"{len(head)}-byte head and {len(suffix)}-byte suffix a {limit}-byte packet leaves room for {room}"
+            )
+        end = fitting.end()
+        pieces.append(b"".join((head, body[pos:end], suffix)))
+        if end == rows_end:
+            return pieces
+        pos = sep_re.match(sql, end).end()  # type: ignore[union-attr]  # rows are "," separated
+
+
+def _rows_start(sql: bytes, nbe: bool) -> int:
+    """Offset of the first row's "(" after VALUES, or CannotSplit."""
+    probe = sql if len(sql) <= _HEAD_PROBE else sql[:_HEAD_PROBE]
+    head = _parse_head(probe, nbe)
+    if isinstance(head, str) and probe is not sql:  # maybe the head is longer than the probe
+        head = _parse_head(sql, nbe)
+    if isinstance(head, str):
+        raise CannotSplit(head)
+    return head
+
+
+def _parse_head(data: bytes, nbe: bool) -> int | str:
+    try:
+        head = sqltext._parse_insert_head(data.decode("latin-1"), nbe)
+    except SqlLexError as exc:
+        return f"{exc.reason} at byte {exc.offset} before the VALUES rows"
+    return head if isinstance(head, str) else head.rows_start
+
+
+def _suffix(sql: bytes, rows_end: int, nbe: bool) -> bytes:
+    """The text after the rows, without a trailing ";" and whitespace; CannotSplit unless it is
+    empty, ``AS alias [(cols)]`` and/or ``ON DUPLICATE KEY UPDATE ...``."""
+    text = sql[rows_end:].decode("latin-1")
+    try:
+        tokens = sqltext.tokenize(text, no_backslash_escapes=nbe, trivia=True)
+    except SqlLexError as exc:
+        raise CannotSplit(f"{exc.reason} at byte {rows_end + (exc.offset or 0)}, after the VALUES rows") from None
+    significant = [t for t in tokens if t.kind not in sqltext.TRIVIA]
+    if any(t.kind in (TokenKind.EXEC_OPEN, TokenKind.EXEC_CLOSE) for t in tokens):
+        raise CannotSplit("executable comment after the VALUES rows")
+    end = len(text)
+    if significant and significant[-1].text == ";":
+        end = significant[-1].start
+        significant = significant[:-1]
+    if any(t.kind is TokenKind.PUNCT and t.text == ";" for t in significant):
+        raise CannotSplit("more than one statement")
+    if significant:
+        _check_suffix(significant)
+    return sql[rows_end : rows_end + end].rstrip(_TRAILING_WS)
+
+
+def _check_suffix(tokens: list[sqltext.Token]) -> None:
+    words = [t.text.upper() if t.kind is TokenKind.WORD else None for t in tokens]
+    i = 0
+    if words[0] == "AS":  # MySQL 8 row alias: AS new [(a, b)]
+        if len(tokens) < 2 or tokens[1].kind not in (TokenKind.WORD, TokenKind.QUOTED_IDENT):
+            raise CannotSplit("expected an alias after AS")
+        i = 2
+        if i < len(tokens) and tokens[i].text == "(":
+            i = sqltext._closing_paren(tokens, i) + 1
+            if i == 0:
+                raise CannotSplit("unbalanced parentheses after the VALUES rows")
+        if i == len(tokens):
+            return
+    if words[i : i + 4] != ["ON", "DUPLICATE", "KEY", "UPDATE"]:
+        raise CannotSplit(f"unexpected {tokens[i].text!r} after the VALUES rows")
+    depth = 0
+    for tok, word in zip(tokens, words):
+        if tok.kind is TokenKind.PUNCT:
+            depth += tok.text == "("
+            depth -= tok.text == ")"
+            if depth < 0:
+                raise CannotSplit("unbalanced parentheses after the VALUES rows")
+        elif word == "RETURNING" and depth == 0:  # MariaDB: one result set per piece
+            raise CannotSplit("INSERT ... RETURNING cannot be split")
+    if depth:
+        raise CannotSplit("unbalanced parentheses after the VALUES rows")
+
+
+def _diagnose_row(sql: bytes, pos: int, nbe: bool) -> str:
+    """Why the row starting at ``pos`` does not match the row pattern (error path only)."""
+    window = sql[pos : pos + _DIAGNOSE_WINDOW]
+    truncated = pos + len(window) < len(sql)
+    depth = deepest = 0
+    try:
+        for tok in sqltext.iter_tokens(window.decode("latin-1"), no_backslash_escapes=nbe, trivia=True):
+            at = pos + tok.start
+            if tok.kind in (TokenKind.EXEC_OPEN, TokenKind.EXEC_CLOSE):
+                return f"executable comment inside the VALUES rows at byte {at}"
+            if tok.kind in sqltext.TRIVIA:
+                continue
+            if depth == 0 and tok.text != "(":
+                return f"expected '(' starting a row at byte {at}, found {tok.text!r}"
+            if tok.kind is TokenKind.PUNCT and tok.text in "()":
+                depth += 1 if tok.text == "(" else -1
+                deepest = max(deepest, depth)
+                if depth == 0:
+                    if deepest > MAX_NESTING:
+                        return f"the row at byte {pos} nests parentheses deeper than {MAX_NESTING}"
+                    return f"the row at byte {pos} could not be scanned"
+    except SqlLexError as exc:
+        if not truncated:
+            return f"{exc.reason} at byte {pos + (exc.offset or 0)}"
+    if truncated:
+        return f"the row at byte {pos} is malformed or longer than {_DIAGNOSE_WINDOW} bytes"
+    if depth == 0:
+        return f"expected a row after byte {pos}"
+    return f"unbalanced parentheses: the row at byte {pos} is never closed"

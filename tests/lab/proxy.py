@@ -1,0 +1,127 @@
+"""Run the real proxy (``python -m proxy --config ...``) as a subprocess for integration tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.lab.mariadb import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def write_config(path: Path, sections: dict[str, Any]) -> Path:
+    """Write a config from {"listen": {...}, "users": [{...}], "plugins": {"chain": [...], "x": {...}}}."""
+    lines: list[str] = []
+    for key, value in sections.items():
+        if not isinstance(value, (dict, list)) or (isinstance(value, list) and value and not isinstance(value[0], dict)):
+            lines.insert(0, f"{key} = {toml_value(value)}")
+    for key, value in sections.items():
+        if isinstance(value, dict):
+            lines.append(f"[{key}]")
+            nested = {k: v for k, v in value.items() if isinstance(v, dict)}
+            for k, v in value.items():
+                if not isinstance(v, dict):
+                    lines.append(f"{k} = {toml_value(v)}")
+            for k, v in nested.items():
+                lines.append(f"[{key}.{k}]")
+                lines.extend(f"{kk} = {toml_value(vv)}" for kk, vv in v.items())
+        elif isinstance(value, list) and value and isinstance(value[0], dict):
+            for item in value:
+                lines.append(f"[[{key}]]")
+                lines.extend(f"{k} = {toml_value(v)}" for k, v in item.items())
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class ProxyProcess:
+    """A proxy subprocess in front of ``backend_port``; stop() checks it exited cleanly."""
+
+    def __init__(self, workdir: Path, backend_port: int | list[int], **overrides: Any) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.admin_port = free_port()
+        ports = backend_port if isinstance(backend_port, list) else [backend_port]
+        sections: dict[str, Any] = {
+            "name": "test",
+            "listen": {"address": f"127.0.0.1:{self.port}"},
+            "backend": {"addresses": [f"127.0.0.1:{p}" for p in ports]},
+            "users": [{"name": "app", "password": "apppw"}, {"name": "root", "password": ""}],
+            "admin": {"address": f"127.0.0.1:{self.admin_port}"},
+            "log": {"level": "debug"},
+        }
+        for key, value in overrides.items():
+            if isinstance(value, dict) and isinstance(sections.get(key), dict):
+                sections[key] = {**sections[key], **value}
+            else:
+                sections[key] = value
+        self.config_path = write_config(self.workdir / "proxy.toml", sections)
+        self.log_path = self.workdir / "proxy.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 20) -> "ProxyProcess":
+        self._log = open(self.log_path, "ab")
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "--config", str(self.config_path)],
+            cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"proxy exited with {self.proc.returncode}:\n{self.log_text()[-3000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"proxy did not listen on {self.port} within {timeout}s:\n{self.log_text()[-3000:]}")
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, timeout: float = 10) -> str:
+        """SIGTERM, wait, and return the log. Raises if the proxy crashed or logged a traceback."""
+        if self.proc is None:
+            return self.log_text()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise RuntimeError(f"proxy ignored SIGTERM for {timeout}s:\n{self.log_text()[-3000:]}")
+        self._log.close()
+        text = self.log_text()
+        if "Traceback" in text:
+            raise AssertionError(f"proxy logged a traceback:\n{text[-5000:]}")
+        return text
+
+    def __enter__(self) -> "ProxyProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
