@@ -253,6 +253,12 @@ class Session:
                     self.close_reason = await self._client_task()
                 finally:
                     nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # Either task's failure ends the session; surface the cause itself.
+            cause = _first_cause(group)
+            if not isinstance(cause, SessionClosed):
+                raise cause from None
+            self.close_reason = str(cause)
         except SessionClosed as exc:
             self.close_reason = str(exc)
 
@@ -451,6 +457,14 @@ class Session:
         client have the rest of it."""
         tracker = inflight.tracker
         captures = self._bookkeep(inflight)
+        if captures:
+            # Read the values back before the client hears "OK": a loss now is a loss with the
+            # SET still in flight, and recovery simply sends it again.
+            try:
+                await self._capture_variables(captures)
+            except (PeerClosed, ProtocolError) as exc:
+                await self._recover(f"connection lost while reading back session variables: {exc}")
+                return
         if inflight.refuse_infile:
             out = encode_packet(
                 make_err(*Err.NOT_ALLOWED_COMMAND, "LOAD DATA LOCAL INFILE is not supported through replay-proxy"),
@@ -461,13 +475,9 @@ class Session:
             out = self._rewrite_prepare_ok(inflight)
         else:
             out = last
-        if not captures:
-            self.inflight = None
+        self.inflight = None
         if out:
             await self.client.send(out)
-        if captures:
-            await self._capture_variables(captures)
-            self.inflight = None
         if inflight.done is not None:
             inflight.done.set()
         if self.hooks.result_received:
@@ -642,14 +652,15 @@ class Session:
         """Read back session variables that were set from an expression, so a restore can set
         the value itself."""
         assert self.backend is not None and self.state is not None
-        try:
-            for name in names:
+        for name in names:
+            try:
                 rows = await self.backend.query(f"SELECT @@session.{name}")
-                value = rows[0][0] if rows else None
-                self.state.variables.pop(name, None)
-                self.state.variables[name] = "NULL" if value is None else sql.quote_string(value.decode("utf-8", "surrogateescape"))
-        except (BackendError, PeerClosed, ProtocolError) as exc:
-            self.state.mark_unrestorable(f"could not read back session variables {names}: {exc}")
+            except BackendError as exc:  # the server refused to tell: nothing to restore it from
+                self.state.mark_unrestorable(f"could not read back session variable {name}: {exc}")
+                continue
+            value = rows[0][0] if rows else None
+            self.state.variables.pop(name, None)
+            self.state.variables[name] = "NULL" if value is None else sql.quote_string(value.decode("utf-8", "surrogateescape"))
 
     def _register_prepared(self, cmd: Command, tracker: ResponseTracker) -> None:
         prep = tracker.prepare_ok
@@ -1028,6 +1039,15 @@ class Session:
                 if stmt.client_id not in self.prepared:
                     await backend.channel.send(encode_packet(b"\x19" + struct.pack("<I", stmt.backend_id), 0)[0])
         return count, None
+
+
+def _first_cause(group: BaseExceptionGroup) -> BaseException:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            exc = _first_cause(exc)
+        if not isinstance(exc, trio.Cancelled):
+            return exc
+    return group.exceptions[0]
 
 
 def _describe_unsolicited(data: bytes) -> str:

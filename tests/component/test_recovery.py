@@ -1,0 +1,341 @@
+"""Recovery decisions end to end over memory streams: client → proxy → scripted fake server.
+
+Every test runs on trio's autojump clock, so backoff, buffer windows and timeouts take no time.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from proxy.frontend import Proxy
+from proxy.hooks import Hooks, Veto
+from proxy.netio import StreamChannel
+from tests.component.fakes import FakeClient, FakeServer, make_config
+
+
+@pytest.fixture
+def autojump(autojump_clock):
+    return autojump_clock
+
+
+class Lab:
+    def __init__(self, nursery: trio.Nursery, config=None, hooks: Hooks | None = None) -> None:
+        self.nursery = nursery
+        self.server = FakeServer(nursery)
+        self.proxy = Proxy(config or make_config(), hooks, opener=self.server.opener)
+
+    async def client(self, deprecate_eof: bool = False) -> FakeClient:
+        client_side, proxy_side = trio.testing.memory_stream_pair()
+        self.nursery.start_soon(self.proxy.handle_client, StreamChannel(proxy_side, "client"), "127.0.0.1:5000")
+        client = FakeClient(client_side, deprecate_eof)
+        await client.login()
+        return client
+
+    def backend_of(self, index: int = -1):
+        return self.server.live()[index]
+
+
+def drop_once(match: str, action: str = "drop"):
+    """Intercept: the first command whose text contains ``match`` gets ``action``."""
+    fired = []
+
+    async def intercept(conn, payload: bytes):
+        if not fired and match.encode() in payload:
+            fired.append(payload)
+            return action
+        return None
+
+    intercept.fired = fired
+    return intercept
+
+
+async def test_idle_backend_loss_is_invisible(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    await c.must("INSERT INTO t VALUES (1, 'a')")
+    lab.backend_of().close()  # the server closes the idle connection (FIN)
+    await trio.sleep(0.01)
+    assert len(lab.server.live()) == 1  # replaced before the client's next command
+    assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["1"]
+
+
+async def test_begin_dropped_without_reply_is_resent(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    lab.server.intercept = drop_once("BEGIN")
+    await c.must("BEGIN")
+    await c.must("INSERT INTO t VALUES (1, 'a')")
+    await c.must("COMMIT")
+    assert lab.server.db.rows == {1: "a"} and lab.server.db.commits == 1
+
+
+@pytest.mark.parametrize("deprecate_eof", [False, True])
+async def test_statement_in_transaction_lost_replays_journal(nursery, autojump, deprecate_eof):
+    lab = Lab(nursery)
+    c = await lab.client(deprecate_eof)
+    await c.must("BEGIN")
+    await c.must("INSERT INTO t VALUES (1, 'a')")
+    assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]  # uncommitted: not durable yet
+    await c.must("UPDATE c SET n = n + 1")
+    lab.server.intercept = drop_once("INSERT INTO t VALUES (2", "run_then_drop")
+    await c.must("INSERT INTO t VALUES (2, 'b')")
+    await c.must("COMMIT")
+    db = lab.server.db
+    assert db.rows == {1: "a", 2: "b"} and db.counter == 1 and db.commits == 1
+
+
+async def test_idle_in_transaction_loss_replays_before_next_statement(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    await c.must("BEGIN")
+    await c.must("INSERT INTO t VALUES (1, 'a')")
+    lab.backend_of().close()
+    await trio.sleep(0.01)
+    replayed = lab.server.queries[-2:]
+    assert replayed == ["START TRANSACTION", "INSERT INTO t VALUES (1, 'a')"] or replayed == ["BEGIN", "INSERT INTO t VALUES (1, 'a')"]
+    await c.must("INSERT INTO t VALUES (2, 'b')")
+    await c.must("COMMIT")
+    assert lab.server.db.rows == {1: "a", 2: "b"} and lab.server.db.commits == 1
+
+
+async def test_replay_with_different_result_aborts_with_1213(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    await c.must("BEGIN")
+    assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]
+    await c.must("INSERT INTO t VALUES (1, 'a')")
+    other = await lab.client()
+    await other.must("INSERT INTO t VALUES (9, 'z')")  # the world changed meanwhile
+    lab.server.intercept = drop_once("INSERT INTO t VALUES (2", "drop")
+    result = await c.query("INSERT INTO t VALUES (2, 'b')")
+    assert not result.ok and result.code == 1213 and "replay-proxy" in result.message
+    assert (await c.must("ROLLBACK")).ok
+    assert lab.server.db.rows == {9: "z"}  # nothing of the aborted transaction applied
+    await c.must("INSERT INTO t VALUES (3, 'c')")  # and the session works on
+    assert lab.server.db.rows == {9: "z", 3: "c"}
+
+
+async def test_idle_mismatch_reports_1213_at_next_command_and_rollback_is_ok(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    backend = lab.backend_of()
+    await c.must("BEGIN")
+    assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]
+    other = await lab.client()
+    await other.must("INSERT INTO t VALUES (9, 'z')")
+    backend.close()  # the first client's backend, idle in its transaction
+    await trio.sleep(0.01)
+    result = await c.query("COMMIT")
+    assert result.code == 1213  # never acknowledge a commit of a transaction that is gone
+    assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["1"]
+
+
+async def test_commit_in_flight_without_safe_mode_is_a_connection_error(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    await c.must("BEGIN")
+    await c.must("INSERT INTO t VALUES (1, 'a')")
+    lab.server.intercept = drop_once("COMMIT", "run_then_drop")  # committed, answer lost
+    result = await c.query("COMMIT")
+    assert result.code == 2013 and "outcome is unknown" in result.message
+    with pytest.raises(EOFError):
+        await c.query("SELECT 1")
+    assert lab.server.db.rows == {1: "a"} and lab.server.db.commits == 1  # applied once, not twice
+
+
+@pytest.mark.parametrize("committed", [True, False])
+async def test_commit_in_flight_safe_mode_replays_idempotent_transaction(nursery, autojump, committed):
+    lab = Lab(nursery, make_config(recovery={"idempotent": "safe-mode"}))
+    c = await lab.client()
+    await c.must("BEGIN")
+    await c.must("REPLACE INTO t VALUES (1, 'a')")
+    await c.must("DELETE FROM t WHERE k = 5")
+    lab.server.intercept = drop_once("COMMIT", "run_then_drop" if committed else "drop")
+    assert (await c.query("COMMIT")).ok
+    assert lab.server.db.rows == {1: "a"}
+    assert lab.server.db.commits == (2 if committed else 1)  # applied again: same rows
+
+
+async def test_commit_in_flight_safe_mode_refuses_non_idempotent(nursery, autojump):
+    lab = Lab(nursery, make_config(recovery={"idempotent": "safe-mode"}))
+    c = await lab.client()
+    await c.must("BEGIN")
+    await c.must("REPLACE INTO t VALUES (1, 'a')")
+    await c.must("UPDATE c SET n = n + 1")
+    lab.server.intercept = drop_once("COMMIT", "run_then_drop")
+    assert (await c.query("COMMIT")).code == 2013
+    assert lab.server.db.counter == 1
+
+
+async def test_read_only_transaction_commit_in_flight_is_transparent(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    await c.must("BEGIN")
+    await c.must("SELECT COUNT(*) FROM t")
+    lab.server.intercept = drop_once("COMMIT", "run_then_drop")
+    assert (await c.query("COMMIT")).ok
+
+
+async def test_autocommit_write_in_flight(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    lab.server.intercept = drop_once("INSERT", "run_then_drop")
+    assert (await c.query("INSERT INTO t VALUES (1, 'a')")).code == 2013
+    lab = Lab(nursery, make_config(recovery={"idempotent": "safe-mode"}))
+    c = await lab.client()
+    lab.server.intercept = drop_once("REPLACE", "run_then_drop")
+    result = await c.query("REPLACE INTO t VALUES (1, 'a')")
+    assert result.ok and result.affected_rows == 2  # the repeat found the row already there
+    assert lab.server.db.rows == {1: "a"}
+
+
+async def test_reads_and_session_commands_in_flight_are_resent(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    await c.must("INSERT INTO t VALUES (1, 'a')")
+    lab.server.intercept = drop_once("SELECT V", "run_then_drop")
+    assert (await c.must("SELECT v FROM t WHERE k = 1")).rows == ["a"]
+    lab.server.intercept = drop_once("SET", "run_then_drop")
+    await c.must("SET sql_mode = 'ANSI'")
+    assert (await c.must("SELECT @@sql_mode")).rows == ["ANSI"]
+
+
+async def test_server_going_away_error_is_hidden_and_statement_resent(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    await c.must("BEGIN")
+    await c.must("INSERT INTO t VALUES (1, 'a')")
+    lab.server.intercept = drop_once("INSERT INTO t VALUES (2", "error_1053")
+    await c.must("INSERT INTO t VALUES (2, 'b')")
+    await c.must("COMMIT")
+    assert lab.server.db.rows == {1: "a", 2: "b"}
+
+
+async def test_unsolicited_error_while_idle_triggers_recovery(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    conn = lab.backend_of()
+    await conn._send([b"\xff\x87\x07#70100Connection was killed"], 0)
+    await trio.sleep(0.01)
+    assert conn.closed or len(lab.server.connections) == 2
+    assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]
+
+
+async def test_backend_down_longer_than_buffer_window(nursery, autojump):
+    lab = Lab(nursery, make_config(recovery={"buffer_window": "30s"}))
+    c = await lab.client()
+    await c.must("BEGIN")
+    await c.must("INSERT INTO t VALUES (1, 'a')")
+    lab.server.up = False
+    lab.server.restart()
+    start = trio.current_time()
+    result = await c.query("INSERT INTO t VALUES (2, 'b')")
+    waited = trio.current_time() - start
+    assert result.code == 1213 and "unavailable for 30s" in result.message
+    assert 29 <= waited <= 32
+    lab.server.up = True
+    await trio.sleep(2)
+    await c.must("ROLLBACK")
+    await c.must("INSERT INTO t VALUES (3, 'c')")
+    assert lab.server.db.rows == {3: "c"}
+
+
+async def test_backend_back_within_buffer_window_is_invisible(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    await c.must("BEGIN")
+    await c.must("INSERT INTO t VALUES (1, 'a')")
+    lab.server.up = False
+    lab.server.restart()
+
+    async def come_back():
+        await trio.sleep(12)
+        lab.server.up = True
+
+    nursery.start_soon(come_back)
+    start = trio.current_time()
+    await c.must("INSERT INTO t VALUES (2, 'b')")
+    assert 12 <= trio.current_time() - start < 14
+    await c.must("COMMIT")
+    assert lab.server.db.rows == {1: "a", 2: "b"}
+
+
+async def test_unrestorable_session_fails_at_next_command(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    assert (await c.must("SELECT GET_LOCK('x', 1)")).rows == ["1"]
+    lab.server.restart()
+    await trio.sleep(0.01)
+    result = await c.query("SELECT COUNT(*) FROM t")
+    assert result.code == 2013 and "GET_LOCK" in result.message
+    with pytest.raises(EOFError):
+        await c.query("SELECT 1")
+
+
+async def test_journal_overflow_gives_1213(nursery, autojump):
+    lab = Lab(nursery, make_config(recovery={"journal_max_statements": 3}))
+    c = await lab.client()
+    await c.must("BEGIN")
+    for k in range(5):
+        await c.must(f"INSERT INTO t VALUES ({k}, 'v')")
+    lab.server.intercept = drop_once("INSERT INTO t VALUES (9", "drop")
+    result = await c.query("INSERT INTO t VALUES (9, 'v')")
+    assert result.code == 1213 and "journal over its limit" in result.message
+    assert lab.server.db.rows == {}
+
+
+async def test_session_variables_are_restored(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    await c.must("SET NAMES utf8mb4")
+    await c.must("SET sql_mode = 'STRICT_ALL_TABLES', time_zone = '+00:00'")
+    await c.must("SET @@session.wait_timeout = CONCAT('28', '800')")  # captured from the server
+    lab.server.restart()
+    await trio.sleep(0.01)
+    assert (await c.must("SELECT @@sql_mode")).rows == ["STRICT_ALL_TABLES"]
+    assert (await c.must("SELECT @@time_zone")).rows == ["+00:00"]
+    assert (await c.must("SELECT @@wait_timeout")).rows == ["28800"]
+
+
+async def test_prepared_statements_survive_with_their_ids_and_types(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    stmt = await c.prepare("INSERT INTO t VALUES (?, 'p')")
+    assert (await c.execute(stmt, 1)).ok
+    lab.server.restart()  # new connection: the server numbers statements differently
+    await trio.sleep(0.01)
+    # The client omits parameter types (already bound); the proxy binds them again.
+    assert (await c.execute(stmt, 2, bind=False)).ok
+    other = await c.prepare("SELECT v FROM t WHERE k = ?")
+    assert other != stmt
+    assert (await c.execute(other, 2)).rows == ["p"]
+    assert lab.server.db.rows == {1: "p", 2: "p"}
+
+
+async def test_old_session_is_killed_when_server_did_not_restart(nursery, autojump):
+    lab = Lab(nursery)
+    await trio.sleep(10)  # the server has been up longer than the connection will be old
+    c = await lab.client()
+    await c.must("BEGIN")
+    await c.must("INSERT INTO t VALUES (1, 'a')")
+    old = lab.backend_of()
+    lab.server.intercept = drop_once("INSERT INTO t VALUES (2", "drop")
+    await c.must("INSERT INTO t VALUES (2, 'b')")
+    assert any(q == f"KILL {old.id}" for q in lab.server.queries)
+
+
+async def test_plugin_veto_turns_replay_into_1213(nursery, autojump):
+    class NoReplay:
+        def replay_decided(self, session, plan):
+            return Veto("replays are disabled here")
+
+    lab = Lab(nursery, hooks=Hooks([("noreplay", NoReplay())]))
+    c = await lab.client()
+    await c.must("BEGIN")
+    await c.must("INSERT INTO t VALUES (1, 'a')")
+    lab.server.intercept = drop_once("INSERT INTO t VALUES (2", "drop")
+    result = await c.query("INSERT INTO t VALUES (2, 'b')")
+    assert result.code == 1213 and "replays are disabled here" in result.message
+    assert lab.server.db.rows == {}
