@@ -1,0 +1,130 @@
+"""pytest hooks and fixtures of the test lab (imported by tests/conftest.py).
+
+Tests marked ``integration`` or ``chaos`` need a real MariaDB. When mariadbd
+is missing they are skipped, except under CI (CI=true), where a missing
+server is a broken CI image and the tests fail with the reason instead.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from tests.lab.goclient import build_goclient, go_unavailable_reason
+from tests.lab.mariadb import MariaDB, mariadb_unavailable_reason
+
+APP_USER = "app"
+APP_PASSWORD = "apppw"
+DATABASES = ("test", "sbtest")
+LAB_MARKERS = ("integration", "chaos")
+
+_MISSING = pytest.StashKey[str]()
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("true", "1")
+
+
+def require(reason: str | None) -> None:
+    """Skip the current test for ``reason`` (fail instead under CI=true)."""
+    if reason is None:
+        return
+    if in_ci():
+        pytest.fail(f"{reason} (CI=true: a missing lab dependency is an error, not a skip)", pytrace=False)
+    pytest.skip(reason)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run killed by SIGTERM (CI timeout, `timeout`) would skip fixture
+    # teardown and atexit, leaving mariadbd processes behind; turn it into
+    # KeyboardInterrupt so pytest unwinds normally.
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+
+        def _interrupt(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reason = mariadb_unavailable_reason()
+    if reason is None:
+        return
+    for item in items:
+        if any(item.get_closest_marker(m) for m in LAB_MARKERS):
+            if in_ci():
+                item.stash[_MISSING] = reason  # failed in pytest_runtest_setup
+            else:
+                item.add_marker(pytest.mark.skip(reason=f"needs MariaDB: {reason}"))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    reason = item.stash.get(_MISSING, None)
+    if reason is not None:
+        pytest.fail(
+            f"needs MariaDB: {reason} (CI=true: failing instead of skipping)", pytrace=False
+        )
+
+
+def _prepare(server: MariaDB) -> MariaDB:
+    server.create_user(APP_USER, APP_PASSWORD)
+    for name in DATABASES:
+        server.create_database(name)
+    return server
+
+
+@pytest.fixture(scope="session")
+def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDB]:
+    """The shared server: user app/apppw, databases test and sbtest.
+
+    Chaos tests may restart it but must leave it running.
+    """
+    require(mariadb_unavailable_reason())
+    server = MariaDB(tmp_path_factory.mktemp("mariadb"))
+    server.start()
+    try:
+        yield _prepare(server)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def mariadb_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., MariaDB]]:
+    """Start extra independent servers, e.g. ``mariadb_factory(max_allowed_packet="1M")``.
+
+    Each gets its own datadir and port, app/apppw and the test databases, and
+    is stopped at teardown.
+    """
+    require(mariadb_unavailable_reason())
+    servers: list[MariaDB] = []
+
+    def make(**kwargs: Any) -> MariaDB:
+        basedir: Path = kwargs.pop("basedir", None) or tmp_path_factory.mktemp("mariadb")
+        server = MariaDB(basedir, **kwargs)
+        servers.append(server)
+        server.start()
+        return _prepare(server)
+
+    try:
+        yield make
+    finally:
+        errors = []
+        for server in servers:
+            try:
+                server.stop()
+            except Exception as e:  # stop the others anyway
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+
+@pytest.fixture(scope="session")
+def goclient() -> Path:
+    """Path of the built Go client (built once per session)."""
+    require(go_unavailable_reason())
+    return build_goclient()
