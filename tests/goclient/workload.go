@@ -1,0 +1,494 @@
+package main
+
+// Modes setup and workload: a DM-like replication load with a deterministic
+// expected outcome. Format and semantics are documented in main.go.
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"math"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+const (
+	maxBatch = 10000
+	seqLimit = 100000000 // ids are w*10^12 + seq*10^4 + i
+)
+
+func rowID(worker, seq, i int) int64 {
+	return int64(worker)*1000000000000 + int64(seq)*10000 + int64(i)
+}
+
+// payloadFor is deterministic so verify can recompute it; the filler has
+// quotes and a backslash so interpolation escaping is exercised.
+func payloadFor(worker, seq, i, size int) string {
+	// Exactly max(size, len(prefix)) bytes.
+	prefix := fmt.Sprintf("w%d s%d i%d ", worker, seq, i)
+	if len(prefix) >= size {
+		return prefix
+	}
+	const filler = "abc'def\"ghi\\jkl "
+	p := prefix + strings.Repeat(filler, (size-len(prefix))/len(filler)+1)
+	return p[:size]
+}
+
+func runSetup(o *options) bool {
+	db := o.openDB(1)
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), o.connectTimeout+60*time.Second)
+	defer cancel()
+	stmts := []string{
+		"DROP TABLE IF EXISTS " + o.table + ", " + o.countersTable,
+		"CREATE TABLE " + o.table + " (id BIGINT PRIMARY KEY, worker INT NOT NULL, seq INT NOT NULL, " +
+			"payload VARCHAR(255) NOT NULL, KEY worker_seq (worker, seq)) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+		"CREATE TABLE " + o.countersTable + " (worker INT PRIMARY KEY, n BIGINT NOT NULL) ENGINE=InnoDB",
+	}
+	if o.conns > 0 {
+		values := make([]string, o.conns)
+		for w := range values {
+			values[w] = fmt.Sprintf("(%d, 0)", w)
+		}
+		stmts = append(stmts, "INSERT INTO "+o.countersTable+" (worker, n) VALUES "+strings.Join(values, ", "))
+	}
+	for _, q := range stmts {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			emit(o, map[string]interface{}{"mode": "setup", "ok": false, "error": fmt.Sprintf("%s: %v", q, err)})
+			return false
+		}
+	}
+	emit(o, map[string]interface{}{"mode": "setup", "ok": true, "tables": []string{o.table, o.countersTable}})
+	return true
+}
+
+// workerState is read by main when a worker is stuck past the grace period,
+// so every field is guarded by mu.
+type workerState struct {
+	mu              sync.Mutex
+	FirstSeq        int
+	LastCommitted   int
+	CommittedTxns   int
+	CounterStart    int64
+	CounterExpected int64
+	InDoubtSeq      int
+	Errors          int
+	Stuck           bool
+	StartError      string
+
+	seq     int    // seq being attempted
+	inDoubt bool   // a COMMIT of seq failed: it may have applied
+	phase   string // current phase, for stuck workers
+}
+
+type workload struct {
+	o        *options
+	db       *sql.DB
+	deadline time.Time
+
+	mu                sync.Mutex
+	errors            map[string]int
+	errorCount        int
+	reconnects        int
+	resolvedCommitted int
+	resolvedNot       int
+	anomalies         []string
+	latencies         []float64
+}
+
+func (wl *workload) recordError(ws *workerState, phase string, err error) {
+	msg := phase + ": " + err.Error()
+	wl.mu.Lock()
+	wl.errors[msg]++
+	wl.errorCount++
+	wl.mu.Unlock()
+	ws.mu.Lock()
+	ws.Errors++
+	ws.mu.Unlock()
+}
+
+func (wl *workload) anomaly(format string, args ...interface{}) {
+	msg := fmt.Sprintf(format, args...)
+	fmt.Fprintln(os.Stderr, "workload anomaly:", msg)
+	wl.mu.Lock()
+	wl.anomalies = append(wl.anomalies, msg)
+	wl.mu.Unlock()
+}
+
+func (wl *workload) expired() bool { return !time.Now().Before(wl.deadline) }
+
+// connect pins a new connection, retrying until the deadline like DM's
+// reset of a dead DML connection.
+func (wl *workload) connect(ws *workerState) (*sql.Conn, error) {
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), wl.o.connectTimeout+5*time.Second)
+		conn, err := wl.db.Conn(ctx)
+		if err == nil {
+			err = conn.PingContext(ctx)
+			if err != nil {
+				conn.Close()
+			}
+		}
+		cancel()
+		if err == nil {
+			return conn, nil
+		}
+		wl.recordError(ws, "connect", err)
+		if wl.expired() {
+			return nil, err
+		}
+		time.Sleep(wl.o.retryDelay)
+	}
+}
+
+func (wl *workload) runWorker(w int, ws *workerState) {
+	o := wl.o
+	ctx := context.Background()
+	conn, err := wl.connect(ws)
+	if err != nil {
+		ws.mu.Lock()
+		ws.StartError = err.Error()
+		ws.mu.Unlock()
+		wl.anomaly("worker %d could not connect: %v", w, err)
+		return
+	}
+	defer func() { conn.Close() }()
+
+	// Resume after earlier runs; the counter row may not exist if setup ran
+	// with fewer workers.
+	var maxSeq int
+	var counter int64
+	err = conn.QueryRowContext(ctx, "SELECT COALESCE(MAX(seq), 0) FROM "+o.table+" WHERE worker = ?", w).Scan(&maxSeq)
+	if err == nil {
+		_, err = conn.ExecContext(ctx, "INSERT IGNORE INTO "+o.countersTable+" (worker, n) VALUES (?, 0)", w)
+	}
+	if err == nil {
+		err = conn.QueryRowContext(ctx, "SELECT n FROM "+o.countersTable+" WHERE worker = ?", w).Scan(&counter)
+	}
+	if err != nil {
+		ws.mu.Lock()
+		ws.StartError = err.Error()
+		ws.mu.Unlock()
+		wl.anomaly("worker %d could not read its start position: %v", w, err)
+		return
+	}
+	ws.mu.Lock()
+	ws.FirstSeq = maxSeq + 1
+	ws.LastCommitted = maxSeq
+	ws.seq = maxSeq + 1
+	ws.CounterStart = counter
+	ws.CounterExpected = counter
+	if o.sqlMode == "safe" {
+		ws.CounterExpected = int64(maxSeq)
+	}
+	ws.mu.Unlock()
+
+	for {
+		ws.mu.Lock()
+		seq := ws.seq
+		committed := ws.CommittedTxns
+		ws.mu.Unlock()
+		if wl.expired() || (o.txns > 0 && committed >= o.txns) {
+			return
+		}
+		if seq >= seqLimit {
+			wl.anomaly("worker %d reached seq limit %d", w, seqLimit)
+			return
+		}
+		start := time.Now()
+		phase, err := wl.attempt(ctx, conn, w, seq, ws)
+		if err == nil {
+			ms := float64(time.Since(start).Microseconds()) / 1000
+			wl.mu.Lock()
+			wl.latencies = append(wl.latencies, ms)
+			wl.mu.Unlock()
+			continue
+		}
+		if phase == "resolved" {
+			continue
+		}
+		wl.recordError(ws, phase, err)
+		// DM re-checks the connection and replaces it when it is dead.
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		perr := conn.PingContext(pctx)
+		cancel()
+		if perr != nil {
+			conn.Close()
+			wl.mu.Lock()
+			wl.reconnects++
+			wl.mu.Unlock()
+			time.Sleep(o.retryDelay)
+			conn, err = wl.connect(ws)
+			if err != nil {
+				return // deadline passed while the server was unreachable
+			}
+			continue
+		}
+		time.Sleep(o.retryDelay)
+	}
+}
+
+func (ws *workerState) setPhase(p string) {
+	ws.mu.Lock()
+	ws.phase = p
+	ws.mu.Unlock()
+}
+
+// attempt runs transaction seq once. On success it advances the worker. It
+// returns the phase an error happened in; phase "resolved" means the
+// transaction turned out to be applied by an earlier attempt.
+func (wl *workload) attempt(ctx context.Context, conn *sql.Conn, w, seq int, ws *workerState) (string, error) {
+	o := wl.o
+	ws.setPhase("begin")
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return "begin", err
+	}
+	ws.setPhase("dml")
+	verb := "REPLACE"
+	if o.sqlMode == "insert" {
+		verb = "INSERT"
+	}
+	prefix := verb + " INTO " + o.table + " (id, worker, seq, payload) VALUES "
+	var stmts []string
+	var stmtArgs [][]interface{}
+	if o.multirow {
+		var ph []string
+		var args []interface{}
+		for i := 0; i < o.batch; i++ {
+			ph = append(ph, "(?, ?, ?, ?)")
+			args = append(args, rowID(w, seq, i), w, seq, payloadFor(w, seq, i, o.payloadSize))
+		}
+		stmts = append(stmts, prefix+strings.Join(ph, ", "))
+		stmtArgs = append(stmtArgs, args)
+	} else {
+		for i := 0; i < o.batch; i++ {
+			stmts = append(stmts, prefix+"(?, ?, ?, ?)")
+			stmtArgs = append(stmtArgs, []interface{}{rowID(w, seq, i), w, seq, payloadFor(w, seq, i, o.payloadSize)})
+		}
+	}
+	ws.mu.Lock()
+	inDoubt := ws.inDoubt
+	ws.mu.Unlock()
+	for k, q := range stmts {
+		_, err := tx.ExecContext(ctx, q, stmtArgs[k]...)
+		if err != nil {
+			tx.Rollback()
+			if k == 0 && o.sqlMode == "insert" && isMySQLError(err, 1062) {
+				// The rows exist already: an earlier COMMIT of seq applied.
+				if !inDoubt {
+					wl.anomaly("worker %d seq %d: rows already present although no COMMIT of it could have applied (%v)", w, seq, err)
+				}
+				wl.mu.Lock()
+				wl.resolvedCommitted++
+				wl.mu.Unlock()
+				ws.markCommitted(seq, int64(o.batch), o.sqlMode)
+				return "resolved", err
+			}
+			return "dml", err
+		}
+		if k == 0 && inDoubt && o.sqlMode == "insert" {
+			// The first row did not exist, so the failed COMMIT did not apply.
+			wl.mu.Lock()
+			wl.resolvedNot++
+			wl.mu.Unlock()
+			ws.mu.Lock()
+			ws.inDoubt = false
+			ws.mu.Unlock()
+		}
+	}
+	if o.sqlMode == "insert" {
+		r, err := tx.ExecContext(ctx, "UPDATE "+o.countersTable+" SET n = n + ? WHERE worker = ?", o.batch, w)
+		if err != nil {
+			tx.Rollback()
+			return "dml", err
+		}
+		if n, _ := r.RowsAffected(); n != 1 {
+			wl.anomaly("worker %d seq %d: counter UPDATE affected %d rows, want 1", w, seq, n)
+		}
+	} else {
+		// Idempotent: no affected-rows check, a re-run changes nothing.
+		if _, err := tx.ExecContext(ctx, "UPDATE "+o.countersTable+" SET n = ? WHERE worker = ?", seq, w); err != nil {
+			tx.Rollback()
+			return "dml", err
+		}
+	}
+	ws.setPhase("commit")
+	if err := tx.Commit(); err != nil {
+		ws.mu.Lock()
+		ws.inDoubt = true
+		ws.mu.Unlock()
+		return "commit", err
+	}
+	ws.markCommitted(seq, int64(o.batch), o.sqlMode)
+	return "", nil
+}
+
+func (ws *workerState) markCommitted(seq int, rows int64, sqlMode string) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	ws.LastCommitted = seq
+	ws.CommittedTxns++
+	if sqlMode == "insert" {
+		ws.CounterExpected += rows
+	} else {
+		ws.CounterExpected = int64(seq)
+	}
+	ws.seq = seq + 1
+	ws.inDoubt = false
+	ws.phase = "idle"
+}
+
+func percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p/100*float64(len(sorted)))) - 1
+	if i < 0 {
+		i = 0
+	}
+	return sorted[i]
+}
+
+func round3(v float64) float64 { return math.Round(v*1000) / 1000 }
+
+func runWorkload(o *options) bool {
+	if o.sqlMode != "safe" && o.sqlMode != "insert" {
+		fatalf("-sql must be safe or insert, got %q", o.sqlMode)
+	}
+	if o.batch < 1 || o.batch > maxBatch {
+		fatalf("-batch must be in 1..%d", maxBatch)
+	}
+	if o.conns < 1 {
+		fatalf("-conns must be >= 1")
+	}
+	if o.payloadSize < 1 || o.payloadSize > 255 {
+		fatalf("-payload-size must be in 1..255")
+	}
+	wl := &workload{
+		o:        o,
+		db:       o.openDB(o.conns + 1),
+		deadline: time.Now().Add(time.Duration(o.duration * float64(time.Second))),
+		errors:   map[string]int{},
+	}
+	defer wl.db.Close()
+
+	states := make([]*workerState, o.conns)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := range states {
+		states[w] = &workerState{phase: "connect"}
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			defer states[w].setPhase("done")
+			wl.runWorker(w, states[w])
+		}(w)
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	stuck := 0
+	select {
+	case <-done:
+	case <-time.After(time.Until(wl.deadline) + o.grace):
+		// Report what we know; a worker blocked in COMMIT leaves its seq in
+		// doubt, one blocked earlier cannot commit once we exit.
+		for _, ws := range states {
+			ws.mu.Lock()
+			if ws.phase != "idle" && ws.phase != "done" {
+				ws.Stuck = true
+				stuck++
+				if ws.phase == "commit" {
+					ws.inDoubt = true
+				}
+			}
+			ws.mu.Unlock()
+		}
+		fmt.Fprintf(os.Stderr, "workload: %d workers still blocked %s after the deadline\n", stuck, o.grace)
+	}
+	elapsed := time.Since(start).Seconds()
+
+	// Snapshot under each worker's lock: a stuck worker may still run.
+	perWorker := map[string]interface{}{}
+	committedTxns := 0
+	ok := true
+	for w, ws := range states {
+		ws.mu.Lock()
+		if ws.inDoubt {
+			ws.InDoubtSeq = ws.seq
+		}
+		if ws.StartError != "" {
+			ok = false
+		}
+		committedTxns += ws.CommittedTxns
+		perWorker[strconv.Itoa(w)] = map[string]interface{}{
+			"first_seq":          ws.FirstSeq,
+			"last_committed_seq": ws.LastCommitted,
+			"committed_txns":     ws.CommittedTxns,
+			"counter_start":      ws.CounterStart,
+			"counter_expected":   ws.CounterExpected,
+			"in_doubt_seq":       ws.InDoubtSeq,
+			"errors":             ws.Errors,
+			"stuck":              ws.Stuck,
+			"start_error":        ws.StartError,
+		}
+		ws.mu.Unlock()
+	}
+
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	if len(wl.anomalies) > 0 {
+		ok = false
+	}
+	lat := append([]float64(nil), wl.latencies...)
+	sort.Float64s(lat)
+	mean := 0.0
+	for _, v := range lat {
+		mean += v
+	}
+	if len(lat) > 0 {
+		mean /= float64(len(lat))
+	}
+	anomalies := wl.anomalies
+	if anomalies == nil {
+		anomalies = []string{}
+	}
+	result := map[string]interface{}{
+		"mode":           "workload",
+		"ok":             ok,
+		"sql":            o.sqlMode,
+		"batch":          o.batch,
+		"multirow":       o.multirow,
+		"payload_size":   o.payloadSize,
+		"table":          o.table,
+		"counters_table": o.countersTable,
+		"conns":          o.conns,
+		"committed_txns": committedTxns,
+		"committed_rows": committedTxns * o.batch,
+		"errors":         wl.errors,
+		"error_count":    wl.errorCount,
+		"reconnects":     wl.reconnects,
+		"in_doubt_resolved": map[string]int{
+			"committed":     wl.resolvedCommitted,
+			"not_committed": wl.resolvedNot,
+		},
+		"anomalies":     anomalies,
+		"stuck_workers": stuck,
+		"elapsed":       round3(elapsed),
+		"txns_per_sec":  round3(float64(committedTxns) / elapsed),
+		"txn_latency_ms": map[string]float64{
+			"p50":  round3(percentile(lat, 50)),
+			"p95":  round3(percentile(lat, 95)),
+			"p99":  round3(percentile(lat, 99)),
+			"max":  round3(percentile(lat, 100)),
+			"mean": round3(mean),
+		},
+		"per_worker": perWorker,
+	}
+	emit(o, result)
+	return ok
+}
