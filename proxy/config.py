@@ -161,7 +161,11 @@ class RecoveryConfig:
 @attrs.frozen
 class LimitsConfig:
     max_allowed_packet: Size = Size(64 * 1024 * 1024)
+    # "reject": a command over the limit gets ERR 1153. "split": a multi-row INSERT/REPLACE over
+    # the limit is cut into statements under it and run atomically; anything else gets 1153.
     oversized: Literal["reject", "split"] = "reject"
+    # In split mode, statements up to this size are read whole to be split; bigger ones get 1153.
+    split_max_statement: Size = Size(1024 * 1024 * 1024)
     # Commands bigger than this are spooled to a temporary file instead of memory while being checked.
     spool_threshold: Size = Size(4 * 1024 * 1024)
 

@@ -16,6 +16,7 @@ client sends the next command before the previous response completed (pipelining
 from __future__ import annotations
 
 import logging
+import re
 import struct
 
 import attrs
@@ -23,12 +24,14 @@ import trio
 
 from proxy import statements as st
 from proxy.backend import Backend, BackendError, Login, backoff_delays
+from proxy.intake import Command, Oversized, read_command
 from proxy.hooks import AnswerOk, CommandInfo, PluginError, Reject, ResultInfo, Rewrite, SessionInfo, Veto
 from proxy.netio import Channel, PeerClosed
 from proxy.protocol import sql
 from proxy.protocol.auth import NATIVE, ServerAuth, new_scramble
 from proxy.protocol.constants import PROXY_CAPABILITIES, Capabilities, Commands, Err, ServerStatus
 from proxy.protocol.framing import encode_packet
+from proxy.protocol.split import CannotSplit, split_values_statement
 from proxy.protocol.packets import (
     ERR_HEADER,
     HandshakeResponse,
@@ -81,20 +84,6 @@ _SESSION_ONLY_COMMANDS = frozenset(
 
 
 @attrs.define(slots=True, eq=False)
-class Command:
-    payload: bytes  # command byte + arguments
-    raw: bytes  # the frames as the client sent them (forwarded unchanged when possible)
-    seq_end: int  # sequence id of the client's last frame; responses continue from here
-
-    @property
-    def code(self) -> int:
-        return self.payload[0]
-
-    def text(self) -> str:
-        return self.payload[1:].decode("utf-8", "surrogateescape")
-
-
-@attrs.define(slots=True, eq=False)
 class Inflight:
     command: Command
     tracker: ResponseTracker
@@ -105,7 +94,8 @@ class Inflight:
     forwarded: bool = False  # part of the response already reached the client
     held: bytearray | None = None  # PREPARE responses are held whole (statement ids get rewritten)
     refuse_infile: bool = False  # answering the server's LOCAL INFILE request with "no file"
-    resent: bool = False
+    internal: bool = False  # the proxy's own command (split pieces): response not forwarded
+    answered: bool = False  # recovery answered the client with an error instead
     done: trio.Event | None = None
 
 
@@ -290,25 +280,54 @@ class Session:
             if code == C.COM_CHANGE_USER:
                 await self._change_user(cmd)
                 continue
+            if code == C.COM_STMT_EXECUTE and await self._long_data_overflowed(cmd):
+                continue
             if self.hooks.command_received:
                 cmd = await self._run_command_hooks(cmd)
                 if cmd is None:
                     continue
+            if cmd.size > self.limit:  # kept whole because split mode may cut it into pieces
+                await self._split_oversized(cmd)
+                continue
             await self._submit(cmd)
 
+    @property
+    def limit(self) -> int:
+        """Effective max_allowed_packet: the config's, or the backend's if smaller."""
+        configured = self.config.limits.max_allowed_packet
+        backend = self.backend.max_allowed_packet if self.backend is not None else None
+        return min(configured, backend) if backend else configured
+
     async def _read_command(self) -> Command | None:
-        decoder = self.client.decoder
+        limits = self.config.limits
+        limit = self.limit
+        keep = max(limit, limits.split_max_statement) if limits.oversized == "split" else limit
         while True:
-            packet = decoder.next_packet()
-            if packet is not None:
-                if not packet.payload:
-                    raise SessionClosed("client sent an empty command packet")
-                return Command(packet.payload, packet.raw, packet.last_seq)
             try:
-                data = await self.client.recv()
+                cmd = await read_command(self.client, limit, limits.spool_threshold, keep)
             except PeerClosed:
                 return None
-            decoder.feed(data)
+            if isinstance(cmd, Oversized):
+                await self._refuse_oversized(cmd.size, cmd.seq_end, cmd.code)
+                continue
+            if not cmd.payload:
+                raise SessionClosed("client sent an empty command packet")
+            return cmd
+
+    async def _refuse_oversized(self, size: int, seq_end: int, code: int, why: str = "") -> None:
+        limit = self.limit
+        backend = self.backend.max_allowed_packet if self.backend is not None else None
+        origin = f"[limits] max_allowed_packet = {self.config.limits.max_allowed_packet}"
+        if backend and backend < self.config.limits.max_allowed_packet:
+            origin = f"the backend's @@max_allowed_packet = {backend}"
+        msg = (
+            f"Got a packet bigger than 'max_allowed_packet' bytes: {size} bytes > {limit} "
+            f"(target {self.target.name}, limit from {origin}); not sent to the backend{why}"
+        )
+        log.warning("session %d: refused %s of %d bytes (limit %d)%s", self.id, CommandInfo(code, b"").name, size, limit, why)
+        if self.hooks.oversized_packet:
+            await self.hooks.notify(self.hooks.oversized_packet, self.info, size, limit)
+        await self._send_client(make_err(*Err.NET_PACKET_TOO_LARGE, msg), seq_end + 1)
 
     async def _wait_inflight(self) -> None:
         inflight = self.inflight
@@ -352,20 +371,117 @@ class Session:
         if code == C.COM_STMT_PREPARE:
             inflight.held = bytearray()
         elif code == C.COM_STMT_SEND_LONG_DATA and statement is not None:
+            statement.long_data_bytes += len(cmd.payload) - 7
+            if statement.long_data_bytes > self.limit:
+                return  # kept from the server; the execute that would use it gets 1153
             statement.long_data.append(cmd.payload)
-            statement.long_data_bytes += len(cmd.payload)
+        elif code == C.COM_QUERY and keyword == b"SELECT" and _ASKS_MAX_PACKET.match(cmd.payload, 1):
+            cmd = self._tell_effective_limit(cmd)
+            inflight.command = cmd
         self.inflight = inflight
         if self.backend_ok:
             await self._send_inflight(inflight)
+
+    def _tell_effective_limit(self, cmd: Command) -> Command:
+        """go-sql-driver (maxAllowedPacket=0) asks SELECT @@max_allowed_packet and then keeps its
+        packets under the answer: when the proxy's limit is the smaller one, answer with that."""
+        limit = self.limit
+        if not self.backend or not self.backend.max_allowed_packet or limit >= self.backend.max_allowed_packet:
+            return cmd
+        payload = b"\x03SELECT %d AS `@@max_allowed_packet`" % limit
+        return Command(payload, encode_packet(payload, 0)[0], cmd.seq_end, len(payload))
+
+    async def _long_data_overflowed(self, cmd: Command) -> bool:
+        """COM_STMT_SEND_LONG_DATA over the limit was held back; refuse the execute that would
+        use it and clear what the server got of it."""
+        stmt = self.prepared.get(int.from_bytes(cmd.payload[1:5], "little")) if len(cmd.payload) >= 5 else None
+        if stmt is None or stmt.long_data_bytes <= self.limit:
+            return False
+        size = stmt.long_data_bytes
+        await self._run_internal(b"\x1a" + struct.pack("<I", stmt.client_id), cmd.seq_end)
+        stmt.long_data, stmt.long_data_bytes = [], 0
+        await self._refuse_oversized(size, cmd.seq_end, cmd.code, " (parameter data sent with COM_STMT_SEND_LONG_DATA)")
+        return True
+
+    async def _run_internal(self, payload: bytes, seq_end: int) -> ResponseTracker | None:
+        """Client task only: run a command of the proxy's own on the backend and wait for its
+        whole response (not forwarded). None when recovery answered the client with an error
+        instead, and the caller must stop."""
+        cmd = Command(payload, encode_packet(payload, 0)[0], seq_end, len(payload))
+        statement = self.prepared.get(int.from_bytes(payload[1:5], "little")) if payload[0] in _STMT_COMMANDS else None
+        keyword = st.first_keyword(payload[1:4097]) if payload[0] == C.COM_QUERY else b""
+        hashing = self.tx.active or not self.autocommit or keyword in st.TX_CONTROL
+        inflight = Inflight(cmd, ResponseTracker(expect_for(payload[0]), self.deprecate_eof, hashing), statement,
+                            trio.current_time(), keyword, internal=True, done=trio.Event())
+        self.inflight = inflight
+        if self.backend_ok:
+            await self._send_inflight(inflight)
+        await inflight.done.wait()
+        return None if inflight.answered else inflight.tracker
+
+    async def _split_oversized(self, cmd: Command) -> None:
+        """Split mode: run an oversized multi-row INSERT/REPLACE as several statements under the
+        limit, atomically, and answer with one OK that adds up their results."""
+        limit = self.limit
+        if cmd.code != C.COM_QUERY:
+            await self._refuse_oversized(cmd.size, cmd.seq_end, cmd.code)
+            return
+        try:
+            pieces = split_values_statement(cmd.full_payload()[1:], limit, no_backslash_escapes=self.nbe)
+        except CannotSplit as exc:
+            cmd.release()
+            await self._refuse_oversized(cmd.size, cmd.seq_end, cmd.code, f"; split mode could not split it: {exc}")
+            return
+        cmd.release()
+        own_transaction = not self.tx.active and self.autocommit
+        begin, commit, undo = (
+            ("START TRANSACTION", "COMMIT", "ROLLBACK")
+            if own_transaction
+            else ("SAVEPOINT replay_proxy_split", "RELEASE SAVEPOINT replay_proxy_split", "ROLLBACK TO SAVEPOINT replay_proxy_split")
+        )
+        log.info("session %d: splitting a %d-byte statement into %d pieces (limit %d)", self.id, cmd.size, len(pieces), limit)
+        if await self._run_internal(b"\x03" + begin.encode(), cmd.seq_end) is None:
+            return
+        affected = warnings = 0
+        insert_id = None
+        for piece in pieces:
+            tracker = await self._run_internal(b"\x03" + piece, cmd.seq_end)
+            if tracker is None:
+                return
+            if tracker.error is not None:
+                if tracker.error.code != 1213:  # after a deadlock the server already rolled back
+                    await self._run_internal(b"\x03" + undo.encode(), cmd.seq_end)
+                err = tracker.error
+                await self._send_client(make_err(err.code, err.sqlstate, err.message), cmd.seq_end + 1)
+                return
+            if tracker.ok is not None:
+                affected += tracker.ok.affected_rows
+                warnings += tracker.ok.warnings
+                if insert_id is None:
+                    insert_id = tracker.ok.last_insert_id  # LAST_INSERT_ID of a multi-row insert: its first row
+        done = await self._run_internal(b"\x03" + commit.encode(), cmd.seq_end)
+        if done is None:
+            return
+        if done.error is not None:
+            err = done.error
+            await self._send_client(make_err(err.code, err.sqlstate, err.message), cmd.seq_end + 1)
+            return
+        await self._send_client(make_ok(done.status, affected, insert_id or 0, warnings), cmd.seq_end + 1)
 
     async def _send_inflight(self, inflight: Inflight) -> None:
         """Send (or resend) the in-flight command to the current backend."""
         backend = self.backend
         assert backend is not None
-        data = self._backend_bytes(inflight.command.payload, inflight.command.raw, inflight.statement)
+        cmd = inflight.command
         inflight.state = SENDING
         try:
-            await backend.channel.send(data)
+            if cmd.complete:
+                await backend.channel.send(self._backend_bytes(cmd.payload, cmd.raw, inflight.statement))
+            elif inflight.statement is not None:  # a huge execute that needs rewriting
+                await backend.channel.send(self._backend_bytes(cmd.full_payload(), None, inflight.statement))
+            else:
+                for chunk in cmd.frames():
+                    await backend.channel.send(chunk)
             inflight.state = SENT
         except (PeerClosed, trio.ClosedResourceError):
             inflight.state = SEND_FAILED  # the backend task notices the loss and recovers
@@ -422,7 +538,7 @@ class Session:
             await self._fail_connection(inflight, f"protocol error in backend response: {exc}")
             return
         if end < 0:
-            if inflight.held is not None or inflight.refuse_infile:
+            if inflight.held is not None or inflight.refuse_infile or inflight.internal:
                 if inflight.held is not None:
                     inflight.held += data
                 return
@@ -465,7 +581,9 @@ class Session:
             except (PeerClosed, ProtocolError) as exc:
                 await self._recover(f"connection lost while reading back session variables: {exc}")
                 return
-        if inflight.refuse_infile:
+        if inflight.internal:
+            out = b""
+        elif inflight.refuse_infile:
             out = encode_packet(
                 make_err(*Err.NOT_ALLOWED_COMMAND, "LOAD DATA LOCAL INFILE is not supported through replay-proxy"),
                 inflight.command.seq_end + 1,
@@ -476,6 +594,7 @@ class Session:
         else:
             out = last
         self.inflight = None
+        inflight.command.release()
         if out:
             await self.client.send(out)
         if inflight.done is not None:
@@ -601,6 +720,9 @@ class Session:
                 return  # ... AND CHAIN: the new transaction starts empty
         self.info.in_transaction = True
         cmd = inflight.command
+        if not cmd.complete:
+            tx.mark_not_replayable(f"a statement of {cmd.size} bytes is larger than the journal keeps")
+            return
         fingerprint = tracker.fingerprint if tracker.hashing else None
         tx.record(JournalEntry(cmd.payload, tracker.expect, fingerprint, inflight.statement, long_data or None))
 
@@ -913,6 +1035,8 @@ class Session:
         payload, close = self.pending_error
         self.pending_error = None
         self.inflight = None
+        inflight.answered = True
+        inflight.command.release()
         seq = (inflight.tracker.last_seq if inflight.forwarded else inflight.command.seq_end) + 1
         try:
             await self._send_client(payload, seq)
@@ -1039,6 +1163,9 @@ class Session:
                 if stmt.client_id not in self.prepared:
                     await backend.channel.send(encode_packet(b"\x19" + struct.pack("<I", stmt.backend_id), 0)[0])
         return count, None
+
+
+_ASKS_MAX_PACKET = re.compile(rb"\s*SELECT\s+@@(?:session\.)?max_allowed_packet\s*;?\s*$", re.I)
 
 
 def _first_cause(group: BaseExceptionGroup) -> BaseException:

@@ -100,38 +100,90 @@ def split_values_statement(sql: bytes, limit: int, *, no_backslash_escapes: bool
     """
     sql = bytes(sql)
     nbe = no_backslash_escapes
-    row_re, rows_re, sep_re = _PATTERNS[nbe]
     rows_start = _rows_start(sql, nbe)
-    rows = rows_re.match(sql, rows_start)
-    if rows is None:
-        raise CannotSplit(_diagnose_row(sql, rows_start, nbe))
-    rows_end = rows.end()
-    sep = sep_re.match(sql, rows_end)
-    if sep is not None:  # a "," after the last row that matched: the next row is malformed
-        raise CannotSplit(_diagnose_row(sql, sep.end(), nbe))
+    # The room for rows depends on the suffix, which is only known once the rows are scanned.
+    # Packing with a guessed suffix and checking it afterwards keeps this to one pass.
+    guess = _guess_rows_end(sql, rows_start)
+    if guess is not None:
+        try:
+            suffix = _suffix(sql, guess, nbe)
+            pieces, rows_end = _pack(sql, rows_start, suffix, limit, nbe)
+        except (CannotSplit, _RowTooLarge):
+            pass  # perhaps only because of the guess: decide with the real suffix below
+        else:
+            if rows_end == guess:
+                return [sql] if len(sql) + 1 <= limit else pieces
+    rows_end = _rows_end(sql, rows_start, nbe)
     suffix = _suffix(sql, rows_end, nbe)
-    if len(sql) + 1 <= limit:
-        return [sql]
+    try:
+        pieces, _ = _pack(sql, rows_start, suffix, limit, nbe)
+    except _RowTooLarge as exc:
+        raise CannotSplit(str(exc)) from None
+    return [sql] if len(sql) + 1 <= limit else pieces
 
+
+class _RowTooLarge(Exception):
+    pass
+
+
+def _pack(sql: bytes, rows_start: int, suffix: bytes, limit: int, nbe: bool) -> tuple[list[bytes], int]:
+    """Greedy packing: (pieces, offset where the rows end)."""
+    row_re, rows_re, sep_re = _PATTERNS[nbe]
     head = memoryview(sql)[:rows_start]
     body = memoryview(sql)
-    room = limit - 1 - len(head) - len(suffix)  # bytes of rows a piece can hold
+    room = max(limit - 1 - len(head) - len(suffix), 0)  # bytes of rows one piece can hold
     pieces = []
     pos = rows_start
     while True:
-        fitting = rows_re.match(sql, pos, min(pos + max(room, 0), rows_end))
+        # With endpos, the rows pattern stops at the last row that ends inside the room.
+        fitting = rows_re.match(sql, pos, pos + room)
         if fitting is None:
             row = row_re.match(sql, pos)
-            row_len = row.end() - pos if row else 0
-            raise CannotSplit(
-                f"a single row is larger than the limit: the row at byte {pos} is {row_len} bytes, and with the "
-                f"{len(head)}-byte head and {len(suffix)}-byte suffix a {limit}-byte packet leaves room for {room}"
+            if row is None:
+                raise CannotSplit(_diagnose_row(sql, pos, nbe))
+            raise _RowTooLarge(
+                f"a single row is larger than the limit: the row at byte {pos} is {row.end() - pos} bytes, and "
+                f"with the {len(head)}-byte head and {len(suffix)}-byte suffix a {limit}-byte packet leaves room for {room}"
             )
         end = fitting.end()
         pieces.append(b"".join((head, body[pos:end], suffix)))
-        if end == rows_end:
-            return pieces
-        pos = sep_re.match(sql, end).end()  # type: ignore[union-attr]  # rows are "," separated
+        sep = sep_re.match(sql, end)
+        if sep is None:
+            return pieces, end
+        pos = sep.end()
+
+
+def _rows_end(sql: bytes, rows_start: int, nbe: bool) -> int:
+    """Where the rows end (one full scan); CannotSplit if a row is malformed."""
+    _, rows_re, sep_re = _PATTERNS[nbe]
+    rows = rows_re.match(sql, rows_start)
+    if rows is None:
+        raise CannotSplit(_diagnose_row(sql, rows_start, nbe))
+    sep = sep_re.match(sql, rows.end())
+    if sep is not None:  # a "," after the last row that matched: the next row is malformed
+        raise CannotSplit(_diagnose_row(sql, sep.end(), nbe))
+    return rows.end()
+
+
+# Where the rows probably end: the last ")" before "AS alias", "ON DUPLICATE", or the end.
+_ROWS_END_HINTS = [
+    re.compile(rf"\)(?={WS}*+[Aa][Ss]{WS})".encode()),
+    re.compile(rf"\)(?={WS}*+[Oo][Nn]{WS}++[Dd][Uu][Pp][Ll][Ii][Cc][Aa][Tt][Ee]{WS})".encode()),
+    re.compile(rf"\)(?=(?:{WS}|;)*+\Z)".encode()),
+]
+_GUESS_WINDOW = 64 * 1024
+
+
+def _guess_rows_end(sql: bytes, rows_start: int) -> int | None:
+    """A cheap guess from the last bytes; a wrong guess only costs a second pass."""
+    tail = max(rows_start, len(sql) - _GUESS_WINDOW)
+    for hint in _ROWS_END_HINTS:
+        last = None
+        for last in hint.finditer(sql, tail):
+            pass
+        if last is not None:
+            return last.end()
+    return None
 
 
 def _rows_start(sql: bytes, nbe: bool) -> int:

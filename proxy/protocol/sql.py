@@ -89,6 +89,8 @@ _IDC = "[0-9A-Za-z_$\x80-\U0010ffff]"
 
 
 class TokenKind(enum.Enum):
+    __hash__ = object.__hash__  # C-level hash: kinds are looked up in sets on every token
+
     WHITESPACE = "whitespace"
     COMMENT = "comment"
     EXEC_OPEN = "exec_open"  # "/*!50001" / "/*M!": what follows up to EXEC_CLOSE is code
@@ -180,47 +182,52 @@ def iter_tokens(
     """
     match = _LEXERS[no_backslash_escapes].match
     group_kind = _GROUP_KIND
+    new = tuple.__new__  # Token(...) without NamedTuple's Python-level __new__
     pos, n = start, len(sql)
-    exec_open_at = -1  # offset of the enclosing "/*!" if inside an executable comment
-    prev: Token | None = None  # previous significant token
+    exec_open_at = -1  # offset of the enclosing "/*!" while inside an executable comment
+    name_end = -1  # end of the previous token if it was an identifier
     while pos < n:
-        if sql[pos] == "." and prev is not None and prev.end == pos and prev.kind in _NAME_KINDS:
-            tok = Token(TokenKind.PUNCT, ".", pos)
-            yield tok
-            pos += 1
-            m = _IDENT_AFTER_DOT.match(sql, pos)
-            if m:
-                tok = Token(TokenKind.WORD, m.group(), pos)
-                yield tok
-                pos = m.end()
-            prev = tok
+        if pos == name_end and sql[pos] == ".":
+            # After "ident." the server reads an identifier even if it starts with digits.
+            yield new(Token, (TokenKind.PUNCT, ".", pos))
+            m = _IDENT_AFTER_DOT.match(sql, pos + 1)
+            if m is None:
+                pos += 1
+                continue
+            yield new(Token, (TokenKind.WORD, m.group(), pos + 1))
+            pos = name_end = m.end()
             continue
         m = match(sql, pos)
         group = m.lastgroup
-        text = m.group()
+        end = m.end()
+        if group == "ws" or group == "comment":
+            if trivia:
+                yield new(Token, (group_kind[group], sql[pos:end], pos))
+            pos = end
+            continue
         kind = group_kind.get(group)  # type: ignore[arg-type]
         if kind is None:
             if group == "exec_open":
                 if exec_open_at >= 0:
                     raise SqlLexError("nested executable comment", pos)
                 exec_open_at = pos
-                kind = TokenKind.EXEC_OPEN
-            elif group == "exec_close":
-                if exec_open_at < 0:  # a stray "*/" is just "*" then "/"
-                    text, kind = "*", TokenKind.PUNCT
-                else:
-                    exec_open_at = -1
-                    kind = TokenKind.EXEC_CLOSE
-            else:  # unterminated
-                raise SqlLexError(f"unterminated {_UNTERMINATED_WHAT[text]}", pos)
-        tok = Token(kind, text, pos)
-        pos += len(text)
-        if kind in TRIVIA:
-            if trivia:
-                yield tok
-            continue
-        prev = tok
-        yield tok
+                if trivia:
+                    yield new(Token, (TokenKind.EXEC_OPEN, sql[pos:end], pos))
+                pos = end
+                continue
+            if group == "exec_close" and exec_open_at >= 0:
+                exec_open_at = -1
+                if trivia:
+                    yield new(Token, (TokenKind.EXEC_CLOSE, "*/", pos))
+                pos = end
+                continue
+            if group == "exec_close":  # a stray "*/" is "*" then "/"
+                kind, end = TokenKind.PUNCT, pos + 1
+            else:
+                raise SqlLexError(f"unterminated {_UNTERMINATED_WHAT[m.group()]}", pos)
+        yield new(Token, (kind, sql[pos:end], pos))
+        name_end = end if (kind is TokenKind.WORD or kind is TokenKind.QUOTED_IDENT) else -1
+        pos = end
     if exec_open_at >= 0:
         raise SqlLexError("unterminated executable comment", exec_open_at)
 
@@ -1348,8 +1355,10 @@ def _literal_rows_regex(backslash_escapes: bool) -> re.Pattern[str]:
         rf"|_[0-9A-Za-z_]++{WS}*+(?:{sq}|{dq}|{hex_bit})"
         rf"|{dq}|[Nn]{sq}|{hex_bit}|\?)"
     )
-    row = rf"\({WS}*+{literal}(?:{WS}*+,{WS}*+{literal})*+{WS}*+\)"
-    return re.compile(rf"{row}(?:{WS}*+,{WS}*+{row})*+")
+    # A bare "," is tried before the whitespace-tolerant separator: it is by far the common case.
+    ws, sep = f"{WS}*+", f"(?:,|{WS}*+,{WS}*+)"
+    row = rf"\({ws}{literal}(?:{sep}{literal})*+{ws}\)"
+    return re.compile(rf"{row}(?:{sep}{row})*+")
 
 
 _LITERAL_ROWS = {False: _literal_rows_regex(True), True: _literal_rows_regex(False)}

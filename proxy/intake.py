@@ -1,0 +1,179 @@
+"""Reading client commands: whole packets, the size limit, and spooling of large ones.
+
+Small commands (the hot path) come straight out of the packet decoder. A command whose first
+frame is large or continued (16 MiB frames) takes the slow path: its frames are copied into a
+spool (memory up to ``spool_threshold``, then a temporary file), so memory stays bounded and a
+command is forwarded only once it is known to be complete and within the limit. A command over
+the limit is read to its end and dropped, never sent to the backend, not even in part.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import typing
+
+import attrs
+
+from proxy.netio import Channel
+from proxy.protocol.constants import MAX_FRAME
+from proxy.protocol.framing import frame_header
+
+__all__ = ["Command", "Oversized", "read_command", "HEAD_SIZE"]
+
+HEAD_SIZE = 64 * 1024  # what classification and plugins see of a spooled command
+_COPY_CHUNK = 1 << 20
+
+
+@attrs.define(slots=True, eq=False)
+class Command:
+    payload: bytes  # command byte + arguments; only the first HEAD_SIZE bytes when spooled
+    raw: bytes | None  # the frames as the client sent them; None when spooled
+    seq_end: int  # sequence id of the client's last frame; the response continues from it
+    size: int = 0  # payload size in bytes
+    spool: typing.BinaryIO | None = None  # the frames of a command too large to keep in memory
+
+    @property
+    def code(self) -> int:
+        return self.payload[0]
+
+    @property
+    def complete(self) -> bool:
+        """Is ``payload`` the whole command (not just the head of a spooled one)?"""
+        return self.spool is None
+
+    def text(self) -> str:
+        return self.payload[1:].decode("utf-8", "surrogateescape")
+
+    def full_payload(self) -> bytes:
+        """The whole payload, read back from the spool if need be (split mode only)."""
+        if self.spool is None:
+            return self.payload
+        self.spool.seek(0)
+        out = bytearray()
+        while True:
+            header = self.spool.read(4)
+            if len(header) < 4:
+                return bytes(out)
+            length = header[0] | header[1] << 8 | header[2] << 16
+            out += self.spool.read(length)
+
+    def frames(self):
+        """Yield the command's frames in chunks (from memory or the spool)."""
+        if self.spool is None:
+            yield self.raw
+            return
+        self.spool.seek(0)
+        while chunk := self.spool.read(_COPY_CHUNK):
+            yield chunk
+
+    def release(self) -> None:
+        if self.spool is not None:
+            self.spool.close()
+
+
+@attrs.frozen
+class Oversized:
+    """A command larger than the limit: read to its end and dropped."""
+
+    size: int
+    seq_end: int
+    code: int
+
+
+async def _pull(channel: Channel, n: int) -> bytes:
+    """Up to n bytes: what the decoder already holds, else one read (surplus goes back)."""
+    decoder = channel.decoder
+    if decoder.buffered():
+        return decoder.take_raw(n)
+    data = await channel.recv()
+    if len(data) > n:
+        decoder.feed(data[n:])
+        return data[:n]
+    return data
+
+
+async def _pull_exact(channel: Channel, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        out += await _pull(channel, n - len(out))
+    return out
+
+
+async def read_command(channel: Channel, limit: int, spool_threshold: int, keep_up_to: int) -> Command | Oversized:
+    """Next command from the client. ``keep_up_to`` (>= limit) is how big a command may be and
+    still be kept whole (split mode keeps oversized INSERTs to split them); anything bigger is
+    Oversized. Raises PeerClosed when the client goes away."""
+    decoder = channel.decoder
+    while True:
+        header = decoder.peek_header()
+        if header is not None:
+            length = header[0]
+            if length >= spool_threshold or length == MAX_FRAME or length > limit:
+                return await _read_large(channel, spool_threshold, keep_up_to)
+            packet = decoder.next_packet()
+            if packet is not None:
+                return Command(packet.payload, packet.raw, packet.last_seq, len(packet.payload))
+        decoder.feed(await channel.recv())
+
+
+async def _read_large(channel: Channel, spool_threshold: int, keep_up_to: int) -> Command | Oversized:
+    """Read one large or continued command frame by frame, keeping it (in memory up to
+    ``spool_threshold``, then in a temporary file) while it stays within ``keep_up_to``."""
+    kept: bytearray | None = bytearray()  # the raw frames while they fit in memory
+    spill = None  # the temporary file once they don't
+    dropping = False
+    head = bytearray()
+    total = 0
+    code = -1
+
+    def keep(data: bytes) -> None:
+        nonlocal kept, spill
+        if spill is not None:
+            spill.write(data)
+            return
+        kept += data
+        if len(kept) > spool_threshold:
+            spill = tempfile.TemporaryFile()
+            spill.write(kept)
+            kept = None
+
+    while True:
+        header = await _pull_exact(channel, 4)
+        length = header[0] | header[1] << 8 | header[2] << 16
+        seq = header[3]
+        total += length
+        if not dropping and total > keep_up_to:
+            dropping = True  # over the limit: read the rest and drop it
+            if spill is not None:
+                spill.close()
+            kept = spill = None
+        if not dropping:
+            keep(header)
+        remaining = length
+        while remaining:
+            chunk = await _pull(channel, min(remaining, _COPY_CHUNK))
+            remaining -= len(chunk)
+            if code < 0 and chunk:
+                code = chunk[0]
+            if len(head) < HEAD_SIZE:
+                head += chunk[: HEAD_SIZE - len(head)]
+            if not dropping:
+                keep(chunk)
+        if length < MAX_FRAME:
+            break
+    if dropping:
+        return Oversized(total, seq, code)
+    if spill is None:
+        raw = bytes(kept)
+        return Command(_payload_of(raw), raw, seq, total)
+    return Command(bytes(head), None, seq, total, spill)
+
+
+def _payload_of(raw: bytes) -> bytes:
+    parts = []
+    pos = 0
+    while pos < len(raw):
+        length = raw[pos] | raw[pos + 1] << 8 | raw[pos + 2] << 16
+        parts.append(raw[pos + 4 : pos + 4 + length])
+        pos += 4 + length
+    return b"".join(parts)
