@@ -22,6 +22,7 @@ from tests.lab import (
     MariaDBError,
     free_port,
     run_goclient,
+    run_goclient_async,
 )
 from tests.lab.fixtures import APP_PASSWORD, APP_USER
 
@@ -213,6 +214,13 @@ def test_go_smoke_direct(mariadb, goclient):
 
 
 @pytest.mark.integration
+async def test_go_smoke_async_helper(mariadb, goclient):
+    out = await run_goclient_async("smoke", port=mariadb.port, long_data=False, timeout=120)
+    assert out["ok"], out
+    assert "long_data_prepared" not in out["checks"]
+
+
+@pytest.mark.integration
 def test_go_smoke_small_packets(mariadb_factory, goclient):
     # 1 MiB max_allowed_packet: the driver must learn it (maxAllowedPacket=0)
     # to choose long data and the prepared fallback correctly.
@@ -331,3 +339,45 @@ def test_go_workload_survives_restarts(mariadb_factory, goclient, tmp_path, sql)
     assert out["committed_txns"] > 0
     verified = run_goclient("verify", port=db.port, expect=expect)
     assert verified["ok"], json.dumps(verified, indent=2)
+
+
+@pytest.mark.integration
+@pytest.mark.chaos
+def test_go_workload_reports_stuck_workers(mariadb_factory, goclient, tmp_path):
+    # A hung server (SIGSTOP) must not hang the workload: after -duration and
+    # -grace it reports the blocked workers and exits.
+    db = mariadb_factory()
+    table = "stuck"
+    run_goclient("setup", port=db.port, conns=3, table=table, counters_table=f"{table}_counters")
+    result: dict = {}
+
+    def work() -> None:
+        try:
+            result["out"] = _workload(db, tmp_path, table, sql="insert", conns=3, duration=2,
+                                      grace="1s", read_timeout="60s")
+        except Exception as e:
+            result["error"] = e
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    time.sleep(1)
+    db.pause()
+    try:
+        worker.join(timeout=30)
+    finally:
+        db.resume()
+    assert not worker.is_alive(), "workload hung on a paused server"
+    if "error" in result:
+        raise result["error"]
+    out, expect = result["out"]
+    assert out["stuck_workers"] == 3 and out["ok"], out
+    assert out["elapsed"] < 10
+    assert all(w["stuck"] for w in out["per_worker"].values())
+    # The server may still execute commands that were buffered while it was
+    # stopped (including a COMMIT): verify once the client's sessions are gone.
+    deadline = time.monotonic() + 15
+    while db.query("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = 'app'") != [(0,)]:
+        assert time.monotonic() < deadline, "client sessions did not go away"
+        time.sleep(0.1)
+    verified = run_goclient("verify", port=db.port, expect=expect)
+    assert verified["ok"], verified

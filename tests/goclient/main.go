@@ -93,6 +93,7 @@
 //	no other rows with seq >= first_seq exist; the counter equals
 //	counter_expected (insert mode: + B if the in-doubt seq applied; safe mode:
 //	in_doubt_seq if it applied). Workload anomalies are reported as problems.
+//	Check the latest workload run: rows of a later run count as unexpected.
 //	{"mode": "verify", "ok": bool, "checked_workers": int,
 //	 "checked_rows": int, "problem_count": int, "problems": [str] (first 100)}
 //	Exit status 1 if ok is false.
