@@ -1,33 +1,54 @@
 """The plugin hook API.
 
-A plugin is a plain class. It may define any of the hook methods below (plain or ``async``);
-hooks it does not define cost nothing, because the chain is resolved into per-hook lists once,
-at start-up. Plugins run in the order of the target's ``[plugins] chain``.
+A plugin is a plain class. It may define any of the hook methods below, each plain or
+``async``; hooks it does not define cost nothing, because the chain is resolved into per-hook
+lists once, at start-up (an instance attribute set to None also switches a hook off). Plugins
+run in the order of the target's ``[plugins] chain``. See docs/plugins.md for a walk-through.
 
 Hooks (``session`` is a ``SessionInfo``, ``command`` a ``CommandInfo``):
 
-- ``session_opened(session)`` / ``session_closed(session)``: observe.
+- ``session_opened(session)`` / ``session_closed(session)``: observe; after login / at the end.
 - ``command_received(session, command)``: return None to pass the command on, or one of
   ``Rewrite``, ``Reject``, ``AnswerOk``. The first plugin that returns a verdict other than a
-  Rewrite decides; a Rewrite replaces the command for the plugins after it and for the server.
-- ``result_received(session, command, result)``: observe (``result`` is a ``ResultInfo``).
-- ``backend_lost(session, reason)``, ``backend_recovered(session, info)``: observe.
-- ``replay_decided(session, plan)``: observe; return ``Veto(reason)`` to forbid a replay.
-- ``oversized_packet(session, size, limit)``: observe.
-- ``is_idempotent(session, sql) -> bool | None``: the replay policy; the first non-None answer
-  counts, None defers to the built-in safe-mode rules.
+  Rewrite decides and the plugins after it are not asked; a Rewrite replaces the command for the
+  plugins after it and for the server. May be async (e.g. to wait, as the throttle plugin does).
+- ``result_received(session, command, result)``: observe a command's answer (``ResultInfo``).
+  Called for every answered command, also for those a plugin answered itself (Reject, AnswerOk,
+  or ERR 1105 after a plugin failure): then ``result.answered_by`` names that plugin.
+- ``backend_lost(session, reason)``: observe; the backend connection went away.
+- ``replay_decided(session, plan)``: the proxy is about to restore the session and replay or
+  resend (``plan`` is a ``proxy.recovery.Plan``); return ``Veto(reason)`` to forbid it (the
+  client then gets 1213 or 2013 instead).
+- ``backend_recovered(session, info)``: observe; ``info`` is a dict with ``reason`` (why it was
+  lost), ``plan`` (the outcome: "resume", "fail-retryable", "fail-connection"), ``replayed``
+  (statements replayed) and ``waited`` (seconds the client was held).
+- ``oversized_packet(session, size, limit)``: observe; a command over max_allowed_packet was
+  refused with ERR 1153.
+- ``is_idempotent(session, sql) -> bool | None``: the safe-mode replay policy; the first
+  non-None answer counts, None defers to the built-in rules. Must be a plain (not async) method.
 
-A plugin that raises fails the current command with an ERR (1105) and a log line; the proxy and
-the session carry on.
+Besides hooks, a plugin may define ``http_routes() -> {path: handler}`` (served on the admin
+endpoint; a handler returns ``(status, content_type, body)``) and ``close()`` (called once at
+shutdown).
+
+A ``command_received`` hook that raises fails the current command with ERR 1105 naming the
+plugin, the exception and where it was raised, and one log line; the session and the proxy
+carry on. An observing hook that raises is logged and ignored.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import os
+import traceback
 from typing import Any, Callable
 
 import attrs
+import trio
+
+from proxy.protocol import sql as sqltext
+from proxy.protocol.constants import Commands
 
 __all__ = [
     "HOOK_NAMES",
@@ -40,6 +61,8 @@ __all__ = [
     "AnswerOk",
     "Veto",
     "PluginError",
+    "COM_QUERY",
+    "COM_STMT_PREPARE",
 ]
 
 log = logging.getLogger("replay_proxy.plugins")
@@ -56,6 +79,12 @@ HOOK_NAMES = (
     "is_idempotent",
 )
 
+COM_QUERY = 0x03
+COM_STMT_PREPARE = 0x16
+_TEXT_COMMANDS = frozenset({COM_QUERY, COM_STMT_PREPARE})
+# Names by command byte, computed once: plugins label metrics and log lines with them.
+_COMMAND_NAMES = {c.value: c.name for c in Commands}
+
 
 @attrs.frozen
 class Rewrite:
@@ -65,7 +94,8 @@ class Rewrite:
 
     @classmethod
     def query(cls, sql: str) -> "Rewrite":
-        return cls(b"\x03" + sql.encode("utf-8"))
+        # surrogateescape: text taken from CommandInfo.sql goes back to the exact original bytes.
+        return cls(b"\x03" + sql.encode("utf-8", "surrogateescape"))
 
 
 @attrs.frozen
@@ -96,8 +126,18 @@ class PluginError(Exception):
     """A plugin failed; carries the plugin's name for the ERR message and the log."""
 
     def __init__(self, plugin: str, exc: BaseException) -> None:
-        super().__init__(f"plugin {plugin!r} failed: {type(exc).__name__}: {exc}")
+        super().__init__(f"plugin {plugin!r} failed: {type(exc).__name__}: {exc}{_where(exc)}")
         self.plugin = plugin
+
+
+def _where(exc: BaseException) -> str:
+    """' (at plugins/x.py:42 in command_received)': one log line is enough to find the bug."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    frame = frames[-1]
+    path = os.path.join(*frame.filename.split(os.sep)[-2:])
+    return f" (at {path}:{frame.lineno} in {frame.name})"
 
 
 @attrs.define(slots=True, eq=False)
@@ -115,27 +155,55 @@ class SessionInfo:
     # Free for plugins to keep per-session data, keyed by plugin name.
     data: dict[str, Any] = attrs.Factory(dict)
 
+    @property
+    def client_host(self) -> str:
+        """The client's address without the port (what MySQL error messages call the host)."""
+        host, sep, _port = self.client_address.rpartition(":")
+        return host.strip("[]") if sep else self.client_address
+
 
 @attrs.define(slots=True, eq=False)
 class CommandInfo:
+    """One client command. Text and classification are computed on first use and cached, so
+    plugins of one chain share the work."""
+
     code: int  # COM_* byte
-    payload: bytes
+    payload: bytes  # command byte first; only the first 64 KiB when ``complete`` is False
+    # False for a command too big to keep in memory (spooled): ``payload`` is its head only, and
+    # it cannot be rewritten.
+    complete: bool = True
+    _sql: str | None = attrs.field(default=None, init=False, repr=False)
+    _kind: Any = attrs.field(default=None, init=False, repr=False)
 
     @property
     def sql(self) -> str | None:
-        """Statement text of COM_QUERY / COM_STMT_PREPARE, else None."""
-        if self.code in (0x03, 0x16):
-            return self.payload[1:].decode("utf-8", "replace")
-        return None
+        """Statement text of COM_QUERY / COM_STMT_PREPARE, else None. Lossless: bytes that are
+        not UTF-8 appear as lone surrogates and ``rewrite`` turns them back into the same bytes."""
+        if self._sql is None and self.code in _TEXT_COMMANDS:
+            self._sql = self.payload[1:].decode("utf-8", "surrogateescape")
+        return self._sql
+
+    @property
+    def kind(self) -> sqltext.Kind | None:
+        """``proxy.protocol.sql.Kind`` of the statement (COM_QUERY / COM_STMT_PREPARE), else None."""
+        if self._kind is None and self.code in _TEXT_COMMANDS:
+            self._kind = sqltext.classify(self.sql).kind  # type: ignore[arg-type]
+        return self._kind
+
+    def keywords(self, n: int = 2) -> tuple[str, ...]:
+        """The first ``n`` keywords, upper-cased, skipping comments and reading inside ``/*! */``
+        (``proxy.protocol.sql.leading_keywords``); () for commands without text."""
+        text = self.sql
+        return sqltext.leading_keywords(text, n) if text is not None else ()
+
+    def rewrite(self, sql: str) -> Rewrite:
+        """A Rewrite of this command (same command byte) to ``sql``."""
+        return Rewrite(bytes((self.code,)) + sql.encode("utf-8", "surrogateescape"))
 
     @property
     def name(self) -> str:
-        from proxy.protocol.constants import Commands
-
-        try:
-            return Commands(self.code).name
-        except ValueError:
-            return f"COM_0x{self.code:02x}"
+        name = _COMMAND_NAMES.get(self.code)
+        return name if name is not None else f"COM_0x{self.code:02x}"
 
 
 @attrs.frozen
@@ -145,9 +213,12 @@ class ResultInfo:
     error_message: str | None
     affected_rows: int
     rows: int
-    bytes: int
+    bytes: int  # response bytes sent to the client
     latency: float  # seconds from command received to response complete
     in_transaction: bool
+    # The plugin that answered the command itself (Reject / AnswerOk / its failure); None when
+    # the server answered.
+    answered_by: str | None = None
 
 
 class _Hook:
@@ -207,20 +278,62 @@ class Hooks:
         return None
 
     async def run_command_chain(self, session: SessionInfo, command: CommandInfo) -> Any:
-        """Run the command chain. Returns None (pass), a Rewrite (possibly chained), Reject or AnswerOk."""
+        """Run the command chain. Returns None (pass), a Rewrite (possibly chained), Reject or
+        AnswerOk; raises PluginError when a plugin fails. When a plugin answers (or fails), the
+        result_received hooks are told here, since the command never reaches the server."""
+        observed = bool(self.result_received)  # type: ignore[attr-defined]
+        started = trio.current_time() if observed else 0.0
         rewritten = None
         for pname, fn, is_async in self.command_received.impls:  # type: ignore[attr-defined]
             try:
                 verdict = (await fn(session, command)) if is_async else fn(session, command)
             except Exception as exc:
-                raise PluginError(pname, exc) from exc
+                raise await self._failed(session, command, started, pname, exc) from exc
             if verdict is None:
                 continue
             if isinstance(verdict, Rewrite):
+                if not command.complete:
+                    problem = ValueError(f"cannot rewrite {command.name}: it is too large to be held in memory")
+                    raise await self._failed(session, command, started, pname, problem)
                 rewritten = verdict
                 command = CommandInfo(verdict.payload[0], verdict.payload)
                 continue
-            if isinstance(verdict, (Reject, AnswerOk)):
-                return verdict
-            raise PluginError(pname, TypeError(f"command_received returned {verdict!r}"))
+            if isinstance(verdict, Reject):
+                if observed:
+                    await self._answered(session, command, started, pname, verdict.code, verdict.message)
+            elif isinstance(verdict, AnswerOk):
+                if observed:
+                    await self._answered(session, command, started, pname, None, None, verdict.affected_rows)
+            else:
+                problem = TypeError(f"command_received returned {verdict!r}, not None/Rewrite/Reject/AnswerOk")
+                raise await self._failed(session, command, started, pname, problem)
+            return verdict
         return rewritten
+
+    async def _failed(
+        self, session: SessionInfo, command: CommandInfo, started: float, plugin: str, exc: Exception
+    ) -> PluginError:
+        error = PluginError(plugin, exc)
+        if self.result_received:  # type: ignore[attr-defined]
+            await self._answered(session, command, started, plugin, 1105, str(error))
+        return error
+
+    async def _answered(
+        self, session: SessionInfo, command: CommandInfo, started: float, plugin: str,
+        code: int | None, message: str | None, affected_rows: int = 0,
+    ) -> None:
+        result = ResultInfo(
+            ok=code is None, error_code=code, error_message=message, affected_rows=affected_rows, rows=0,
+            bytes=0, latency=trio.current_time() - started, in_transaction=session.in_transaction, answered_by=plugin,
+        )  # fmt: skip
+        await self.notify(self.result_received, session, command, result)  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        """Call each plugin's ``close()`` (flush files, ...) once, at shutdown."""
+        for pname, plugin in self.plugins:
+            close = getattr(plugin, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception:
+                    log.exception("plugin %s: close failed (ignored)", pname)

@@ -104,6 +104,7 @@ async def read_command(channel: Channel, limit: int, spool_threshold: int, keep_
     still be kept whole (split mode keeps oversized INSERTs to split them); anything bigger is
     Oversized. Raises PeerClosed when the client goes away."""
     decoder = channel.decoder
+    wait_first = not decoder.buffered()  # a client sends its next command only after our answer
     while True:
         header = decoder.peek_header()
         if header is not None:
@@ -113,7 +114,8 @@ async def read_command(channel: Channel, limit: int, spool_threshold: int, keep_
             packet = decoder.next_packet()
             if packet is not None:
                 return Command(packet.payload, packet.raw, packet.last_seq, len(packet.payload))
-        decoder.feed(await channel.recv())
+        decoder.feed(await channel.recv(wait_first=wait_first))
+        wait_first = False
 
 
 async def _read_large(channel: Channel, spool_threshold: int, keep_up_to: int) -> Command | Oversized:

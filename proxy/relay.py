@@ -55,9 +55,10 @@ __all__ = ["Session"]
 log = logging.getLogger("replay_proxy.session")
 
 C = Commands
-IN_TRANS = ServerStatus.SERVER_STATUS_IN_TRANS
-AUTOCOMMIT = ServerStatus.SERVER_STATUS_AUTOCOMMIT
-NO_BACKSLASH_ESCAPES = ServerStatus.SERVER_STATUS_NO_BACKSLASH_ESCAPES
+# Plain ints, not IntFlag: flag arithmetic on enums is slow and this is the hot path.
+IN_TRANS = int(ServerStatus.SERVER_STATUS_IN_TRANS)
+AUTOCOMMIT = int(ServerStatus.SERVER_STATUS_AUTOCOMMIT)
+NO_BACKSLASH_ESCAPES = int(ServerStatus.SERVER_STATUS_NO_BACKSLASH_ESCAPES)
 
 # Send states of an in-flight command.
 NOT_SENT, SENDING, SENT, SEND_FAILED = range(4)
@@ -108,11 +109,16 @@ class Session:
         self.target = target
         self.config = target.config
         self.hooks = target.hooks
+        # Resolved once: with no plugin implementing them, these hooks cost one attribute test.
+        self._command_hooks = bool(self.hooks.command_received)
+        self._split_mode = self.config.limits.oversized == "split"
+        self._result_hooks = bool(self.hooks.result_received)
         self.client = client
         self.client_address = client_address
         self.id = session_id
         self.info = SessionInfo(session_id, target.name, "", client_address, opened_at=trio.current_time())
-        self.backend: Backend | None = None
+        self._backend: Backend | None = None
+        self.limit = self.config.limits.max_allowed_packet
         self.backend_ok = False
         self.login: Login | None = None
         self.state: SessionState | None = None
@@ -280,9 +286,7 @@ class Session:
             if code == C.COM_CHANGE_USER:
                 await self._change_user(cmd)
                 continue
-            if code == C.COM_STMT_EXECUTE and await self._long_data_overflowed(cmd):
-                continue
-            if self.hooks.command_received:
+            if self._command_hooks:
                 cmd = await self._run_command_hooks(cmd)
                 if cmd is None:
                     continue
@@ -292,16 +296,21 @@ class Session:
             await self._submit(cmd)
 
     @property
-    def limit(self) -> int:
-        """Effective max_allowed_packet: the config's, or the backend's if smaller."""
-        configured = self.config.limits.max_allowed_packet
-        backend = self.backend.max_allowed_packet if self.backend is not None else None
-        return min(configured, backend) if backend else configured
+    def backend(self) -> Backend | None:
+        return self._backend
+
+    @backend.setter
+    def backend(self, backend: Backend | None) -> None:
+        self._backend = backend
+        if backend is not None:
+            # Effective max_allowed_packet: the config's, or the backend's if smaller.
+            configured = self.config.limits.max_allowed_packet
+            self.limit = min(configured, backend.max_allowed_packet) if backend.max_allowed_packet else configured
 
     async def _read_command(self) -> Command | None:
         limits = self.config.limits
         limit = self.limit
-        keep = max(limit, limits.split_max_statement) if limits.oversized == "split" else limit
+        keep = max(limit, limits.split_max_statement) if self._split_mode else limit
         while True:
             try:
                 cmd = await read_command(self.client, limit, limits.spool_threshold, keep)
@@ -364,6 +373,9 @@ class Session:
         statement = None
         if code in _STMT_COMMANDS and len(cmd.payload) >= 5:
             statement = self.prepared.get(int.from_bytes(cmd.payload[1:5], "little"))
+            if statement is not None and statement.long_data_bytes > self.limit and code == C.COM_STMT_EXECUTE:
+                await self._refuse_long_data(cmd, statement)
+                return
         expect = expect_for(code)
         keyword = st.first_keyword(cmd.payload[1:4097]) if code == C.COM_QUERY else b""
         fingerprint = self.tx.active or not self.autocommit or keyword in st.TX_CONTROL
@@ -391,17 +403,13 @@ class Session:
         payload = b"\x03SELECT %d AS `@@max_allowed_packet`" % limit
         return Command(payload, encode_packet(payload, 0)[0], cmd.seq_end, len(payload))
 
-    async def _long_data_overflowed(self, cmd: Command) -> bool:
+    async def _refuse_long_data(self, cmd: Command, stmt: PreparedStatement) -> None:
         """COM_STMT_SEND_LONG_DATA over the limit was held back; refuse the execute that would
         use it and clear what the server got of it."""
-        stmt = self.prepared.get(int.from_bytes(cmd.payload[1:5], "little")) if len(cmd.payload) >= 5 else None
-        if stmt is None or stmt.long_data_bytes <= self.limit:
-            return False
         size = stmt.long_data_bytes
         await self._run_internal(b"\x1a" + struct.pack("<I", stmt.client_id), cmd.seq_end)
         stmt.long_data, stmt.long_data_bytes = [], 0
         await self._refuse_oversized(size, cmd.seq_end, cmd.code, " (parameter data sent with COM_STMT_SEND_LONG_DATA)")
-        return True
 
     async def _run_internal(self, payload: bytes, seq_end: int) -> ResponseTracker | None:
         """Client task only: run a command of the proxy's own on the backend and wait for its
@@ -516,8 +524,11 @@ class Session:
         while True:
             backend = self.backend
             assert backend is not None
+            inflight = self.inflight
             try:
-                data = await backend.channel.recv()
+                # Nothing arrives between responses, nor before the server has worked on a
+                # command: wait for readability first, except mid-response.
+                data = await backend.channel.recv(wait_first=inflight is None or inflight.tracker.nbytes == 0)
             except PeerClosed as exc:
                 if self.backend is not backend:  # replaced on purpose (COM_CHANGE_USER)
                     await self._backend_replaced.wait()
@@ -599,7 +610,7 @@ class Session:
             await self.client.send(out)
         if inflight.done is not None:
             inflight.done.set()
-        if self.hooks.result_received:
+        if self._result_hooks:
             error = tracker.error
             result = ResultInfo(
                 ok=error is None,
@@ -741,11 +752,12 @@ class Session:
         return False
 
     def _statement_ends_transaction(self, stmt: PreparedStatement) -> bool:
-        text = stmt.prepare_payload[1:]
-        keyword = st.first_keyword(text)
-        if keyword in st.TX_CONTROL or keyword in st.IMPLICIT_COMMIT:
-            return self._ends_transaction(Command(stmt.prepare_payload, b"", 0), keyword)
-        return False
+        if stmt.ends_transaction is None:  # decided once per statement, not per execute
+            keyword = st.first_keyword(stmt.prepare_payload[1:4097])
+            stmt.ends_transaction = (keyword in st.TX_CONTROL or keyword in st.IMPLICIT_COMMIT) and self._ends_transaction(
+                Command(stmt.prepare_payload, b"", 0), keyword
+            )
+        return stmt.ends_transaction
 
     def _note_multi_statement(self, cmd: Command) -> None:
         """Several statements in one COM_QUERY: the proxy does not track their effects one by one."""

@@ -32,6 +32,7 @@ class PreparedStatement:
     long_data: list[bytes] = attrs.Factory(list)
     long_data_bytes: int = 0
     generation: int = 0  # which backend connection (Session.generation) backend_id belongs to
+    ends_transaction: bool | None = None  # a COMMIT / BEGIN / DDL statement (decided on first execute)
 
 
 @attrs.define(slots=True)

@@ -157,8 +157,16 @@ class ErrPacket:
         return f"ERROR {self.code} ({self.sqlstate}): {self.message}"
 
 
-def parse_ok(payload: bytes, capabilities: int = Capabilities.CLIENT_PROTOCOL_41) -> OkPacket:
+_PROTOCOL_41 = int(Capabilities.CLIENT_PROTOCOL_41)
+_TRANSACTIONS = int(Capabilities.CLIENT_TRANSACTIONS)
+_SESSION_TRACK = int(Capabilities.CLIENT_SESSION_TRACK)
+
+
+def parse_ok(payload: bytes, capabilities: int = _PROTOCOL_41) -> OkPacket:
     """An OK packet (header 0x00, or 0xFE when it stands in for EOF under DEPRECATE_EOF)."""
+    if len(payload) == 7 and payload[1] < 0xFB and payload[2] < 0xFB and capabilities & _PROTOCOL_41:
+        # The common OK: one-byte counts, no info string (hot path: skips the Reader).
+        return OkPacket(payload[1], payload[2], payload[3] | payload[4] << 8, payload[5] | payload[6] << 8)
     r = Reader(payload)
     header = r.u8()
     if header not in (OK_HEADER, EOF_HEADER):
@@ -166,14 +174,14 @@ def parse_ok(payload: bytes, capabilities: int = Capabilities.CLIENT_PROTOCOL_41
     affected = r.lenenc()
     insert_id = r.lenenc()
     status = warnings = 0
-    if capabilities & Capabilities.CLIENT_PROTOCOL_41:
+    if capabilities & _PROTOCOL_41:
         status = r.u16()
         warnings = r.u16()
-    elif capabilities & Capabilities.CLIENT_TRANSACTIONS:
+    elif capabilities & _TRANSACTIONS:
         status = r.u16()
     info = b""
     if r.remaining():
-        if capabilities & Capabilities.CLIENT_SESSION_TRACK:
+        if capabilities & _SESSION_TRACK:
             info = r.lenenc_str()
         else:
             info = r.rest()

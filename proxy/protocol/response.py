@@ -70,8 +70,10 @@ _FIRST, _COLDEFS, _COLDEFS_EOF, _ROWS, _P_PARAMS, _P_PARAMS_EOF, _P_COLS, _P_COL
 # Modes within a frame.
 _HEADER, _SKIP, _PEEK, _COLLECT = range(4)
 
-_MORE = ServerStatus.SERVER_MORE_RESULTS_EXISTS
-_CURSOR = ServerStatus.SERVER_STATUS_CURSOR_EXISTS
+# Plain ints: IntFlag arithmetic is a Python-level call, and this runs per response.
+_MORE = int(ServerStatus.SERVER_MORE_RESULTS_EXISTS)
+_CURSOR = int(ServerStatus.SERVER_STATUS_CURSOR_EXISTS)
+_SUMMARY = struct.Struct("<4Q")
 _CONTROL_MAX = 1 << 20  # OK/ERR/EOF/column-count packets are small; bigger means a confused stream
 
 
@@ -247,9 +249,9 @@ class ResponseTracker:
         else:
             self._done_after_skip = True
 
-    def _summarize(self, *values: int) -> None:
+    def _summarize(self, kind: int, a: int, b: int = 0, c: int = 0) -> None:
         if self.hashing:
-            self.fingerprint = zlib.crc32(struct.pack(f"<{len(values)}Q", *values), self.fingerprint)
+            self.fingerprint = zlib.crc32(_SUMMARY.pack(kind, a, b, c), self.fingerprint)
 
     def _control(self, pkt: bytes) -> bool:
         """Act on a complete control packet; True when the response is complete."""

@@ -130,6 +130,8 @@ def _lexer_regex(backslash_escapes: bool) -> re.Pattern[str]:
         "|".join(
             [
                 rf"(?P<ws>{WS}+)",
+                # After "ident." the server reads an identifier even if it starts with digits.
+                rf"(?<=[0-9A-Za-z_$\x80-\U0010ffff`])(?P<dot>\.(?P<after_dot>{_IDC}+)?)",
                 rf"(?P<comment>{HASH_COMMENT}|{DASH_COMMENT}|{BLOCK_COMMENT})",
                 rf"(?P<exec_open>{EXEC_COMMENT_OPEN})",
                 r"(?P<exec_close>\*/)",
@@ -165,9 +167,8 @@ _GROUP_KIND = {
     "user_var": TokenKind.USER_VAR,
     "placeholder": TokenKind.PLACEHOLDER,
     "punct": TokenKind.PUNCT,
+    "dot": TokenKind.PUNCT,
 }
-# After "ident." the server reads an identifier even if it starts with digits ("t.1e5").
-_IDENT_AFTER_DOT = re.compile(rf"{_IDC}+")
 _UNTERMINATED_WHAT = {"'": "string", '"': "string", "`": "quoted identifier", "/*": "comment"}
 
 
@@ -180,54 +181,46 @@ def iter_tokens(
     the content of executable comments is always yielded as ordinary tokens. With trivia the
     token texts concatenate back to ``sql[start:]``.
     """
-    match = _LEXERS[no_backslash_escapes].match
+    finditer = _LEXERS[no_backslash_escapes].finditer
     group_kind = _GROUP_KIND
     new = tuple.__new__  # Token(...) without NamedTuple's Python-level __new__
-    pos, n = start, len(sql)
     exec_open_at = -1  # offset of the enclosing "/*!" while inside an executable comment
-    name_end = -1  # end of the previous token if it was an identifier
+    pos, n = start, len(sql)
     while pos < n:
-        if pos == name_end and sql[pos] == ".":
-            # After "ident." the server reads an identifier even if it starts with digits.
-            yield new(Token, (TokenKind.PUNCT, ".", pos))
-            m = _IDENT_AFTER_DOT.match(sql, pos + 1)
-            if m is None:
-                pos += 1
-                continue
-            yield new(Token, (TokenKind.WORD, m.group(), pos + 1))
-            pos = name_end = m.end()
-            continue
-        m = match(sql, pos)
-        group = m.lastgroup
-        end = m.end()
-        if group == "ws" or group == "comment":
-            if trivia:
-                yield new(Token, (group_kind[group], sql[pos:end], pos))
-            pos = end
-            continue
-        kind = group_kind.get(group)  # type: ignore[arg-type]
-        if kind is None:
-            if group == "exec_open":
-                if exec_open_at >= 0:
-                    raise SqlLexError("nested executable comment", pos)
-                exec_open_at = pos
+        # Every offset matches some alternative, so the matches are contiguous; the loop only
+        # restarts after a stray "*/", which must be re-lexed as "*" then whatever follows.
+        for m in finditer(sql, pos):
+            group = m.lastgroup
+            if group == "ws" or group == "comment":
                 if trivia:
-                    yield new(Token, (TokenKind.EXEC_OPEN, sql[pos:end], pos))
-                pos = end
+                    yield new(Token, (group_kind[group], m.group(), m.start()))
                 continue
-            if group == "exec_close" and exec_open_at >= 0:
+            kind = group_kind.get(group)  # type: ignore[arg-type]
+            if kind is not None:
+                if group == "dot":
+                    yield new(Token, (TokenKind.PUNCT, ".", m.start()))
+                    if m.group("after_dot"):
+                        yield new(Token, (TokenKind.WORD, m.group("after_dot"), m.start() + 1))
+                    continue
+                yield new(Token, (kind, m.group(), m.start()))
+            elif group == "exec_open":
+                if exec_open_at >= 0:
+                    raise SqlLexError("nested executable comment", m.start())
+                exec_open_at = m.start()
+                if trivia:
+                    yield new(Token, (TokenKind.EXEC_OPEN, m.group(), m.start()))
+            elif group == "exec_close" and exec_open_at >= 0:
                 exec_open_at = -1
                 if trivia:
-                    yield new(Token, (TokenKind.EXEC_CLOSE, "*/", pos))
-                pos = end
-                continue
-            if group == "exec_close":  # a stray "*/" is "*" then "/"
-                kind, end = TokenKind.PUNCT, pos + 1
+                    yield new(Token, (TokenKind.EXEC_CLOSE, "*/", m.start()))
+            elif group == "exec_close":  # a stray "*/" is "*", then lexing resumes at "/"
+                yield new(Token, (TokenKind.PUNCT, "*", m.start()))
+                pos = m.start() + 1
+                break
             else:
-                raise SqlLexError(f"unterminated {_UNTERMINATED_WHAT[m.group()]}", pos)
-        yield new(Token, (kind, sql[pos:end], pos))
-        name_end = end if (kind is TokenKind.WORD or kind is TokenKind.QUOTED_IDENT) else -1
-        pos = end
+                raise SqlLexError(f"unterminated {_UNTERMINATED_WHAT[m.group()]}", m.start())
+        else:
+            break
     if exec_open_at >= 0:
         raise SqlLexError("unterminated executable comment", exec_open_at)
 
@@ -245,6 +238,8 @@ def tokenize(sql: str, *, no_backslash_escapes: bool = False, trivia: bool = Fal
 # Whitespace, comments, and the "/*!NNNNN" / "*/" around executable comment content.
 _SKIP = rf"(?:{WS}++|{HASH_COMMENT}|{DASH_COMMENT}|{EXEC_COMMENT_OPEN}|{BLOCK_COMMENT}|\*/)*+"
 _KEYWORD = rf"([A-Za-z][0-9A-Za-z_]*+)(?!{_IDC})"
+# Whitespace and plain comments only: fast paths that must not look inside /*! */.
+_SKIP_PLAIN = rf"(?:{WS}++|{HASH_COMMENT}|{DASH_COMMENT}|{BLOCK_COMMENT})*+"
 
 
 @functools.cache
@@ -255,14 +250,18 @@ def _leading_regex(n: int) -> re.Pattern[str]:
     return re.compile(pattern)
 
 
+_LEADING = [_leading_regex(n) for n in range(9)[1:]]
+
+
 def leading_keywords(sql: str, n: int = 2) -> tuple[str, ...]:
     """The first ``n`` bare words of ``sql``, upper-cased, skipping whitespace and comments and
     reading inside ``/*! */``. Stops early at the first token that is not a bare word."""
-    m = _leading_regex(n).match(sql)
+    m = (_LEADING[n - 1] if 0 < n <= len(_LEADING) else _leading_regex(n)).match(sql)
     if m is None:
         return ()
-    if n == 1:
-        return (m.group(1).upper(),)
+    if n == 2:  # the hot path: no generator, no filtering
+        first, second = m.groups()
+        return (first.upper(),) if second is None else (first.upper(), second.upper())
     return tuple([w.upper() for w in m.groups() if w is not None])
 
 
@@ -347,7 +346,6 @@ def _closing_paren(tokens: list[Token], i: int) -> int:
 
 
 _ESCAPES = {"0": "\0", "b": "\b", "n": "\n", "r": "\r", "t": "\t", "Z": "\x1a", "%": "\\%", "_": "\\_"}
-_BACKSLASH_ESCAPE = re.compile(r"\\([\s\S])")
 
 
 def _unquote(text: str, nbe: bool = False) -> str:
@@ -489,8 +487,11 @@ _SCOPE_WORDS = {
 }
 _SYSVAR_PREFIXES = {"session": SetScope.SESSION, "local": SetScope.SESSION, "global": SetScope.GLOBAL,
                     "persist": SetScope.GLOBAL, "persist_only": SetScope.GLOBAL}  # fmt: skip
-# SET forms that are not variable assignments at all.
-_SET_NOT_ASSIGNMENT = frozenset({"PASSWORD", "ROLE", "DEFAULT", "RESOURCE"})
+
+
+def _is_set_not_assignment(kws: tuple[str, ...]) -> bool:
+    """SET PASSWORD / ROLE / DEFAULT ROLE / RESOURCE GROUP: not variable assignments."""
+    return kws[1:2] in (("PASSWORD",), ("ROLE",)) or kws[1:3] in (("DEFAULT", "ROLE"), ("RESOURCE", "GROUP"))
 _ASSIGN = frozenset({"=", ":="})
 
 
@@ -507,7 +508,7 @@ def parse_set(sql: str, *, no_backslash_escapes: bool = False) -> list[SetAssign
     second = kws[1] if len(kws) > 1 else None
     if second == "STATEMENT":
         return []
-    if second in _SET_NOT_ASSIGNMENT:
+    if _is_set_not_assignment(kws):
         return None
     tokens = _statement_tokens(sql, no_backslash_escapes)
     if _is_set_transaction(kws):
@@ -617,8 +618,6 @@ def _parse_set_transaction(sql: str, tokens: list[Token]) -> list[SetAssignment]
         else:
             raise SqlParseError("unknown transaction characteristic in SET TRANSACTION", tokens[0].start)
         result.append(SetAssignment(scope, name, sql[item[0].start : item[-1].end], True))
-    if not result:
-        raise SqlParseError("SET TRANSACTION without characteristics", tokens[0].start)
     return result
 
 
@@ -729,8 +728,26 @@ _INSERT_MODIFIERS = frozenset({"LOW_PRIORITY", "DELAYED", "HIGH_PRIORITY", "IGNO
 _NOT_TABLE_NAMES = frozenset({"VALUES", "VALUE", "SET", "SELECT", "PARTITION", "WITH", "TABLE"})
 
 
+def _insert_head_regex() -> re.Pattern[str]:
+    """The common head shape (no comments inside, plain names); others go through tokens."""
+    keyword = rf"(?i:INTO|VALUES?|SET|SELECT|PARTITION|WITH|TABLE)(?!{_IDC})"
+    name = rf"(?:`[^`]*+(?:``[^`]*+)*+`|(?!{keyword}){_IDC}++)"
+    return re.compile(
+        rf"{_SKIP_PLAIN}((?i:INSERT|REPLACE))((?:{WS}++(?i:LOW_PRIORITY|DELAYED|HIGH_PRIORITY|IGNORE))*+)"
+        rf"{WS}++(?:(?i:INTO){WS}++)?{name}(?:{WS}*+\.{WS}*+{name})?{WS}*+"
+        rf"(?:\((?:{WS}*+{name}{WS}*+(?:,{WS}*+{name}{WS}*+)*+)?\){WS}*+)?"
+        rf"(?i:VALUES?){WS}*+(?=\()"
+    )
+
+
+_INSERT_HEAD = _insert_head_regex()
+
+
 def _parse_insert_head(sql: str, nbe: bool) -> InsertHead | str:
     """InsertHead, or the reason ``sql`` is not ``INSERT|REPLACE ... VALUES (``."""
+    m = _INSERT_HEAD.match(sql)
+    if m is not None:
+        return InsertHead(m.group(1).upper(), frozenset(m.group(2).upper().split()), m.end())
     cur = _Cursor(sql, nbe)
     verb = cur.word()
     if verb not in ("INSERT", "REPLACE"):
@@ -892,13 +909,17 @@ def _get_lock_reason(sql: str, nbe: bool) -> str | None:
     return None
 
 
-# At most this many bytes of text are cached per classification (transaction control, SET...).
+# Statements up to this length are cached (transaction control, SET, USE: few distinct texts).
 _CACHE_MAX_LEN = 256
+_DML = frozenset({"INSERT", "REPLACE", "UPDATE", "DELETE"})
 
 
 def classify(sql: str, *, no_backslash_escapes: bool = False) -> Statement:
     """Classify the first statement of ``sql``. Never raises: text it cannot lex is OTHER (or
     its leading keyword's kind) with conservative flags."""
+    kws = leading_keywords(sql, 2)
+    if kws and kws[0] in _DML:  # the hot path: one keyword regex and one literal search
+        return _with_lock_check(Kind[kws[0]], sql, no_backslash_escapes)
     if len(sql) <= _CACHE_MAX_LEN:
         return _classify_cached(sql, no_backslash_escapes)
     return _classify(sql, no_backslash_escapes)
@@ -1147,17 +1168,18 @@ def _classify_set(sql: str, kws: tuple[str, ...], nbe: bool) -> Statement:
     second = kws[1] if len(kws) > 1 else None
     if second == "STATEMENT":  # SET STATEMENT var=value[, ...] FOR <statement>: that statement
         return _classify(sql[_set_statement_body(sql, nbe) :], nbe)
-    if second == "PASSWORD":
-        return _OTHER_COMMIT
-    if second in ("DEFAULT", "RESOURCE"):  # SET DEFAULT ROLE / SET RESOURCE GROUP
-        return _PLAIN[Kind.OTHER]
-    if second == "ROLE":
-        return Statement(Kind.SET, session_unrestorable="SET ROLE changes the active roles, which are not restored")
+    kws = leading_keywords(sql, 3)
+    if _is_set_not_assignment(kws):
+        if second == "PASSWORD":
+            return _OTHER_COMMIT
+        if second == "ROLE":
+            return Statement(Kind.SET, session_unrestorable="SET ROLE changes the active roles, which are not restored")
+        return _PLAIN[Kind.OTHER]  # SET DEFAULT ROLE / SET RESOURCE GROUP
     try:
         assignments = parse_set(sql, no_backslash_escapes=nbe) or []
     except SqlParseError as exc:
         return Statement(Kind.SET, session_unrestorable=f"SET statement not understood: {exc}")
-    if _is_set_transaction(leading_keywords(sql, 3)):
+    if _is_set_transaction(kws):
         return _PLAIN[Kind.SET_TRANSACTION]
     reason = _get_lock_reason(sql, nbe)
     needs_capture = implicit_commit = False
@@ -1343,25 +1365,46 @@ _FALLBACK_KIND = {
 # outcome of a second run.
 
 
-def _literal_rows_regex(backslash_escapes: bool) -> re.Pattern[str]:
-    """``(lit, lit, ...), (...)`` where each lit is a constant: linear and fast on 50 MB."""
+def _literal_pattern(backslash_escapes: bool) -> str:
+    """One constant literal (a string, number, NULL/TRUE/FALSE, hex/bit, introduced string, ?),
+    matched atomically."""
     sq = quoted_string("'", backslash_escapes)
     dq = quoted_string('"', backslash_escapes)
     hex_bit = rf"[Xx]'[0-9A-Fa-f]*+'|[Bb]'[01]*+'|0x[0-9A-Fa-f]++(?!{_IDC})|0b[01]++(?!{_IDC})"
-    literal = (
+    return (
         rf"(?>{sq}"
         rf"|[-+]?(?:[0-9]++(?:\.[0-9]*+)?|\.[0-9]++)(?:[eE][-+]?[0-9]++)?(?!{_IDC})"
         rf"|(?i:NULL|TRUE|FALSE)(?!{_IDC})"
         rf"|_[0-9A-Za-z_]++{WS}*+(?:{sq}|{dq}|{hex_bit})"
         rf"|{dq}|[Nn]{sq}|{hex_bit}|\?)"
     )
+
+
+def _literal_rows_regex(backslash_escapes: bool) -> re.Pattern[str]:
+    """``(lit, lit, ...), (...)`` where each lit is a constant: linear and fast on 50 MB."""
+    literal = _literal_pattern(backslash_escapes)
     # A bare "," is tried before the whitespace-tolerant separator: it is by far the common case.
     ws, sep = f"{WS}*+", f"(?:,|{WS}*+,{WS}*+)"
     row = rf"\({ws}{literal}(?:{sep}{literal})*+{ws}\)"
     return re.compile(rf"{row}(?:{sep}{row})*+")
 
 
+def _dm_delete_regex(backslash_escapes: bool) -> re.Pattern[str]:
+    """The DELETE shape DM emits, ``DELETE FROM t WHERE k = lit [AND k2 IS NULL ...] [LIMIT 1]``:
+    a regex fast path for ``is_idempotent``; anything else goes through the tokens."""
+    literal = _literal_pattern(backslash_escapes)
+    name = rf"(?:`[^`]*+(?:``[^`]*+)*+`|{_IDC}++)"
+    column = rf"{name}(?:{WS}*+\.{WS}*+{name}){{0,2}}"
+    condition = rf"{column}{WS}*+(?:<?=>?{WS}*+{literal}|(?i:IS){WS}++(?:(?i:NULL)(?!{_IDC})|\?))"
+    return re.compile(
+        rf"{_SKIP_PLAIN}(?i:DELETE){WS}++(?i:FROM){WS}++{name}(?:{WS}*+\.{WS}*+{name})?{WS}++"
+        rf"(?i:WHERE){WS}++{condition}(?:{WS}++(?i:AND){WS}++{condition})*+"
+        rf"(?:{WS}++(?i:LIMIT){WS}++1)?{WS}*+;?{WS}*+\Z"
+    )
+
+
 _LITERAL_ROWS = {False: _literal_rows_regex(True), True: _literal_rows_regex(False)}
+_DM_DELETE = {False: _dm_delete_regex(True), True: _dm_delete_regex(False)}
 _TRANSACTION_KINDS = frozenset({Kind.BEGIN, Kind.COMMIT, Kind.ROLLBACK, Kind.SAVEPOINT,
                                 Kind.ROLLBACK_TO_SAVEPOINT, Kind.RELEASE_SAVEPOINT})  # fmt: skip
 _SESSION_SET_SCOPES = frozenset({SetScope.SESSION, SetScope.USER, SetScope.NAMES, SetScope.CHARSET,
@@ -1382,7 +1425,7 @@ def is_idempotent(sql: str, *, no_backslash_escapes: bool = False) -> bool:
         if first == "UPDATE":
             return _idempotent_update(_statement_tokens(sql, nbe))
         if first == "DELETE":
-            return _idempotent_delete(_statement_tokens(sql, nbe))
+            return _DM_DELETE[nbe].match(sql) is not None or _idempotent_delete(_statement_tokens(sql, nbe))
         if first == "SET":
             if kws[1:] == ("STATEMENT",):
                 return is_idempotent(sql[_set_statement_body(sql, nbe) :], no_backslash_escapes=nbe)
@@ -1540,8 +1583,9 @@ def _keyed_set(tokens: list[Token]) -> bool:
     """A constant set of keys (DM's multi-row DELETE): ``(k = 1 AND j = 2) OR (k = 3 ...) ...``,
     ``k IN (lit, ...)`` or ``(a, b) IN ((lit, lit), ...)``."""
     alternatives = _split_words(tokens, "OR")
-    if len(alternatives) > 1:
-        return all(_keyed_conjunction(alt) is not None for alt in alternatives)
+    if len(alternatives) > 1:  # every alternative must name the same key columns
+        keys = [_keyed_conjunction(alt) for alt in alternatives]
+        return all(k is not None and k.keys() == keys[0].keys() for k in keys)  # type: ignore[union-attr]
     if _is_punct(tokens, 0, "("):  # a tuple of columns
         close = _closing_paren(tokens, 0)
         if close < 0:
