@@ -156,6 +156,15 @@ class RecoveryConfig:
     idempotent: Literal["none", "safe-mode"] = "none"
     # After reconnecting to the same server instance, KILL the old connection id so its locks go away.
     kill_old_session: bool = True
+    # Before each COMMIT, write a marker row in the same transaction (one row per session,
+    # upserted), so a COMMIT whose answer was lost can be resolved exactly after reconnecting:
+    # committed → the client gets OK; not committed → the transaction is replayed. Costs one
+    # statement per transaction; the backend user needs CREATE and write access to marker_table.
+    commit_marker: bool = False
+    marker_table: str = attrs.field(
+        default="replay_proxy.commit_markers",
+        validator=attrs.validators.matches_re(r"[A-Za-z0-9_$]+(\.[A-Za-z0-9_$]+)?"),
+    )
 
 
 @attrs.frozen

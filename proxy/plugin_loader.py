@@ -185,7 +185,7 @@ def instantiate(cls: type, raw_options: dict[str, Any], context: PluginContext, 
         args.append(context)
     try:
         return cls(*args)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OSError) as exc:  # e.g. a log file that cannot be opened
         raise ConfigError(f"{path}: {exc}") from None
 
 

@@ -32,6 +32,7 @@ class Sent(enum.Enum):
 
 class Outcome(enum.Enum):
     RESUME = "resume"  # reconnect, restore, replay the journal (if any), resend the command
+    RESOLVE = "resolve"  # COMMIT in doubt: look up its commit marker; committed → OK, else replay
     FAIL_RETRYABLE = "fail-retryable"  # 1213: known not committed, cannot be made transparent
     FAIL_CONNECTION = "fail-connection"  # 2013 and close: outcome unknown or state unrecoverable
 
@@ -66,9 +67,11 @@ def plan_recovery(
     unrestorable: str | None,
     autocommit: bool,
     safe_mode: bool,
+    commit_marker: bool = False,
 ) -> Plan:
     """Decide what happens to the session. ``sent``/``inflight`` are None when the client was
-    idle; ``journal`` describes the statements of the open transaction."""
+    idle; ``journal`` describes the statements of the open transaction; ``commit_marker``: the
+    in-flight COMMIT wrote a marker row that tells afterwards whether it committed."""
     if sent is Sent.PARTIAL_RESPONSE:
         return Plan(Outcome.FAIL_CONNECTION, "connection lost while the response was being relayed")
     if unrestorable is not None:
@@ -93,6 +96,8 @@ def plan_recovery(
 
     if maybe_ran and inflight is not None and inflight.commits:
         if not_replayable is not None:
+            if commit_marker:  # committed → OK; not committed → 1213
+                return Plan(Outcome.RESOLVE, "COMMIT in flight; its commit marker will tell", replay=False, resend=True)
             return Plan(Outcome.FAIL_CONNECTION, f"COMMIT in flight and the transaction is not replayable: {not_replayable}")
         if not any(s.writes for s in journal) and not inflight.writes:
             return Plan(Outcome.RESUME, "COMMIT in flight for a transaction that wrote nothing", replay=True, resend=True)
@@ -100,6 +105,8 @@ def plan_recovery(
             # It may have committed already; applying it again leaves the same rows. Results of
             # the replay legitimately differ (e.g. REPLACE counts 2 rows), so don't compare them.
             return Plan(Outcome.RESUME, "COMMIT in flight, transaction idempotent (safe mode)", replay=True, verify=False, resend=True)
+        if commit_marker:
+            return Plan(Outcome.RESOLVE, "COMMIT in flight; its commit marker will tell", replay=not_replayable is None, resend=True)
         why = "not all statements are idempotent" if safe_mode else "recovery.idempotent is not safe-mode"
         return Plan(Outcome.FAIL_CONNECTION, f"COMMIT was in flight; its outcome is unknown ({why})")
 

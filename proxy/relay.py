@@ -16,6 +16,7 @@ client sends the next command before the previous response completed (pipelining
 from __future__ import annotations
 
 import logging
+import os
 import re
 import struct
 
@@ -95,6 +96,7 @@ class Inflight:
     forwarded: bool = False  # part of the response already reached the client
     held: bytearray | None = None  # PREPARE responses are held whole (statement ids get rewritten)
     refuse_infile: bool = False  # answering the server's LOCAL INFILE request with "no file"
+    marker: int = 0  # commit-marker number written just before this COMMIT (0: none)
     internal: bool = False  # the proxy's own command (split pieces): response not forwarded
     answered: bool = False  # recovery answered the client with an error instead
     done: trio.Event | None = None
@@ -112,6 +114,11 @@ class Session:
         # Resolved once: with no plugin implementing them, these hooks cost one attribute test.
         self._command_hooks = bool(self.hooks.command_received)
         self._split_mode = self.config.limits.oversized == "split"
+        rec = self.config.recovery
+        self._markers = rec.commit_marker and rec.enabled
+        self.marker_slot = os.urandom(16).hex()  # this session's row in the commit-marker table
+        self.marker_txn = 0
+        self._next_marker = 0
         self._result_hooks = bool(self.hooks.result_received)
         self.client = client
         self.client_address = client_address
@@ -188,6 +195,8 @@ class Session:
         self.backend_ok = True
         self.autocommit = bool(self.backend.status & AUTOCOMMIT)
         self.info.backend_address = str(self.backend.address)
+        if self._markers:
+            self._markers = await self.target.ensure_marker_table(self.backend)
         await self._send_client(make_ok(self.backend.status), seq)
         return True
 
@@ -293,6 +302,9 @@ class Session:
             if cmd.size > self.limit:  # kept whole because split mode may cut it into pieces
                 await self._split_oversized(cmd)
                 continue
+            if self._markers and self.tx.active and code == C.COM_QUERY and st.first_keyword(cmd.payload[1:65]) == b"COMMIT":
+                if not await self._write_commit_marker(cmd):
+                    continue
             await self._submit(cmd)
 
     @property
@@ -380,6 +392,8 @@ class Session:
         keyword = st.first_keyword(cmd.payload[1:4097]) if code == C.COM_QUERY else b""
         fingerprint = self.tx.active or not self.autocommit or keyword in st.TX_CONTROL
         inflight = Inflight(cmd, ResponseTracker(expect, self.deprecate_eof, fingerprint), statement, trio.current_time(), keyword)
+        if self._next_marker:
+            inflight.marker, self._next_marker = self._next_marker, 0
         if code == C.COM_STMT_PREPARE:
             inflight.held = bytearray()
         elif code == C.COM_STMT_SEND_LONG_DATA and statement is not None:
@@ -410,6 +424,24 @@ class Session:
         await self._run_internal(b"\x1a" + struct.pack("<I", stmt.client_id), cmd.seq_end)
         stmt.long_data, stmt.long_data_bytes = [], 0
         await self._refuse_oversized(size, cmd.seq_end, cmd.code, " (parameter data sent with COM_STMT_SEND_LONG_DATA)")
+
+    async def _write_commit_marker(self, commit: Command) -> bool:
+        """Upsert this session's marker row inside the transaction about to commit, so that a
+        lost COMMIT answer can be resolved exactly. False: the client was already answered."""
+        number = self.marker_txn + 1
+        table = self.config.recovery.marker_table
+        sql_ = (
+            f"INSERT INTO {table} (slot, txn) VALUES (X'{self.marker_slot}', {number})"
+            " ON DUPLICATE KEY UPDATE txn = VALUES(txn)"
+        )
+        tracker = await self._run_internal(b"\x03" + sql_.encode(), commit.seq_end)
+        if tracker is None:
+            return False
+        if tracker.error is not None:
+            log.warning("session %d: commit marker not written (%s); this COMMIT is not protected", self.id, tracker.error)
+            return True
+        self.marker_txn = self._next_marker = number
+        return True
 
     async def _run_internal(self, payload: bytes, seq_end: int) -> ResponseTracker | None:
         """Client task only: run a command of the proxy's own on the backend and wait for its
@@ -905,13 +937,31 @@ class Session:
                 inflight.held = bytearray()
         # Past the buffer window, a command that may have run gets a connection error; one that
         # certainly did not run gets 1213.
-        may_have_run = sent is Sent.MAYBE_EXECUTED and plan.outcome is Outcome.RESUME
+        may_have_run = sent is Sent.MAYBE_EXECUTED and plan.outcome in (Outcome.RESUME, Outcome.RESOLVE)
+        resolved = plan.outcome is not Outcome.RESOLVE
         while True:
             backend = await self._reestablish(inflight if may_have_run else None)
             replayed = 0
-            if not (plan.replay and self.tx.active):
-                break
             try:
+                if not resolved:
+                    assert inflight is not None
+                    committed = await self._commit_marker_says(backend, old, inflight.marker)
+                    resolved = True
+                    if committed is None:
+                        await self._fail_connection(inflight, "COMMIT was in flight and its commit marker could not be checked")
+                    log.warning("session %d: commit marker %d says the COMMIT %s", self.id, inflight.marker,
+                                "committed" if committed else "did not commit")
+                    if committed:
+                        self.tx.reset()
+                        self.info.in_transaction = False
+                        self.backend_ok = True
+                        await self._answer_inflight_ok(inflight)
+                        return
+                    if not plan.replay:
+                        self._fail_retryable_later(f"transaction did not commit and cannot be replayed: {self.tx.not_replayable}")
+                        break
+                if not (plan.replay and self.tx.active):
+                    break
                 replayed, mismatch = await self._replay(backend, plan.verify)
                 if mismatch is not None:
                     log.warning("session %d: replay stopped: %s; transaction rolled back", self.id, mismatch)
@@ -967,6 +1017,7 @@ class Session:
             unrestorable=state.unrestorable if state else None,
             autocommit=self.autocommit,
             safe_mode=rec.idempotent == "safe-mode",
+            commit_marker=inflight is not None and inflight.marker > 0,
         )
 
     def _facts_of_inflight(self, inflight: Inflight) -> StatementFacts:
@@ -1117,20 +1168,76 @@ class Session:
         for stmt in list(self.prepared.values()):
             await self._prepare_on(backend, stmt)
 
+    async def _restarted_since(self, backend: Backend, old: Backend) -> bool | None:
+        """Has the server restarted since ``old`` connected? None when the proxy cannot tell
+        (another address, no uptime, too close to call)."""
+        if backend.address != old.address:
+            return None
+        try:
+            rows = await backend.query("SHOW GLOBAL STATUS LIKE 'Uptime'")
+            uptime = float(rows[0][1])
+        except (BackendError, ValueError, IndexError, TypeError):
+            return None
+        age = trio.current_time() - old.connected_at
+        if uptime < age - 2:
+            return True
+        if uptime > age + 2:
+            return False
+        return None
+
     async def _kill_if_alive(self, backend: Backend, old: Backend) -> None:
         """KILL the old connection id, but only on the same server instance: after a restart
         the id may belong to someone else."""
-        try:
-            rows = await backend.query("SHOW GLOBAL STATUS LIKE 'Uptime'")
-            uptime = float(rows[0][1]) if rows and rows[0][1] is not None else 0.0
-        except (BackendError, ValueError, IndexError):
-            return
-        if uptime > trio.current_time() - old.connected_at + 2 and backend.address == old.address:
+        if await self._restarted_since(backend, old) is False:
             try:
                 await backend.query(f"KILL {int(old.connection_id)}")
                 log.info("session %d: killed old backend connection %d", self.id, old.connection_id)
             except BackendError:
                 pass  # already gone
+
+    async def _commit_marker_says(self, backend: Backend, old: Backend | None, number: int) -> bool | None:
+        """Did the in-doubt COMMIT (marker ``number``) commit? None when it cannot be known:
+        the old connection might still be alive and commit later."""
+        if old is None or not await self._old_session_gone(backend, old):
+            return None
+        table = self.config.recovery.marker_table
+        rows = await backend.query(f"SELECT txn FROM {table} WHERE slot = X'{self.marker_slot}'")
+        stored = int(rows[0][0]) if rows and rows[0][0] is not None else 0
+        return stored >= number
+
+    async def _old_session_gone(self, backend: Backend, old: Backend) -> bool:
+        """Is the old connection certainly dead, so its COMMIT cannot still land?"""
+        if backend.address != old.address:
+            return False  # another server: nothing here can prove it
+        restarted = await self._restarted_since(backend, old)
+        if restarted:
+            return True
+        conn_id = int(old.connection_id)
+        if restarted is False:  # same server instance: the id is still ours to KILL
+            try:
+                await backend.query(f"KILL {conn_id}")
+            except BackendError:
+                pass  # unknown thread: gone already
+        # Ambiguous uptime: no KILL (the id might be someone else's now), only one look.
+        deadline = trio.current_time() + (self.config.backend.io_timeout if restarted is False else 0)
+        while True:
+            rows = await backend.query(f"SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {conn_id}")
+            if rows and rows[0][0] == b"0":
+                return True
+            if trio.current_time() >= deadline:
+                return False
+            await trio.sleep(0.1)
+
+    async def _answer_inflight_ok(self, inflight: Inflight) -> None:
+        """The in-doubt COMMIT did commit: tell the client so."""
+        self.inflight = None
+        inflight.answered = True
+        inflight.command.release()
+        try:
+            await self._send_client(make_ok(AUTOCOMMIT if self.autocommit else 0), inflight.command.seq_end + 1)
+        finally:
+            if inflight.done is not None:
+                inflight.done.set()
 
     async def _prepare_on(self, backend: Backend, stmt: PreparedStatement) -> None:
         tracker = await backend.exchange(encode_packet(stmt.prepare_payload, 0)[0], Expect.PREPARE)

@@ -36,6 +36,8 @@ class Target:
         self._profile: BackendProfile | None = None
         self._profile_lock = trio.Lock()
         self._preferred = 0  # index of the address that worked last
+        self._marker_lock = trio.Lock()
+        self._marker_ready: bool | None = None
         self.sessions: set = set()
 
     @property
@@ -72,6 +74,28 @@ class Target:
         if self._profile is not None and self._profile != profile:
             log.info("target %s: backend now reports %s (was %s)", self.name, profile, self._profile)
         self._profile = profile
+
+    async def ensure_marker_table(self, backend: Backend) -> bool:
+        """Create the commit-marker table once per target (and drop rows of long-gone sessions).
+        False when the backend refuses: markers are then off, with an error in the log."""
+        async with self._marker_lock:
+            if self._marker_ready is None:
+                table = self.config.recovery.marker_table
+                schema = table.rsplit(".", 1)[0] if "." in table else None
+                try:
+                    if schema:
+                        await backend.query(f"CREATE DATABASE IF NOT EXISTS {schema}")
+                    await backend.query(
+                        f"CREATE TABLE IF NOT EXISTS {table} (slot BINARY(16) NOT NULL PRIMARY KEY,"
+                        " txn BIGINT UNSIGNED NOT NULL,"
+                        " updated TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP)"
+                    )
+                    await backend.query(f"DELETE FROM {table} WHERE updated < NOW() - INTERVAL 7 DAY")
+                    self._marker_ready = True
+                except BackendError as exc:
+                    log.error("target %s: commit markers disabled, cannot prepare %s: %s", self.name, table, exc)
+                    self._marker_ready = False
+        return self._marker_ready
 
     async def connect(self, login: Login) -> Backend:
         """One login attempt per address, starting with the last one that worked."""

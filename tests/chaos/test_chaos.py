@@ -68,3 +68,17 @@ async def test_prepared_statement_workload(server, goclient, tmp_path):
     _report(result, log)
     assert result.errors == 0, result.workload["errors"]
     assert result.rows_ok, result.verify
+
+
+async def test_commit_markers_make_the_insert_workload_transparent(server, goclient, tmp_path):
+    """With recovery.commit_marker, an in-doubt COMMIT is resolved exactly after reconnecting:
+    the non-idempotent workload sees no error at all, and still no row is lost or doubled."""
+    proxy = ProxyProcess(tmp_path / "proxy", server.port, recovery={"commit_marker": True}, log={"level": "info"}).start()
+    try:
+        result = await run_chaos("marker", server, proxy.port, tmp_path, sql="insert", duration=DURATION, interval=INTERVAL)
+    finally:
+        log = proxy.stop()
+    _report(result, log)
+    print("marker resolutions:", [line[-60:] for line in log.splitlines() if "commit marker" in line][:10])
+    assert result.rows_ok, result.verify
+    assert result.errors == 0, result.workload["errors"]

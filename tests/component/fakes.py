@@ -60,6 +60,7 @@ class FakeDB:
     commits: int = 0  # transactions (and autocommit writes) that changed durable state
     started_at: float = 0.0
     locks: dict[str, int] = attrs.Factory(dict)  # GET_LOCK name -> connection id
+    markers: dict[str, int] = attrs.Factory(dict)  # commit-marker table: slot -> txn
 
 
 class FakeServer:
@@ -303,6 +304,18 @@ class FakeConnection:
         if re.fullmatch(r"UPDATE C SET N = N \+ 1", s, re.I):
             self._write(lambda: setattr(db, "counter", db.counter + 1))
             return [make_ok(self.status(), affected_rows=1)]
+        if re.match(r"CREATE (DATABASE|TABLE) IF NOT EXISTS", up) or re.match(r"DELETE FROM \S*COMMIT_MARKERS WHERE UPDATED", up):
+            return [make_ok(self.status())]
+        if m := re.fullmatch(r"INSERT INTO \S*commit_markers \(slot, txn\) VALUES \(X'(\w+)', (\d+)\) ON DUPLICATE KEY UPDATE txn = VALUES\(txn\)", s):
+            slot, txn = m.group(1), int(m.group(2))
+            self._write(lambda: db.markers.__setitem__(slot, txn))
+            return [make_ok(self.status(), affected_rows=1)]
+        if m := re.fullmatch(r"SELECT txn FROM \S*commit_markers WHERE slot = X'(\w+)'", s):
+            txn = db.markers.get(m.group(1))
+            return self._result("txn", [str(txn)] if txn is not None else [])
+        if m := re.fullmatch(r"SELECT COUNT\(\*\) FROM INFORMATION_SCHEMA.PROCESSLIST WHERE ID = (\d+)", up):
+            alive = sum(1 for c in self.server.connections if c.id == int(m.group(1)) and not c.closed)
+            return self._result("COUNT(*)", [str(alive)])
         if up == "SELECT COUNT(*) FROM T":
             self._touch()
             return self._result("COUNT(*)", [str(len(db.rows))])

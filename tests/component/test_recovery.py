@@ -339,3 +339,39 @@ async def test_plugin_veto_turns_replay_into_1213(nursery, autojump):
     result = await c.query("INSERT INTO t VALUES (2, 'b')")
     assert result.code == 1213 and "replays are disabled here" in result.message
     assert lab.server.db.rows == {}
+
+
+@pytest.mark.parametrize("committed", [True, False])
+async def test_commit_marker_resolves_an_in_doubt_commit_exactly(nursery, autojump, committed):
+    lab = Lab(nursery, make_config(recovery={"commit_marker": True}))
+    await trio.sleep(10)  # server up well before the connection: the old session gets KILLed
+    c = await lab.client()
+    await c.must("BEGIN")
+    await c.must("INSERT INTO t VALUES (1, 'a')")
+    await c.must("UPDATE c SET n = n + 1")
+    lab.server.intercept = drop_once("COMMIT", "run_then_drop" if committed else "drop")
+    assert (await c.query("COMMIT")).ok  # no 2013: the marker says what happened
+    db = lab.server.db
+    assert db.rows == {1: "a"} and db.counter == 1 and db.commits == 1  # applied exactly once
+    await c.must("BEGIN")
+    await c.must("INSERT INTO t VALUES (2, 'b')")
+    await c.must("COMMIT")
+    assert db.rows == {1: "a", 2: "b"} and len(db.markers) == 1
+
+
+async def test_commit_marker_after_server_restart(nursery, autojump):
+    lab = Lab(nursery, make_config(recovery={"commit_marker": True}))
+    c = await lab.client()
+    await c.must("BEGIN")
+    await c.must("INSERT INTO t VALUES (1, 'a')")
+
+    async def crash_after_commit(conn, payload):
+        if payload.endswith(b"COMMIT"):
+            conn._execute(payload)  # durable, then the whole server goes down before answering
+            lab.server.restart()
+            return "drop"
+        return None
+
+    lab.server.intercept = crash_after_commit
+    assert (await c.query("COMMIT")).ok
+    assert lab.server.db.rows == {1: "a"} and lab.server.db.commits == 1
