@@ -368,10 +368,12 @@ class Session:
             return cmd
         if isinstance(verdict, Rewrite):
             raw, last_seq = encode_packet(verdict.payload, 0)
-            if (last_seq - 1) & 0xFF != cmd.seq_end:
-                await self._answer_error(cmd, *Err.UNKNOWN_ERROR, "plugin rewrite changed the packet count; not supported")
+            if not cmd.complete or (last_seq - 1) & 0xFF != cmd.seq_end:
+                # Plugins see only the head of a spooled command; and the client's sequence ids
+                # must still match the response.
+                await self._answer_error(cmd, *Err.UNKNOWN_ERROR, "plugin rewrite of a command this large is not supported")
                 return None
-            return Command(verdict.payload, raw, cmd.seq_end)
+            return Command(verdict.payload, raw, cmd.seq_end, len(verdict.payload))
         if isinstance(verdict, Reject):
             await self._answer_error(cmd, verdict.code, verdict.sqlstate, verdict.message)
         elif isinstance(verdict, AnswerOk):
@@ -657,17 +659,15 @@ class Session:
             await self.hooks.notify(self.hooks.result_received, self.info, CommandInfo(inflight.command.code, inflight.command.payload), result)
 
     def _rewrite_prepare_ok(self, inflight: Inflight) -> bytes:
+        """The client sees the statement id the proxy gave it, not the backend's."""
         held = inflight.held
         assert held is not None
-        prep = inflight.tracker.prepare_ok
-        stmt = self._last_prepared
-        if prep is not None and stmt is not None and stmt.client_id != prep.statement_id:
+        stmt = inflight.statement
+        if stmt is not None and stmt.client_id != stmt.backend_id:
             held[5:9] = struct.pack("<I", stmt.client_id)  # frame header (4) + OK byte (1)
         return bytes(held)
 
     # ------------------------------------------------------------------ state bookkeeping
-
-    _last_prepared: PreparedStatement | None = None
 
     def _bookkeep(self, inflight: Inflight) -> list[str]:
         """Record what a completed command did to the session and the transaction. Returns the
@@ -685,16 +685,13 @@ class Session:
             self.nbe = bool(tracker.status & NO_BACKSLASH_ESCAPES)
         if code == C.COM_QUERY:
             keyword = inflight.keyword
-            if tracker.results > 1:
-                self._note_multi_statement(cmd)
-            elif keyword in st.TX_CONTROL or keyword in st.IMPLICIT_COMMIT:
-                ends_tx = ok and self._ends_transaction(cmd, keyword)
-            if ok and keyword in st.SESSION_CHANGE:
-                captures = self._note_session_change(cmd, keyword)
-            if ok and st.may_pin_session(keyword, cmd.payload):
-                reason = sql.classify(cmd.text(), no_backslash_escapes=self.nbe).session_unrestorable
-                if reason:
-                    state.mark_unrestorable(reason)
+            if tracker.results > 1 or (tracker.error is not None and tracker.results):
+                captures = self._note_multi_statement(cmd, tracker.results)
+            else:
+                if keyword in st.TX_CONTROL or keyword in st.IMPLICIT_COMMIT:
+                    ends_tx = ok and self._ends_transaction(cmd, keyword)
+                if ok:
+                    captures = self._note_statement(cmd.text(), keyword, cmd.payload)
         elif code == C.COM_STMT_EXECUTE:
             stmt = inflight.statement
             if stmt is not None:
@@ -708,7 +705,7 @@ class Session:
             return captures
         elif code == C.COM_STMT_PREPARE:
             if ok and tracker.prepare_ok is not None:
-                self._register_prepared(cmd, tracker)
+                inflight.statement = self._register_prepared(cmd, tracker)
             return captures
         elif code == C.COM_STMT_CLOSE:
             if inflight.statement is not None:
@@ -791,16 +788,41 @@ class Session:
             )
         return stmt.ends_transaction
 
-    def _note_multi_statement(self, cmd: Command) -> None:
-        """Several statements in one COM_QUERY: the proxy does not track their effects one by one."""
-        if any(k in cmd.payload.upper() for k in (b"SET", b"USE", b"BEGIN", b"START", b"COMMIT", b"ROLLBACK", b"LOCK", b"TEMPORARY")):
-            self.state.mark_unrestorable("a multi-statement query changed session or transaction state")
-        self.tx.mark_not_replayable("multi-statement query")
+    def _note_statement(self, text: str, keyword: bytes, raw: bytes) -> list[str]:
+        """Session effects of one accepted statement; returns variables to read back."""
+        captures: list[str] = []
+        if keyword in st.SESSION_CHANGE:
+            captures = self._note_session_change(text, keyword)
+        if st.may_pin_session(keyword, raw):
+            reason = sql.classify(text, no_backslash_escapes=self.nbe).session_unrestorable
+            if reason:
+                self.state.mark_unrestorable(reason)
+        return captures
 
-    def _note_session_change(self, cmd: Command, keyword: bytes) -> list[str]:
+    def _note_multi_statement(self, cmd: Command, ran: int) -> list[str]:
+        """Several statements in one COM_QUERY (CLIENT_MULTI_STATEMENTS): apply the session
+        effects of the ``ran`` statements the server completed. Transaction control inside one
+        is not tracked statement by statement, so such a transaction is not replayable."""
+        try:
+            pieces = _split_statements(cmd.text(), self.nbe)
+        except sql.SqlLexError:
+            pieces = []
+        if len(pieces) < ran:  # e.g. a stored-program body: the proxy cannot follow it
+            self.state.mark_unrestorable("a multi-statement query the proxy could not follow")
+            self.tx.mark_not_replayable("multi-statement query")
+            return []
+        captures: list[str] = []
+        for text in pieces[:ran]:
+            raw = text.encode("utf-8", "surrogateescape")
+            keyword = st.first_keyword(raw)
+            if keyword in st.TX_CONTROL or keyword in st.IMPLICIT_COMMIT:
+                self.tx.mark_not_replayable("transaction control inside a multi-statement query")
+            captures += self._note_statement(text, keyword, raw)
+        return captures
+
+    def _note_session_change(self, text: str, keyword: bytes) -> list[str]:
         state = self.state
         assert state is not None
-        text = cmd.text()
         if keyword == b"USE":
             db = parse_use(text)
             if db is not None:
@@ -828,7 +850,7 @@ class Session:
             self.state.variables.pop(name, None)
             self.state.variables[name] = "NULL" if value is None else sql.quote_string(value.decode("utf-8", "surrogateescape"))
 
-    def _register_prepared(self, cmd: Command, tracker: ResponseTracker) -> None:
+    def _register_prepared(self, cmd: Command, tracker: ResponseTracker) -> PreparedStatement:
         prep = tracker.prepare_ok
         assert prep is not None
         client_id = prep.statement_id
@@ -838,7 +860,7 @@ class Session:
         stmt = PreparedStatement(client_id, cmd.payload, prep.num_params, prep.num_columns, prep.statement_id)
         stmt.generation = self.generation
         self.prepared[client_id] = stmt
-        self._last_prepared = stmt
+        return stmt
 
     # ------------------------------------------------------------------ answering locally
 
@@ -1285,6 +1307,17 @@ class Session:
 
 
 _ASKS_MAX_PACKET = re.compile(rb"\s*SELECT\s+@@(?:session\.)?max_allowed_packet\s*;?\s*$", re.I)
+
+
+def _split_statements(text: str, nbe: bool) -> list[str]:
+    """Split at top-level semicolons (the lexer skips those inside literals and comments)."""
+    pieces, start = [], 0
+    for token in sql.iter_tokens(text, no_backslash_escapes=nbe):
+        if token.kind is sql.TokenKind.PUNCT and token.text == ";":
+            pieces.append(text[start : token.start])
+            start = token.end
+    pieces.append(text[start:])
+    return [p for p in pieces if p.strip()]
 
 
 def _first_cause(group: BaseExceptionGroup) -> BaseException:
