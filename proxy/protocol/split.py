@@ -72,7 +72,9 @@ def _row_pattern(backslash_escapes: bool) -> bytes:
     return row.encode("ascii")
 
 
-_SEP = rf"(?:{WS}|{HASH_COMMENT}|{DASH_COMMENT}|{BLOCK_COMMENT})*+,(?:{WS}|{HASH_COMMENT}|{DASH_COMMENT}|{BLOCK_COMMENT})*+".encode()
+# Between rows: a comma with whitespace and comments around it.
+_GAP = rf"(?:{WS}|{HASH_COMMENT}|{DASH_COMMENT}|{BLOCK_COMMENT})*+"
+_SEP = f"{_GAP},{_GAP}".encode("ascii")
 
 
 def _compile(backslash_escapes: bool) -> tuple[re.Pattern[bytes], re.Pattern[bytes], re.Pattern[bytes]]:
@@ -269,7 +271,7 @@ def _diagnose_row(sql: bytes, pos: int, nbe: bool) -> str:
                 continue
             if depth == 0 and tok.text != "(":
                 return f"expected '(' starting a row at byte {at}, found {tok.text!r}"
-            if tok.kind is TokenKind.PUNCT and tok.text in "()":
+            if tok.kind is TokenKind.PUNCT and tok.text in ("(", ")"):
                 depth += 1 if tok.text == "(" else -1
                 deepest = max(deepest, depth)
                 if depth == 0:

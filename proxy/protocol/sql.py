@@ -82,8 +82,21 @@ def quoted_string(quote: str, backslash_escapes: bool = True) -> str:
     return rf"{q}[^{q}]*+(?:{q}{q}[^{q}]*+)*+{q}"
 
 
-# Identifier characters (str patterns only): ASCII word characters, $, and anything non-ASCII.
-_IDC = "[0-9A-Za-z_$\x80-\U0010ffff]"
+
+
+def _ascii_plus_non_ascii(ascii_chars: str) -> str:
+    """Character class: the given ASCII characters and every non-ASCII character. Written as a
+    negated ASCII class, because a range up to U+10FFFF takes sre_compile ~10 ms per use."""
+    return "[^" + "".join(f"\\x{c:02x}" for c in range(128) if chr(c) not in ascii_chars) + "]"
+
+
+_ASCII_IDENT = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_$"
+# Identifier characters (str patterns only): ASCII letters, digits, _ and $, and anything
+# non-ASCII (the server treats every multi-byte character as part of an identifier).
+_IDC = _ascii_plus_non_ascii(_ASCII_IDENT)
+_IDENT_START = _ascii_plus_non_ascii(_ASCII_IDENT[10:])  # not a digit
+_BEFORE_DOT = _ascii_plus_non_ascii(_ASCII_IDENT + "`")  # an identifier ends here
+_USER_VAR_CHAR = _ascii_plus_non_ascii(_ASCII_IDENT + ".")
 
 # --- Lexer ------------------------------------------------------------------------------------
 
@@ -131,7 +144,7 @@ def _lexer_regex(backslash_escapes: bool) -> re.Pattern[str]:
             [
                 rf"(?P<ws>{WS}+)",
                 # After "ident." the server reads an identifier even if it starts with digits.
-                rf"(?<=[0-9A-Za-z_$\x80-\U0010ffff`])(?P<dot>\.(?P<after_dot>{_IDC}+)?)",
+                rf"(?<={_BEFORE_DOT})(?P<dot>\.(?P<after_dot>{_IDC}+)?)",
                 rf"(?P<comment>{HASH_COMMENT}|{DASH_COMMENT}|{BLOCK_COMMENT})",
                 rf"(?P<exec_open>{EXEC_COMMENT_OPEN})",
                 r"(?P<exec_close>\*/)",
@@ -139,11 +152,11 @@ def _lexer_regex(backslash_escapes: bool) -> re.Pattern[str]:
                 rf"(?P<hex>[Xx]'[^']*'|0x[0-9A-Fa-f]+(?!{_IDC}))",
                 rf"(?P<bit>[Bb]'[^']*'|0b[01]+(?!{_IDC}))",
                 rf"(?P<number_exp>(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+(?!{_IDC}))",
-                rf"(?P<word>[0-9]*[A-Za-z_$\x80-\U0010ffff]{_IDC}*)",
+                rf"(?P<word>[0-9]*{_IDENT_START}{_IDC}*)",
                 r"(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)",
                 rf"(?P<qident>{BACKTICK_IDENT})",
                 rf"(?P<sys_var>@@{var_part}(?:\.{var_part})?)",
-                rf"(?P<user_var>@(?:[0-9A-Za-z_$.\x80-\U0010ffff]+|{sq}|{dq}|{BACKTICK_IDENT}))",
+                rf"(?P<user_var>@(?:{_USER_VAR_CHAR}+|{sq}|{dq}|{BACKTICK_IDENT}))",
                 r"(?P<placeholder>\?)",
                 r"(?P<unterminated>['\"`]|/\*)",
                 r"(?P<punct><=>|->>|:=|<=|>=|<>|!=|<<|>>|&&|\|\||->|[\s\S])",
