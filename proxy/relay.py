@@ -146,6 +146,7 @@ class Session:
         self._cancel: trio.CancelScope | None = None
         self.commands = 0
         self.recoveries = 0
+        self._losses_in_a_row = 0  # recoveries since the last command completed
         self.close_reason = ""
 
     # ------------------------------------------------------------------ login
@@ -639,6 +640,7 @@ class Session:
         else:
             out = last
         self.inflight = None
+        self._losses_in_a_row = 0
         inflight.command.release()
         if out:
             await self.client.send(out)
@@ -935,6 +937,17 @@ class Session:
             self._send_settled = None
         sent = self._sent(inflight, rejected)
         plan = self._plan(inflight, sent)
+        self._losses_in_a_row += 1
+        if self._losses_in_a_row > 1:
+            # Lost again before anything succeeded (a server that accepts connections but
+            # refuses every command while it drains): back off instead of spinning.
+            rec = self.config.recovery
+            await trio.sleep(min(rec.backoff_max, rec.backoff_initial * 2 ** (self._losses_in_a_row - 2)))
+            if inflight is not None and trio.current_time() - inflight.arrived >= rec.buffer_window:
+                why = f"backend kept failing for {rec.buffer_window:g}s"
+                if sent is Sent.MAYBE_EXECUTED or sent is Sent.PARTIAL_RESPONSE:
+                    await self._fail_connection(inflight, why)
+                plan = Plan(Outcome.FAIL_RETRYABLE, why)
         self.recoveries += 1
         log.warning(
             "session %d (user %s, client %s): backend %s lost: %s; transaction open: %s (%d journaled); in flight: %s; plan: %s (%s)",

@@ -63,9 +63,29 @@ class FakeDB:
     markers: dict[str, int] = attrs.Factory(dict)  # commit-marker table: slot -> txn
 
 
+def trickle_stream_pair() -> tuple[trio.StapledStream, trio.StapledStream]:
+    """Like memory_stream_pair, but every receive gets at most one byte: packets arrive split
+    at every possible boundary."""
+
+    def one_way():
+        send, recv = trio.testing.memory_stream_one_way_pair()
+
+        async def pump_one_byte() -> None:
+            trio.testing.memory_stream_pump(send, recv, max_bytes=1)
+
+        send.send_all_hook = pump_one_byte
+        recv.receive_some_hook = pump_one_byte
+        return send, recv
+
+    a_send, b_recv = one_way()
+    b_send, a_recv = one_way()
+    return trio.StapledStream(a_send, a_recv), trio.StapledStream(b_send, b_recv)
+
+
 class FakeServer:
-    def __init__(self, nursery: trio.Nursery, password: str = "apppw") -> None:
+    def __init__(self, nursery: trio.Nursery, password: str = "apppw", stream_pair=trio.testing.memory_stream_pair) -> None:
         self.nursery = nursery
+        self.stream_pair = stream_pair
         self.db = FakeDB(started_at=trio.current_time())
         self.password = password
         self.up = True
@@ -77,7 +97,7 @@ class FakeServer:
     async def opener(self, address: Address) -> StreamChannel:
         if not self.up:
             raise ConnectionRefusedError(111, "Connection refused")
-        proxy_side, server_side = trio.testing.memory_stream_pair()
+        proxy_side, server_side = self.stream_pair()
         self.next_id += 1
         conn = FakeConnection(self, server_side, self.next_id)
         self.connections.append(conn)

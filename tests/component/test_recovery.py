@@ -12,7 +12,9 @@ import trio.testing
 from proxy.frontend import Proxy
 from proxy.hooks import Hooks, Veto
 from proxy.netio import StreamChannel
-from tests.component.fakes import FakeClient, FakeServer, make_config
+from proxy.protocol.framing import encode_packet
+from proxy.protocol.response import Expect
+from tests.component.fakes import FakeClient, FakeServer, make_config, trickle_stream_pair
 
 
 @pytest.fixture
@@ -21,13 +23,14 @@ def autojump(autojump_clock):
 
 
 class Lab:
-    def __init__(self, nursery: trio.Nursery, config=None, hooks: Hooks | None = None) -> None:
+    def __init__(self, nursery: trio.Nursery, config=None, hooks: Hooks | None = None, stream_pair=trio.testing.memory_stream_pair) -> None:
         self.nursery = nursery
-        self.server = FakeServer(nursery)
+        self.stream_pair = stream_pair
+        self.server = FakeServer(nursery, stream_pair=stream_pair)
         self.proxy = Proxy(config or make_config(), hooks, opener=self.server.opener)
 
     async def client(self, deprecate_eof: bool = False) -> FakeClient:
-        client_side, proxy_side = trio.testing.memory_stream_pair()
+        client_side, proxy_side = self.stream_pair()
         self.nursery.start_soon(self.proxy.handle_client, StreamChannel(proxy_side, "client"), "127.0.0.1:5000")
         client = FakeClient(client_side, deprecate_eof)
         await client.login()
@@ -375,3 +378,69 @@ async def test_commit_marker_after_server_restart(nursery, autojump):
     lab.server.intercept = crash_after_commit
     assert (await c.query("COMMIT")).ok
     assert lab.server.db.rows == {1: "a"} and lab.server.db.commits == 1
+
+
+@pytest.mark.parametrize("deprecate_eof", [False, True])
+async def test_one_byte_trickle_both_sides(nursery, autojump, deprecate_eof):
+    """Every read on both sides of the proxy returns a single byte."""
+    lab = Lab(nursery, stream_pair=trickle_stream_pair)
+    c = await lab.client(deprecate_eof)
+    await c.must("BEGIN")
+    await c.must("INSERT INTO t VALUES (1, 'a')")
+    stmt = await c.prepare("INSERT INTO t VALUES (?, 'p')")
+    assert (await c.execute(stmt, 2)).ok
+    await c.must("COMMIT")
+    assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["2"]
+    assert (await c.must("SELECT v FROM t WHERE k = 2")).rows == ["p"]
+    lab.server.intercept = drop_once("INSERT INTO t VALUES (3", "drop")
+    await c.must("BEGIN")
+    await c.must("INSERT INTO t VALUES (3, 'c')")  # recovered mid-trickle
+    await c.must("COMMIT")
+    assert lab.server.db.rows == {1: "a", 2: "p", 3: "c"}
+
+
+async def test_ping_answered_1053_by_a_draining_server_is_transparent(nursery, autojump):
+    """TiDB answers COM_PING with 1053 once graceful shutdown has begun."""
+    lab = Lab(nursery)
+    c = await lab.client()
+
+    async def shutting_down(conn, payload):
+        if payload == b"\x0e" and not shutting_down.done:
+            shutting_down.done = True  # this server is going; the next connection is healthy
+            return "error_1053"
+        return None
+
+    shutting_down.done = False
+    lab.server.intercept = shutting_down
+    first = lab.backend_of()
+    result = await c.command(b"\x0e", expect=Expect.SINGLE)
+    assert result.ok and first.closed
+
+
+async def test_pipelined_commands_are_answered_in_order(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    await c.stream.send_all(b"".join(
+        encode_packet(b"\x03" + f"INSERT INTO t VALUES ({k}, 'x')".encode(), 0)[0] for k in range(5)
+    ))
+    for _ in range(5):
+        payload = await c._read_packet()
+        assert payload[0] == 0x00
+    assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["5"]
+
+
+async def test_server_that_refuses_every_command_is_given_up_after_the_buffer_window(nursery, autojump):
+    lab = Lab(nursery, make_config(recovery={"buffer_window": "10s"}))
+    c = await lab.client()
+
+    async def draining(conn, payload):
+        return "error_1053" if payload.startswith(b"\x03INSERT") else None
+
+    lab.server.intercept = draining
+    start = trio.current_time()
+    result = await c.query("INSERT INTO t VALUES (1, 'a')")
+    assert result.code == 1213 and "kept failing" in result.message
+    assert 10 <= trio.current_time() - start < 13
+    assert len(lab.server.connections) < 40  # backed off, did not spin
+    lab.server.intercept = None
+    await c.must("INSERT INTO t VALUES (1, 'a')")
