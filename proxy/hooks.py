@@ -41,6 +41,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import re
 import traceback
 from typing import Any, Callable
 
@@ -85,6 +86,8 @@ _TEXT_COMMANDS = frozenset({COM_QUERY, COM_STMT_PREPARE})
 # Names by command byte, computed once: plugins label metrics and log lines with them.
 _COMMAND_NAMES = {c.value: c.name for c in Commands}
 _CLASSIFY_HEAD = 4096
+_DML_KINDS = {k.name: k for k in (sqltext.Kind.INSERT, sqltext.Kind.REPLACE, sqltext.Kind.UPDATE, sqltext.Kind.DELETE)}
+_DML_AT_START = re.compile(r"(?i:INSERT|REPLACE|UPDATE|DELETE)(?![0-9A-Za-z_$\x80-\U0010ffff])")
 
 
 @attrs.frozen
@@ -155,6 +158,11 @@ class SessionInfo:
     opened_at: float = 0.0
     # Free for plugins to keep per-session data, keyed by plugin name.
     data: dict[str, Any] = attrs.Factory(dict)
+    # How the server reads this session's statements: NO_BACKSLASH_ESCAPES (from the status
+    # flags) and whether one COM_QUERY may hold several statements (CLIENT_MULTI_STATEMENTS or
+    # COM_SET_OPTION). The defaults are the cautious reading for a plugin that inspects text.
+    no_backslash_escapes: bool = False
+    multi_statements: bool = True
 
     @property
     def client_host(self) -> str:
@@ -194,7 +202,11 @@ class CommandInfo:
                 head = self._sql[:_CLASSIFY_HEAD]
             else:
                 head = self.payload[1 : 1 + _CLASSIFY_HEAD].decode("utf-8", "surrogateescape")
-            self._kind = sqltext.classify(head).kind
+            # A DML statement (most of a replicator's traffic) is of the kind of its first keyword,
+            # as classify() says too; skipping classify() spares its lock-function scan, which
+            # only matters for its flags. DM's statements start right with the verb.
+            m = _DML_AT_START.match(head)
+            self._kind = _DML_KINDS[m.group().upper()] if m else sqltext.classify(head).kind
         return self._kind
 
     def keywords(self, n: int = 2) -> tuple[str, ...]:

@@ -67,11 +67,13 @@ _session_ids = itertools.count(1)
 def session(
     user: str = "app", *, target: str = "test", client_address: str = "127.0.0.1:50000", database: str | None = "test",
     in_transaction: bool = False, id: int | None = None, backend_address: str = "127.0.0.1:3306",
+    no_backslash_escapes: bool = False, multi_statements: bool = True,
 ) -> SessionInfo:  # fmt: skip
     """A fake session as plugins see it."""
     return SessionInfo(
-        next(_session_ids) if id is None else id, target, user, client_address, backend_address, database, in_transaction
-    )
+        next(_session_ids) if id is None else id, target, user, client_address, backend_address, database,
+        in_transaction, no_backslash_escapes=no_backslash_escapes, multi_statements=multi_statements,
+    )  # fmt: skip
 
 
 def command(code: int, payload: bytes = b"") -> CommandInfo:

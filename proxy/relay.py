@@ -114,6 +114,7 @@ class Session:
         # Resolved once: with no plugin implementing them, these hooks cost one attribute test.
         self._command_hooks = bool(self.hooks.command_received)
         self._split_mode = self.config.limits.oversized == "split"
+        self._safe_mode = self.config.recovery.idempotent == "safe-mode"
         rec = self.config.recovery
         self._markers = rec.commit_marker and rec.enabled
         self.marker_slot = os.urandom(16).hex()  # this session's row in the commit-marker table
@@ -1051,14 +1052,14 @@ class Session:
             not_replayable=self.tx.not_replayable,
             unrestorable=state.unrestorable if state else None,
             autocommit=self.autocommit,
-            safe_mode=rec.idempotent == "safe-mode",
+            safe_mode=self._safe_mode,
             commit_marker=inflight is not None and inflight.marker > 0,
         )
 
     def _facts_of_inflight(self, inflight: Inflight) -> StatementFacts:
-        return self._facts(inflight.command.payload, inflight.statement)
+        return self._facts(inflight.command.payload, inflight.statement, inflight.command.complete)
 
-    def _facts(self, payload: bytes, stmt: PreparedStatement | None) -> StatementFacts:
+    def _facts(self, payload: bytes, stmt: PreparedStatement | None, complete: bool = True) -> StatementFacts:
         code = payload[0]
         if code in _SESSION_ONLY_COMMANDS:
             return StatementFacts(writes=False, idempotent=True, session_only=True)
@@ -1073,11 +1074,15 @@ class Session:
         c = sql.classify(text, no_backslash_escapes=self.nbe)
         kind = c.kind
         session_only = kind in (sql.Kind.SET, sql.Kind.USE)
+        writes = not (c.read_only or session_only or kind in (sql.Kind.BEGIN, sql.Kind.COMMIT, sql.Kind.ROLLBACK))
+        # Idempotency only matters in safe mode (and is slow on huge statements); the head of a
+        # spooled statement says nothing about its rows.
+        idempotent = self._safe_mode and complete and (not writes or self._is_idempotent(text))
         return StatementFacts(
             commits=kind == sql.Kind.COMMIT or c.implicit_commit,
             rollback=kind == sql.Kind.ROLLBACK,
-            writes=not (c.read_only or session_only or kind in (sql.Kind.BEGIN, sql.Kind.COMMIT, sql.Kind.ROLLBACK)),
-            idempotent=self._is_idempotent(text),
+            writes=writes,
+            idempotent=idempotent,
             session_only=session_only,
         )
 

@@ -84,10 +84,13 @@ class SessionState:
                 else:
                     self.mark_unrestorable(f"user variable @{a.name} was assigned a non-constant expression")
             elif scope == sql.SetScope.TRANSACTION:
-                self.variables.pop("transaction", None)
-                self.variables["transaction"] = a.value_sql
+                # One entry per characteristic (isolation level, access mode).
+                key = f"{_TRANSACTION_PREFIX}{a.name}"
+                self.variables.pop(key, None)
+                self.variables[key] = a.value_sql
             elif scope == sql.SetScope.NEXT_TRANSACTION:
-                self.next_transaction = a.value_sql
+                clauses = [c for c in (self.next_transaction or "").split(", ") if c and not _same_characteristic(c, a.value_sql)]
+                self.next_transaction = ", ".join(clauses + [a.value_sql])
             # GLOBAL: server-wide, survives on the server by itself; nothing to restore.
         return capture
 
@@ -99,7 +102,7 @@ class SessionState:
             out.append(self.names)
         assignments = []
         for name, value in self.variables.items():
-            if name == "transaction":
+            if name.startswith(_TRANSACTION_PREFIX):
                 out.append(f"SET SESSION TRANSACTION {value}")
             else:
                 assignments.append(f"@@session.{_ident(name)} = {value}")
@@ -110,7 +113,13 @@ class SessionState:
         return out
 
 
+_TRANSACTION_PREFIX = "transaction:"  # keys of SET SESSION TRANSACTION characteristics
 _PLAIN_IDENT = re.compile(r"[A-Za-z0-9_$]+")
+
+
+def _same_characteristic(a: str, b: str) -> bool:
+    """Both set the isolation level, or both the access mode (READ ONLY / READ WRITE)."""
+    return a.upper().startswith("ISOLATION") == b.upper().startswith("ISOLATION")
 
 
 def _ident(name: str) -> str:
