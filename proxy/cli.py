@@ -58,7 +58,8 @@ async def run(config: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started(addresses)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
-                log.info("received %s; closing %d session(s)", signal.Signals(signum).name, len(proxy.target.sessions))
+                log.info("received %s; %d session(s) open", signal.Signals(signum).name, len(proxy.target.sessions))
+                await proxy.drain()
                 nursery.cancel_scope.cancel()
                 break
 

@@ -99,6 +99,9 @@ class ListenConfig:
     max_connections: int = attrs.field(default=4096, validator=attrs.validators.gt(0))
     # Version string shown to clients before the backend's own is known.
     server_version: str = "8.0.11-replay-proxy"
+    # On SIGTERM: stop accepting, close each session once it is between transactions, and
+    # close whatever is left after this long.
+    drain_timeout: Duration = Duration(10)
 
 
 @attrs.frozen

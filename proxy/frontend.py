@@ -30,6 +30,23 @@ class Proxy:
         self.target = Target(config, hooks) if opener is None else Target(config, hooks, opener)
         self._ids = itertools.count(1)
         self.addresses: list[tuple[str, int]] = []
+        self._accepting: trio.CancelScope | None = None
+
+    async def drain(self) -> None:
+        """Stop accepting; close each session when it is idle between transactions; after
+        listen.drain_timeout close the rest."""
+        if self._accepting is not None:
+            self._accepting.cancel()
+        sessions = self.target.sessions
+        log.info("target %s: draining %d session(s)", self.target.name, len(sessions))
+        with trio.move_on_after(self.config.listen.drain_timeout):
+            while sessions:
+                for session in list(sessions):
+                    if session.inflight is None and not session.tx.active:
+                        session.end("proxy shutting down")
+                await trio.sleep(0.05)
+        for session in list(sessions):
+            session.end("proxy shut down (drain timeout)")
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         listen = self.config.listen.address
@@ -42,9 +59,13 @@ class Proxy:
             ", ".join(str(a) for a in self.config.backend.addresses),
         )
         async with trio.open_nursery() as nursery:
+            with trio.CancelScope() as self._accepting:
+                async with trio.open_nursery() as accepting:
+                    for listener in listeners:
+                        accepting.start_soon(self._accept_loop, listener, nursery)
+                    task_status.started(self.addresses)
             for listener in listeners:
-                nursery.start_soon(self._accept_loop, listener, nursery)
-            task_status.started(self.addresses)
+                await listener.aclose()
 
     async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
         tsock = listener.socket

@@ -257,7 +257,8 @@ class Session:
                 self._cancel = nursery.cancel_scope
                 nursery.start_soon(self._backend_task)
                 try:
-                    self.close_reason = await self._client_task()
+                    reason = await self._client_task()
+                    self.close_reason = self.close_reason or reason
                 finally:
                     nursery.cancel_scope.cancel()
         except BaseExceptionGroup as group:
@@ -268,6 +269,12 @@ class Session:
             self.close_reason = str(cause)
         except SessionClosed as exc:
             self.close_reason = str(exc)
+
+    def end(self, reason: str) -> None:
+        """Stop the session from outside (proxy shutdown)."""
+        if self._cancel is not None and not self._cancel.cancel_called:
+            self.close_reason = reason
+            self._cancel.cancel()
 
     def close(self) -> None:
         if self.backend is not None:
