@@ -1,0 +1,135 @@
+"""Per-process counters from /proc: CPU time (utime + stime) and resident memory.
+
+Everything here reads the counters of *one* process (the proxy, HAProxy or mariadbd), so a
+benchmark can say "the proxy spent N µs of CPU per statement" independently of what the client
+and the server cost on the same machine.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the whole process (all threads), in seconds."""
+    data = Path(f"/proc/{pid}/stat").read_text()
+    # comm (field 2) may contain spaces and parentheses: split after the last ')'.
+    fields = data[data.rindex(")") + 2 :].split()
+    # fields[0] is field 3 (state); utime is field 14, stime field 15.
+    utime, stime = int(fields[11]), int(fields[12])
+    return (utime + stime) / CLK_TCK
+
+
+def status_kib(pid: int, key: str) -> int:
+    """A 'kB' line of /proc/<pid>/status (VmRSS, VmHWM, ...), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(f"{key} not in /proc/{pid}/status")
+
+
+def rss_kib(pid: int) -> int:
+    return status_kib(pid, "VmRSS")
+
+
+def hwm_kib(pid: int) -> int:
+    return status_kib(pid, "VmHWM")
+
+
+def reset_peak_rss(pid: int) -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to clear_refs). False if refused."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+class CpuMeter:
+    """CPU seconds a process used between start() and stop() (None for no process)."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        self.before: float | None = None
+        self.used: float | None = None
+
+    def start(self) -> "CpuMeter":
+        if self.pid is not None:
+            self.before = cpu_seconds(self.pid)
+        return self
+
+    def stop(self) -> float | None:
+        if self.pid is not None and self.before is not None:
+            try:
+                self.used = cpu_seconds(self.pid) - self.before
+            except (OSError, ValueError):
+                self.used = None  # the process died: the caller reports that
+        return self.used
+
+
+class PeakRss:
+    """Peak RSS of a process over a block: VmHWM after resetting it, cross-checked by sampling.
+
+    Sampling every ``interval`` seconds alone could miss a short spike; VmHWM alone would be
+    wrong where clear_refs is refused (then it is the peak since the process started). The
+    result is the larger of the sampled maximum and VmHWM when the reset worked.
+    """
+
+    def __init__(self, pid: int | None, interval: float = 0.02) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.sampled_max = 0
+        self.start_kib = 0
+        self.reset_ok = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.peak_kib: int | None = None
+
+    def __enter__(self) -> "PeakRss":
+        if self.pid is None:
+            return self
+        self.start_kib = rss_kib(self.pid)
+        self.sampled_max = self.start_kib
+        self.reset_ok = reset_peak_rss(self.pid)
+        self._thread = threading.Thread(target=self._sample, name="peak-rss", daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.sampled_max = max(self.sampled_max, rss_kib(self.pid))
+            except (OSError, KeyError, ValueError):
+                return
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pid is None:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        peak = self.sampled_max
+        if self.reset_ok:
+            try:
+                peak = max(peak, hwm_kib(self.pid))
+            except (OSError, KeyError, ValueError):
+                pass
+        self.peak_kib = peak
+
+
+def wait_rss_settled(pid: int, timeout: float = 5.0, interval: float = 0.25) -> int:
+    """RSS once it stops changing (two equal reads in a row) or after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last = rss_kib(pid)
+    while time.monotonic() < deadline:
+        time.sleep(interval)
+        now = rss_kib(pid)
+        if now == last:
+            return now
+        last = now
+    return last

@@ -1,0 +1,84 @@
+"""Workloads: each one runs against one target at a time and returns its metrics.
+
+A workload declares its metrics (unit, whether higher is better, whether it only makes sense for
+an intermediary, e.g. "proxy CPU per statement"), does its one-time setup directly against
+MariaDB, and ``run(env, target)`` returns {metric key: value}. The runner (bench/run.py)
+interleaves the targets within each round and keeps every sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bench.env import BenchEnv, Target
+
+
+class WorkloadError(RuntimeError):
+    """One run failed (client error, timeout, wrong result): recorded, the benchmark goes on."""
+
+
+class WorkloadSkipped(RuntimeError):
+    """The workload cannot run here (a tool is missing): recorded with the reason."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    label: str
+    unit: str
+    better: str | None = "higher"  # "higher", "lower" or None (informational)
+    intermediary_only: bool = False  # e.g. the proxy's own CPU or memory: no value for direct
+    digits: int = 1
+    ratio: bool = True  # False: direct's value measures something else, no x/direct ratio
+
+
+@dataclass
+class Settings:
+    """Sizes and durations; ``--quick`` picks smaller ones (see run.py)."""
+
+    rounds: int = 3
+    sysbench_time: float = 20.0
+    sysbench_tables: int = 4
+    sysbench_table_size: int = 10000
+    sysbench_ps_mode: str = "disable"
+    replicator_time: float = 20.0
+    replicator_conns: int = 16
+    replicator_batch: int = 10
+    cpu_time: float = 15.0
+    cpu_rate: int = 250  # sysbench transactions per second (oltp_write_only: 6 statements each)
+    big_result_mb: int = 200
+    big_statement_mb: int = 60
+    big_statement_reps: int = 3
+    idle_conns: int = 2000
+    quick: bool = False
+
+
+@dataclass
+class Workload:
+    name: str
+    title: str
+    metrics: list[Metric]
+    targets: tuple[str, ...] = ("direct", "haproxy", "proxy", "proxy+plugins")
+    info: dict[str, Any] = field(default_factory=dict)
+    # Start the intermediaries afresh for this workload (memory measurements).
+    fresh_stack: bool = False
+
+    def setup(self, env: "BenchEnv", settings: Settings) -> None:
+        """Once per benchmark run, before the first round, directly against MariaDB."""
+
+    def before_run(self, env: "BenchEnv", settings: Settings) -> None:
+        """Before every run (outside the measurement), directly against MariaDB."""
+
+    def run(self, env: "BenchEnv", target: "Target", settings: Settings) -> dict[str, float | None]:
+        raise NotImplementedError
+
+    def teardown(self, env: "BenchEnv", settings: Settings) -> None:
+        """After the last round."""
+
+
+def cpu_us_per_statement(cpu_seconds: float | None, statements: int) -> float | None:
+    if cpu_seconds is None or statements <= 0:
+        return None
+    return cpu_seconds * 1e6 / statements

@@ -1,0 +1,85 @@
+"""The replicator-like workload: tests/goclient (go-sql-driver/mysql configured as TiDB DM does).
+
+16 workers each pin one connection and loop START TRANSACTION; B x REPLACE INTO (safe mode);
+UPDATE counters; COMMIT. The tables are recreated (directly on MariaDB) before every run so
+every target starts from the same table size.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bench.procstat import CpuMeter
+from bench.workloads import Metric, Settings, Workload, WorkloadError, WorkloadSkipped, cpu_us_per_statement
+
+if TYPE_CHECKING:
+    from bench.env import BenchEnv, Target
+
+
+def goclient():
+    """tests.lab.goclient, after checking Go and the driver are installed."""
+    from tests.lab import goclient as gc
+
+    reason = gc.go_unavailable_reason()
+    if reason:
+        raise WorkloadSkipped(reason)
+    return gc
+
+
+class ReplicatorWorkload(Workload):
+    def __init__(self) -> None:
+        super().__init__(
+            name="replicator",
+            title="replicator-like: go-sql-driver, 16 pinned conns, batched txns (safe mode)",
+            metrics=[
+                Metric("txn_per_s", "txn/s", "txn/s", "higher", digits=0),
+                Metric("stmt_per_s", "stmt/s", "q/s", "higher", digits=0),
+                Metric("p95_ms", "p95 txn latency", "ms", "lower", digits=2),
+                Metric("errors", "client errors", "", "lower", digits=0),
+                Metric("cpu_us_per_stmt", "CPU/stmt", "µs", "lower", intermediary_only=True),
+            ],
+        )
+
+    def setup(self, env: "BenchEnv", settings: Settings) -> None:
+        gc = goclient()
+        env.log("building tests/goclient")
+        gc.build_goclient()
+        self.info.update(conns=settings.replicator_conns, batch=settings.replicator_batch, sql="safe",
+                         statements_per_txn=settings.replicator_batch + 3)
+
+    def before_run(self, env: "BenchEnv", settings: Settings) -> None:
+        assert env.db is not None
+        goclient().run_goclient("setup", port=env.db.port, conns=settings.replicator_conns, timeout=120)
+
+    def run(self, env: "BenchEnv", target: "Target", settings: Settings) -> dict[str, float | None]:
+        gc = goclient()
+        meter = CpuMeter(target.pid).start()
+        try:
+            run = gc.run_goclient(
+                "workload", port=target.port, conns=settings.replicator_conns,
+                duration=settings.replicator_time, batch=settings.replicator_batch, sql="safe",
+                timeout=settings.replicator_time + 120, check=False, full=True,
+            )
+        except gc.GoClientError as e:
+            raise WorkloadError(str(e)) from None
+        cpu = meter.stop()
+        data = run.data
+        if run.returncode != 0 or not data.get("ok", False):
+            raise WorkloadError(f"goclient workload failed against {target.name}:\n{run.describe()}")
+        txns = int(data["committed_txns"])
+        # START TRANSACTION + B REPLACE + 1 UPDATE counters + COMMIT per committed transaction.
+        statements = txns * (settings.replicator_batch + 3)
+        elapsed = float(data.get("elapsed") or settings.replicator_time)
+        lat = data.get("txn_latency_ms", {})
+        return {
+            "txn_per_s": float(data.get("txns_per_sec") or txns / elapsed),
+            "stmt_per_s": statements / elapsed,
+            "p95_ms": lat.get("p95"),
+            "errors": float(data.get("error_count", 0)),
+            "cpu_us_per_stmt": cpu_us_per_statement(cpu, statements),
+            "_p99_ms": lat.get("p99"),
+            "_max_ms": lat.get("max"),
+            "_committed_txns": txns,
+            "_error_kinds": data.get("errors") or {},
+        }
+
