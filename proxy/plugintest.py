@@ -19,7 +19,7 @@ sessions, commands and results, and calls hooks the way the proxy does::
 class; ``chain()`` builds several plugins in order. ``Harness.command`` runs the command chain
 (a failing plugin raises ``PluginError``, which the proxy turns into ERR 1105);
 ``Harness.roundtrip`` also reports a result to ``result_received`` as if the server had
-answered. Hooks may be plain or async: harness methods are async and await what needs it; from
+answered. ``with pt.harness(...) as h:`` calls the plugins' ``close()`` at the end (files...). Hooks may be plain or async: harness methods are async and await what needs it; from
 a plain test, ``run(h.command, "SELECT 1")`` runs one under ``trio.run`` (on an autojump clock
 by default, so sleeping plugins take no time).
 """
@@ -287,3 +287,9 @@ class Harness:
     def shutdown(self) -> None:
         """What the proxy does at exit: each plugin's ``close()``."""
         self.hooks.close()
+
+    def __enter__(self) -> "Harness":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
