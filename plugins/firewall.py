@@ -134,6 +134,7 @@ def _prepared_text(text: str) -> str | None:
         if literal.kind is sql.TokenKind.STRING:
             body = literal.text[2:-1] if literal.text[0] in "Nn" else literal.text[1:-1]
             quote = literal.text[-1]
+            # Only escaped quotes matter to reading the statement's keywords and ';' separators.
             return body.replace(quote + quote, quote).replace("\\" + quote, quote)
     return None
 
