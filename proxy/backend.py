@@ -12,13 +12,12 @@ import trio
 from proxy.config import Address
 from proxy.netio import Channel, PeerClosed, open_tcp
 from proxy.protocol.auth import ClientAuth
-from proxy.protocol.constants import REQUIRED_BACKEND_CAPABILITIES, Capabilities, Commands, Err
+from proxy.protocol.constants import REQUIRED_BACKEND_CAPABILITIES, Capabilities
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import (
     ERR_HEADER,
     ErrPacket,
     HandshakeResponse,
-    OkPacket,
     ProtocolError,
     Reader,
     ServerHandshake,

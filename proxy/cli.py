@@ -45,12 +45,20 @@ def setup_logging(config: Config) -> None:
 
 async def run(config: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Run the proxy (and its admin endpoint) until cancelled or SIGTERM/SIGINT."""
-    from proxy.admin import serve_admin
     from proxy.frontend import Proxy
     from proxy.plugin_loader import load_chain
 
     hooks = load_chain(config)
     proxy = Proxy(config, hooks)
+    try:
+        await _serve(config, hooks, proxy, task_status)
+    finally:
+        hooks.close()  # plugins flush and close their files
+
+
+async def _serve(config: Config, hooks, proxy, task_status) -> None:
+    from proxy.admin import serve_admin
+
     async with trio.open_nursery() as nursery:
         addresses = await nursery.start(proxy.serve)
         if config.admin.enabled:

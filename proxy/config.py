@@ -10,11 +10,11 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import attrs
 import cattrs
-from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError, IterableValidationNote
 
 __all__ = [
     "Address",
@@ -251,6 +251,30 @@ def _make_converter() -> cattrs.Converter:
             raise ValueError(f"expected one of {choices}, got {value!r}")
         return value
 
+    def is_list(t: Any) -> bool:
+        return get_origin(t) is list
+
+    def list_hook(t: Any, conv: cattrs.Converter):
+        # A factory, so a copied converter (plugin options) structures the items with its own hooks.
+        (item_type,) = get_args(t) or (Any,)
+
+        def structure_list(value: Any, _: Any) -> list:
+            if not isinstance(value, list):  # cattrs alone would turn "DROP" into ['D', 'R', 'O', 'P']
+                raise ValueError(f"expected a list, got {value!r}")
+            out, errors = [], []
+            for i, item in enumerate(value):
+                try:
+                    out.append(conv.structure(item, item_type))
+                except Exception as exc:
+                    exc.add_note(IterableValidationNote(f"Structuring {t} @ index {i}", i, item_type))
+                    errors.append(exc)
+            if errors:
+                raise IterableValidationError(f"While structuring {t}", errors, t)
+            return out
+
+        return structure_list
+
+    conv.register_structure_hook_factory(is_list, list_hook)
     conv.register_structure_hook_func(is_literal, structure_literal)
     conv.register_structure_hook(str, structure_str)
     conv.register_structure_hook(int, structure_int)
@@ -261,10 +285,10 @@ def _make_converter() -> cattrs.Converter:
 converter = _make_converter()
 
 
-def structure_checked(data: Any, cls: type, root: str = "$") -> Any:
+def structure_checked(data: Any, cls: type, root: str = "$", conv: cattrs.Converter | None = None) -> Any:
     """Structure ``data`` into ``cls``; raise ConfigError listing each bad key by path."""
     try:
-        return converter.structure(data, cls)
+        return (conv or converter).structure(data, cls)
     except (ClassValidationError, ForbiddenExtraKeysError, ValueError, TypeError) as exc:
         raise ConfigError("\n".join(_describe(exc, root))) from None
 

@@ -16,7 +16,6 @@ import attrs
 
 from proxy.netio import Channel
 from proxy.protocol.constants import MAX_FRAME
-from proxy.protocol.framing import frame_header
 
 __all__ = ["Command", "Oversized", "read_command", "HEAD_SIZE"]
 

@@ -22,10 +22,9 @@ import re
 from typing import Annotated, Any, Callable, get_args, get_origin
 
 import attrs
-from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError, IterableValidationNote
 
-from proxy.config import Config, ConfigError, converter as _config_converter
-from proxy.config import _describe  # the config's path-naming error formatter, shared on purpose
+from proxy.config import Config, ConfigError, structure_checked
+from proxy.config import converter as _config_converter
 from proxy.hooks import HOOK_NAMES, Hooks
 
 __all__ = [
@@ -87,24 +86,6 @@ def _make_options_converter():
             raise ValueError(f"expected a number, got {value!r}")
         return float(value)
 
-    def is_list(t: Any) -> bool:
-        return get_origin(t) is list
-
-    def structure_list(value: Any, t: Any) -> list:
-        if not isinstance(value, list):  # cattrs alone would turn "DROP" into ['D', 'R', 'O', 'P']
-            raise ValueError(f"expected a list, got {value!r}")
-        (item_type,) = get_args(t) or (Any,)
-        out, errors = [], []
-        for i, item in enumerate(value):
-            try:
-                out.append(conv.structure(item, item_type))
-            except Exception as exc:
-                exc.add_note(IterableValidationNote(f"Structuring {t} @ index {i}", i, item_type))
-                errors.append(exc)
-        if errors:
-            raise IterableValidationError(f"While structuring {t}", errors, t)
-        return out
-
     def is_pattern(t: Any) -> bool:
         return t is re.Pattern or get_origin(t) is re.Pattern
 
@@ -128,7 +109,6 @@ def _make_options_converter():
         return result
 
     conv.register_structure_hook(float, structure_float)
-    conv.register_structure_hook_func(is_list, structure_list)
     conv.register_structure_hook_func(is_pattern, structure_pattern)
     conv.register_structure_hook_func(is_checked, structure_checked)
     return conv
@@ -139,10 +119,7 @@ _options_converter = _make_options_converter()
 
 def structure_options(raw: Any, options_cls: type, path: str) -> Any:
     """Load a ``[plugins.<name>]`` table into ``options_cls``; ConfigError names each bad key."""
-    try:
-        return _options_converter.structure(raw, options_cls)
-    except (ClassValidationError, ForbiddenExtraKeysError, ValueError, TypeError) as exc:
-        raise ConfigError("\n".join(_describe(exc, path))) from None
+    return structure_checked(raw, options_cls, path, _options_converter)
 
 
 # --- Resolution and construction ----------------------------------------------------------------

@@ -177,6 +177,7 @@ class Session:
             return False
         self.client_caps = resp.capabilities & offered
         self.deprecate_eof = bool(self.client_caps & Capabilities.CLIENT_DEPRECATE_EOF)
+        self.info.multi_statements = bool(self.client_caps & Capabilities.CLIENT_MULTI_STATEMENTS)
         host = self.client_address.rsplit(":", 1)[0]
         auth = ServerAuth(self.scramble, self.target.passwords, host)
         user, seq = await self._authenticate(auth, auth.start(resp), packet.seq + 1)
@@ -368,7 +369,7 @@ class Session:
 
     async def _run_command_hooks(self, cmd: Command) -> Command | None:
         try:
-            verdict = await self.hooks.run_command_chain(self.info, CommandInfo(cmd.code, cmd.payload))
+            verdict = await self.hooks.run_command_chain(self.info, CommandInfo(cmd.code, cmd.payload, cmd.complete))
         except PluginError as exc:
             log.error("session %d: %s", self.id, exc)
             await self._answer_error(cmd, *Err.UNKNOWN_ERROR, str(exc))
@@ -666,7 +667,8 @@ class Session:
                 latency=trio.current_time() - inflight.arrived,
                 in_transaction=self.tx.active,
             )
-            await self.hooks.notify(self.hooks.result_received, self.info, CommandInfo(inflight.command.code, inflight.command.payload), result)
+            command = inflight.command
+            await self.hooks.notify(self.hooks.result_received, self.info, CommandInfo(command.code, command.payload, command.complete), result)
 
     def _rewrite_prepare_ok(self, inflight: Inflight) -> bytes:
         """The client sees the statement id the proxy gave it, not the backend's."""
@@ -692,7 +694,7 @@ class Session:
         ends_tx = False
         if tracker.saw_status:
             self.autocommit = bool(tracker.status & AUTOCOMMIT)
-            self.nbe = bool(tracker.status & NO_BACKSLASH_ESCAPES)
+            self.nbe = self.info.no_backslash_escapes = bool(tracker.status & NO_BACKSLASH_ESCAPES)
         if code == C.COM_QUERY:
             keyword = inflight.keyword
             if tracker.results > 1 or (tracker.error is not None and tracker.results):
@@ -740,7 +742,10 @@ class Session:
                 self.tx.reset()
             return captures
         elif code == C.COM_SET_OPTION:
-            if ok:
+            if ok and len(cmd.payload) >= 3:
+                # 0: MYSQL_OPTION_MULTI_STATEMENTS_ON, 1: ..._OFF. A new connection starts with
+                # what the handshake negotiated, so the session is not restorable any more.
+                self.info.multi_statements = cmd.payload[1] == 0
                 state.mark_unrestorable("COM_SET_OPTION changed multi-statement mode")
             return captures
         elif code in _SESSION_ONLY_COMMANDS or code == C.COM_STMT_SEND_LONG_DATA:
