@@ -220,8 +220,9 @@ async def run_all(args: argparse.Namespace, env: BenchEnv, results: dict[str, An
     for rnd in range(args.rounds):
         order = list(TARGETS) if rnd % 2 == 0 else list(reversed(TARGETS))
         pending: dict[str, dict[str, Any]] = {t: {"round": rnd + 1} for t in order}
-        for phase in ("baseline", "chaos"):
-            for t in order:
+        # A target's baseline and chaos runs are adjacent, so drift (other jobs) hits both alike.
+        for t in order:
+            for phase in ("baseline", "chaos"):
                 target = env.targets.get(t)
                 if target is None:
                     env.log(f"{t} unavailable: {env.unavailable.get(t, '?')}")

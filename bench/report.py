@@ -254,7 +254,7 @@ def write_chart(results: dict[str, Any], path: Path) -> str | None:
         ax.invert_yaxis()
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(xlabel, fontsize=8)
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="best")
 
     # 1. Throughput relative to direct.
     labels, series = [], {t: [] for t in ("haproxy", "proxy", "proxy+plugins")}

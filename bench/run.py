@@ -185,8 +185,20 @@ def run_workload(env: BenchEnv, wl: Workload, settings: Settings, targets: list[
         for t in running:
             rec["extra"][t] = []
         for rnd in range(settings.rounds):
+            if wl.fresh_stack and rnd > 0:
+                # Memory is measured on processes that have not served an earlier round.
+                for name in list(env.proxies):
+                    lines = env.proxy_log_findings(name, mark)
+                    if lines:
+                        rec["proxy_log"].setdefault(name, []).extend(lines[:50])
+                env.start_stack(wanted)
+                mark = env.mark_logs()
             for t in rotate(running, rnd):
                 if t not in env.targets:
+                    why = env.unavailable.get(t, "not running")
+                    rec["errors"].append({"round": rnd + 1, "target": t, "error": f"target unavailable: {why}"})
+                    for m in wl.metrics:
+                        rec["samples"][m.key][t].append(None)
                     continue
                 try:
                     wl.before_run(env, settings)
@@ -224,7 +236,7 @@ def run_workload(env: BenchEnv, wl: Workload, settings: Settings, targets: list[
         for name in list(env.proxies):
             lines = env.proxy_log_findings(name, mark)
             if lines:
-                rec["proxy_log"][name] = lines[:50]
+                rec["proxy_log"].setdefault(name, []).extend(lines[:50])
                 env.problems.append(f"{wl.name}: {name} logged {len(lines)} warning/error line(s), first: {lines[0][:300]}")
     finally:
         if wl.fresh_stack:

@@ -62,7 +62,7 @@ class Workload:
     metrics: list[Metric]
     targets: tuple[str, ...] = ("direct", "haproxy", "proxy", "proxy+plugins")
     info: dict[str, Any] = field(default_factory=dict)
-    # Start the intermediaries afresh for this workload (memory measurements).
+    # Start the intermediaries afresh for this workload and for each of its rounds (memory).
     fresh_stack: bool = False
 
     def setup(self, env: "BenchEnv", settings: Settings) -> None:

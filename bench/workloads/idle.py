@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pymysql
 
 from bench.env import raise_nofile
-from bench.procstat import rss_kib, wait_rss_settled
+from bench.procstat import CpuMeter, wait_rss_settled
 from bench.workloads import Metric, Settings, Workload, WorkloadError
 
 if TYPE_CHECKING:
@@ -41,6 +41,7 @@ class IdleConnections(Workload):
             metrics=[
                 Metric("rss_kib_per_conn", "RSS/conn", "KiB", "lower", digits=1, ratio=False),
                 Metric("conns_per_s", "connect rate", "conn/s", "higher", digits=0),
+                Metric("cpu_ms_per_conn", "CPU/connect", "ms", "lower", intermediary_only=True, digits=2),
             ],
             targets=("direct", "haproxy", "proxy"),
             fresh_stack=True,
@@ -66,7 +67,9 @@ class IdleConnections(Workload):
         before = wait_rss_settled(pid)
         conns: list[pymysql.connections.Connection] = []
         deadline = time.monotonic() + 60 + n * 0.1
+        meter = CpuMeter(target.pid)
         try:
+            meter.start()
             start = time.monotonic()
             for i in range(n):
                 if time.monotonic() > deadline:
@@ -78,6 +81,7 @@ class IdleConnections(Workload):
                         f"connection {i + 1} of {n} through {target.name} failed: {e!r}"
                     ) from None
             connect_s = time.monotonic() - start
+            connect_cpu = meter.stop()
             for i, conn in enumerate(conns):
                 try:
                     with conn.cursor() as cur:
@@ -101,6 +105,7 @@ class IdleConnections(Workload):
         return {
             "rss_kib_per_conn": (during - before) / n,
             "conns_per_s": n / connect_s,
+            "cpu_ms_per_conn": connect_cpu * 1000 / n if connect_cpu is not None else None,
             "_rss_before_kib": before,
             "_rss_with_conns_kib": during,
             "_rss_after_close_kib": after_close,
