@@ -174,13 +174,20 @@ async def read_greeting(address: Address, connect_timeout: float, opener=open_ba
 
 
 async def connect_backend(
-    address: Address, login: Login, *, connect_timeout: float, io_timeout: float, opener=open_backend_socket
+    address: Address,
+    login: Login,
+    *,
+    connect_timeout: float,
+    io_timeout: float,
+    opener=open_backend_socket,
+    known_max_packet: int | None = None,
 ) -> Backend:
-    """Open, authenticate and probe a backend connection."""
+    """Open and authenticate a backend connection; ask its @@max_allowed_packet unless the
+    caller already knows it (``known_max_packet``)."""
     channel, hs = await read_greeting(address, connect_timeout, opener)
     try:
         with trio.fail_after(io_timeout):
-            return await _login(channel, hs, address, login)
+            return await _login(channel, hs, address, login, known_max_packet)
     except trio.TooSlowError:
         channel.close()
         raise BackendError(f"backend {address}: login took longer than {io_timeout:g}s", retryable=True) from None
@@ -195,7 +202,9 @@ async def connect_backend(
         raise
 
 
-async def _login(channel: Channel, hs: ServerHandshake, address: Address, login: Login) -> Backend:
+async def _login(
+    channel: Channel, hs: ServerHandshake, address: Address, login: Login, known_max_packet: int | None
+) -> Backend:
     missing = REQUIRED_BACKEND_CAPABILITIES & ~hs.capabilities
     if missing:
         raise BackendError(f"backend {address} lacks capabilities {Capabilities(missing)!r}", retryable=False)
@@ -239,10 +248,11 @@ async def _login(channel: Channel, hs: ServerHandshake, address: Address, login:
         if action == "send":
             assert isinstance(value, bytes)
             await channel.send(encode_packet(value, packet.seq + 1)[0])
-    backend = Backend(channel, address, hs, caps, ok.status, trio.current_time())
-    rows = await backend.query("SELECT @@max_allowed_packet")
-    if rows and rows[0][0] is not None:
-        backend.max_allowed_packet = int(rows[0][0])
+    backend = Backend(channel, address, hs, caps, ok.status, trio.current_time(), known_max_packet)
+    if known_max_packet is None:
+        rows = await backend.query("SELECT @@max_allowed_packet")
+        if rows and rows[0][0] is not None:
+            backend.max_allowed_packet = int(rows[0][0])
     return backend
 
 

@@ -103,7 +103,16 @@ async def read_command(channel: Channel, limit: int, spool_threshold: int, keep_
     still be kept whole (split mode keeps oversized INSERTs to split them); anything bigger is
     Oversized. Raises PeerClosed when the client goes away."""
     decoder = channel.decoder
-    wait_first = not decoder.buffered()  # a client sends its next command only after our answer
+    if not decoder.buffered():
+        # The common case: one recv holds exactly one small command. Skip the decoder.
+        # (A client sends its next command only after our answer: wait before reading.)
+        data = await channel.recv(wait_first=True)
+        n = len(data)
+        if n >= 5:
+            length = data[0] | data[1] << 8 | data[2] << 16
+            if n == length + 4 and length < spool_threshold and length <= limit and length < MAX_FRAME:
+                return Command(data[4:], data, data[3], length)
+        decoder.feed(data)
     while True:
         header = decoder.peek_header()
         if header is not None:
@@ -113,8 +122,7 @@ async def read_command(channel: Channel, limit: int, spool_threshold: int, keep_
             packet = decoder.next_packet()
             if packet is not None:
                 return Command(packet.payload, packet.raw, packet.last_seq, len(packet.payload))
-        decoder.feed(await channel.recv(wait_first=wait_first))
-        wait_first = False
+        decoder.feed(await channel.recv())
 
 
 async def _read_large(channel: Channel, spool_threshold: int, keep_up_to: int) -> Command | Oversized:

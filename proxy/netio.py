@@ -8,6 +8,8 @@ non-blocking runs yield every few MiB so one busy session cannot starve the othe
 
 from __future__ import annotations
 
+import errno
+import os
 import socket
 
 import trio
@@ -182,10 +184,36 @@ class StreamChannel(Channel):
 
 
 async def open_tcp(host: str, port: int, name: str) -> Channel:
-    """Connect without blocking the event loop (trio resolves and connects), then hand the
-    plain socket to a Channel."""
+    """Connect without blocking the event loop and hand the plain socket to a Channel.
+    IP addresses are connected directly (no resolver thread, no happy-eyeballs nursery: a
+    reconnect storm after a restart is many of these at once); names go through trio."""
+    family = _ip_family(host)
+    if family is not None:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            err = sock.connect_ex((host, port))
+            if err in (errno.EINPROGRESS, errno.EAGAIN):
+                await wait_writable(sock)
+                err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                raise OSError(err, f"connect to {host}:{port} failed: {os.strerror(err)}")
+        except BaseException:
+            sock.close()
+            raise
+        return Channel(sock, name)
     stream = await trio.open_tcp_stream(host, port)
     tsock = stream.socket
     family, type_, proto = tsock.family, tsock.type, tsock.proto
     sock = socket.socket(family, type_, proto, fileno=tsock.detach())
     return Channel(sock, name)
+
+
+def _ip_family(host: str) -> int | None:
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+            return family
+        except OSError:
+            continue
+    return None

@@ -312,7 +312,7 @@ class Session:
             if cmd.size > self.limit:  # kept whole because split mode may cut it into pieces
                 await self._split_oversized(cmd)
                 continue
-            if self._markers and self.tx.active and code == C.COM_QUERY and st.first_keyword(cmd.payload[1:65]) == b"COMMIT":
+            if self._markers and self.tx.active and code == C.COM_QUERY and st.first_keyword(cmd.payload, 1) == b"COMMIT":
                 if not await self._write_commit_marker(cmd):
                     continue
             await self._submit(cmd)
@@ -401,7 +401,7 @@ class Session:
                 await self._refuse_long_data(cmd, statement)
                 return
         expect = expect_for(code)
-        keyword = st.first_keyword(cmd.payload[1:4097]) if code == C.COM_QUERY else b""
+        keyword = st.first_keyword(cmd.payload, 1) if code == C.COM_QUERY else b""
         fingerprint = self.tx.active or not self.autocommit or keyword in st.TX_CONTROL
         inflight = Inflight(cmd, ResponseTracker(expect, self.deprecate_eof, fingerprint), statement, trio.current_time(), keyword)
         if self._next_marker:
@@ -461,7 +461,7 @@ class Session:
         instead, and the caller must stop."""
         cmd = Command(payload, encode_packet(payload, 0)[0], seq_end, len(payload))
         statement = self.prepared.get(int.from_bytes(payload[1:5], "little")) if payload[0] in _STMT_COMMANDS else None
-        keyword = st.first_keyword(payload[1:4097]) if payload[0] == C.COM_QUERY else b""
+        keyword = st.first_keyword(payload, 1) if payload[0] == C.COM_QUERY else b""
         hashing = self.tx.active or not self.autocommit or keyword in st.TX_CONTROL
         inflight = Inflight(cmd, ResponseTracker(expect_for(payload[0]), self.deprecate_eof, hashing), statement,
                             trio.current_time(), keyword, internal=True, done=trio.Event())
@@ -797,7 +797,7 @@ class Session:
 
     def _statement_ends_transaction(self, stmt: PreparedStatement) -> bool:
         if stmt.ends_transaction is None:  # decided once per statement, not per execute
-            keyword = st.first_keyword(stmt.prepare_payload[1:4097])
+            keyword = st.first_keyword(stmt.prepare_payload, 1)
             stmt.ends_transaction = (keyword in st.TX_CONTROL or keyword in st.IMPLICIT_COMMIT) and self._ends_transaction(
                 Command(stmt.prepare_payload, b"", 0), keyword
             )
@@ -888,7 +888,7 @@ class Session:
     async def _answer_pending(self, cmd: Command) -> None:
         payload, close = self.pending_error  # type: ignore[misc]
         self.pending_error = None
-        if not close and cmd.code == C.COM_QUERY and st.first_keyword(cmd.payload[1:]) == b"ROLLBACK":
+        if not close and cmd.code == C.COM_QUERY and st.first_keyword(cmd.payload, 1) == b"ROLLBACK":
             # The client wants to roll back a transaction that is already gone: that is fine.
             await self._send_client(make_ok(AUTOCOMMIT if self.autocommit else 0), cmd.seq_end + 1)
             return
@@ -1187,7 +1187,7 @@ class Session:
             attempts += 1
             login = attrs.evolve(self.login, database=state.database, collation=state.collation)
             try:
-                backend = await self.target.connect(login)
+                backend = await self.target.connect(login, fresh=True)
                 self.backend = backend
                 self.generation += 1
                 await self._restore(backend, state, old)
@@ -1310,7 +1310,7 @@ class Session:
         if tx.prefix:
             await backend.query(tx.prefix)
         first = entries[0].payload if entries else b""
-        if not (first[:1] == b"\x03" and st.first_keyword(first[1:]) in (b"BEGIN", b"START")):
+        if not (first[:1] == b"\x03" and st.first_keyword(first, 1) in (b"BEGIN", b"START")):
             await backend.query("START TRANSACTION")
         temporary: list[PreparedStatement] = []
         count = 0

@@ -36,9 +36,10 @@ _PINNING = re.compile(
 )
 
 
-def first_keyword(sql: bytes) -> bytes:
-    """Upper-cased first keyword of a statement (b"" when there is none)."""
-    m = _FIRST_WORD.match(sql, 0, 4096)
+def first_keyword(sql: bytes, start: int = 0) -> bytes:
+    """Upper-cased first keyword of the statement at ``sql[start:]`` (b"" when there is none).
+    ``start`` lets callers skip the command byte without copying the payload."""
+    m = _FIRST_WORD.match(sql, start, start + 4096)
     return m.group(1).upper() if m else b""
 
 

@@ -36,6 +36,7 @@ class Target:
         self._profile: BackendProfile | None = None
         self._profile_lock = trio.Lock()
         self._preferred = 0  # index of the address that worked last
+        self._max_packet: dict[Address, int] = {}  # @@max_allowed_packet per address
         self._marker_lock = trio.Lock()
         self._marker_ready: bool | None = None
         self.sessions: set = set()
@@ -97,8 +98,10 @@ class Target:
                     self._marker_ready = False
         return self._marker_ready
 
-    async def connect(self, login: Login) -> Backend:
-        """One login attempt per address, starting with the last one that worked."""
+    async def connect(self, login: Login, fresh: bool = False) -> Backend:
+        """One login attempt per address, starting with the last one that worked. The server's
+        @@max_allowed_packet is asked once per address and again when ``fresh`` (a reconnect
+        after a loss: the server may have restarted with another setting)."""
         errors: list[BackendError] = []
         for address in self._rotation():
             try:
@@ -108,6 +111,7 @@ class Target:
                     connect_timeout=self.config.backend.connect_timeout,
                     io_timeout=self.config.backend.io_timeout,
                     opener=self.opener,
+                    known_max_packet=None if fresh else self._max_packet.get(address),
                 )
             except BackendError as exc:
                 errors.append(exc)
@@ -115,6 +119,8 @@ class Target:
                     raise
                 continue
             self._preferred = self.addresses.index(address)
+            if backend.max_allowed_packet:
+                self._max_packet[address] = backend.max_allowed_packet
             hs = backend.handshake
             self._remember(hs.server_version, hs.capabilities, hs.charset)
             return backend
