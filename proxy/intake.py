@@ -98,10 +98,11 @@ async def _pull_exact(channel: Channel, n: int) -> bytes:
     return out
 
 
-async def read_command(channel: Channel, limit: int, spool_threshold: int, keep_up_to: int) -> Command | Oversized:
-    """Next command from the client. ``keep_up_to`` (>= limit) is how big a command may be and
-    still be kept whole (split mode keeps oversized INSERTs to split them); anything bigger is
-    Oversized. Raises PeerClosed when the client goes away."""
+async def read_command(channel: Channel, max_size: int, spool_threshold: int, keep_up_to: int) -> Command | Oversized:
+    """Next command from the client. ``max_size``: the largest payload allowed through;
+    ``keep_up_to`` (>= max_size) is how big a command may be and still be kept whole (split mode
+    keeps oversized INSERTs to split them); anything bigger is Oversized. Raises PeerClosed when
+    the client goes away."""
     decoder = channel.decoder
     if not decoder.buffered():
         # The common case: one recv holds exactly one small command. Skip the decoder.
@@ -110,14 +111,14 @@ async def read_command(channel: Channel, limit: int, spool_threshold: int, keep_
         n = len(data)
         if n >= 5:
             length = data[0] | data[1] << 8 | data[2] << 16
-            if n == length + 4 and length < spool_threshold and length <= limit and length < MAX_FRAME:
+            if n == length + 4 and length < spool_threshold and length <= max_size and length < MAX_FRAME:
                 return Command(data[4:], data, data[3], length)
         decoder.feed(data)
     while True:
         header = decoder.peek_header()
         if header is not None:
             length = header[0]
-            if length >= spool_threshold or length == MAX_FRAME or length > limit:
+            if length >= spool_threshold or length == MAX_FRAME or length > max_size:
                 return await _read_large(channel, spool_threshold, keep_up_to)
             packet = decoder.next_packet()
             if packet is not None:

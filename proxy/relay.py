@@ -66,6 +66,8 @@ NOT_SENT, SENDING, SENT, SEND_FAILED = range(4)
 
 # Errors with which a server says "I am going away" in answer to a command it did not run.
 SERVER_GOING_AWAY = frozenset({1053, 1927})
+# Errors after which the server closes the connection (1153: packet too large).
+_CONNECTION_FATAL = frozenset({1153}) | SERVER_GOING_AWAY
 
 _STMT_COMMANDS = frozenset(
     {C.COM_STMT_EXECUTE, C.COM_STMT_SEND_LONG_DATA, C.COM_STMT_CLOSE, C.COM_STMT_RESET, C.COM_STMT_FETCH}
@@ -309,7 +311,7 @@ class Session:
                 cmd = await self._run_command_hooks(cmd)
                 if cmd is None:
                     continue
-            if cmd.size > self.limit:  # kept whole because split mode may cut it into pieces
+            if cmd.size >= self.limit:  # kept whole because split mode may cut it into pieces
                 await self._split_oversized(cmd)
                 continue
             if self._markers and self.tx.active and code == C.COM_QUERY and st.first_keyword(cmd.payload, 1) == b"COMMIT":
@@ -331,11 +333,11 @@ class Session:
 
     async def _read_command(self) -> Command | None:
         limits = self.config.limits
-        limit = self.limit
-        keep = max(limit, limits.split_max_statement) if self._split_mode else limit
+        max_size = self.limit - 1  # like the server: a command must be smaller than max_allowed_packet
+        keep = max(max_size, limits.split_max_statement) if self._split_mode else max_size
         while True:
             try:
-                cmd = await read_command(self.client, limit, limits.spool_threshold, keep)
+                cmd = await read_command(self.client, max_size, limits.spool_threshold, keep)
             except PeerClosed:
                 return None
             if isinstance(cmd, Oversized):
@@ -352,7 +354,7 @@ class Session:
         if backend and backend < self.config.limits.max_allowed_packet:
             origin = f"the backend's @@max_allowed_packet = {backend}"
         msg = (
-            f"Got a packet bigger than 'max_allowed_packet' bytes: {size} bytes > {limit} "
+            f"Got a packet bigger than 'max_allowed_packet' bytes: {size} bytes, max_allowed_packet {limit} "
             f"(target {self.target.name}, limit from {origin}); not sent to the backend{why}"
         )
         log.warning("session %d: refused %s of %d bytes (limit %d)%s", self.id, CommandInfo(code, b"").name, size, limit, why)
@@ -397,7 +399,7 @@ class Session:
         statement = None
         if code in _STMT_COMMANDS and len(cmd.payload) >= 5:
             statement = self.prepared.get(int.from_bytes(cmd.payload[1:5], "little"))
-            if statement is not None and statement.long_data_bytes > self.limit and code == C.COM_STMT_EXECUTE:
+            if statement is not None and statement.long_data_bytes >= self.limit and code == C.COM_STMT_EXECUTE:
                 await self._refuse_long_data(cmd, statement)
                 return
         expect = expect_for(code)
@@ -410,7 +412,7 @@ class Session:
             inflight.held = bytearray()
         elif code == C.COM_STMT_SEND_LONG_DATA and statement is not None:
             statement.long_data_bytes += len(cmd.payload) - 7
-            if statement.long_data_bytes > self.limit:
+            if statement.long_data_bytes >= self.limit:
                 return  # kept from the server; the execute that would use it gets 1153
             statement.long_data.append(cmd.payload)
         elif code == C.COM_QUERY and keyword == b"SELECT" and _ASKS_MAX_PACKET.match(cmd.payload, 1):
@@ -479,7 +481,8 @@ class Session:
             await self._refuse_oversized(cmd.size, cmd.seq_end, cmd.code)
             return
         try:
-            pieces = split_values_statement(cmd.full_payload()[1:], limit, no_backslash_escapes=self.nbe)
+            # Each piece (command byte included) must stay below max_allowed_packet.
+            pieces = split_values_statement(cmd.full_payload()[1:], limit - 1, no_backslash_escapes=self.nbe)
         except CannotSplit as exc:
             cmd.release()
             await self._refuse_oversized(cmd.size, cmd.seq_end, cmd.code, f"; split mode could not split it: {exc}")
@@ -756,9 +759,12 @@ class Session:
     def _journal(self, inflight: Inflight, ends_tx: bool, long_data: list[bytes] | None) -> None:
         tracker = inflight.tracker
         tx = self.tx
-        if tracker.error is not None and tracker.error.code == 1213:
-            tx.reset()  # deadlock: the server rolled the whole transaction back
-            return
+        if tracker.error is not None:
+            if tracker.error.code == 1213:
+                tx.reset()  # deadlock: the server rolled the whole transaction back
+                return
+            if tracker.error.code in _CONNECTION_FATAL:
+                return  # the server closes the connection after it: replaying it would loop
         if ends_tx:
             tx.reset()
         in_tx_after = bool(tracker.status & IN_TRANS) if tracker.saw_status else tx.active
@@ -904,8 +910,9 @@ class Session:
         resp = HandshakeResponse(self.client_caps, 0, change.charset or self.state.collation, change.username,
                                  change.auth_response, change.database, change.auth_plugin, change.connect_attrs)
         user, seq = await self._authenticate(auth, auth.start(resp), cmd.seq_end + 1)
-        if user is None:
-            raise SessionClosed(f"COM_CHANGE_USER refused for {change.username!r}")
+        if user is None:  # like MariaDB: the session goes on as the previous user
+            log.warning("session %d: COM_CHANGE_USER to %r refused", self.id, change.username)
+            return
         old = self.backend
         self.backend_ok = False
         self.backend = None

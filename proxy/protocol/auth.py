@@ -83,12 +83,13 @@ class ServerAuth:
         plugin = resp.auth_plugin or NATIVE
         if plugin == NATIVE:
             return self._verify(resp.auth_response, native_scramble)
-        if plugin == CACHING_SHA2:
+        if plugin == CACHING_SHA2 and resp.auth_response:
             result = self._verify(resp.auth_response, sha2_scramble)
             if result.user is not None:  # a caching_sha2 client expects this marker before the OK
                 return AuthResult([FAST_AUTH_SUCCESS], done=True, user=result.user)
             return result
-        # Any other plugin: ask the client to answer our native scramble instead.
+        # Any other plugin (or caching_sha2 without a scramble, as libmysqlclient sends in
+        # COM_CHANGE_USER): ask the client to answer our native scramble instead.
         self._switched = True
         return AuthResult([make_auth_switch(NATIVE, self.scramble)])
 
