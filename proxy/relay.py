@@ -705,7 +705,7 @@ class Session:
             else:
                 if keyword in st.TX_CONTROL or keyword in st.IMPLICIT_COMMIT:
                     ends_tx = ok and self._ends_transaction(cmd, keyword)
-                if ok:
+                if ok and (keyword in st.SESSION_CHANGE or st.may_pin_session(keyword, cmd.payload)):
                     captures = self._note_statement(cmd.text(), keyword, cmd.payload)
         elif code == C.COM_STMT_EXECUTE:
             stmt = inflight.statement

@@ -43,8 +43,18 @@ def first_keyword(sql: bytes, start: int = 0) -> bytes:
     return m.group(1).upper() if m else b""
 
 
+# Bytes any pinning statement of a SELECT / DO / SET / VALUES must contain: a user variable
+# (@x := / INTO @x) or a named-lock call. One C-level scan, before the slower regex.
+_SELECT_HINT = re.compile(rb"@|_[Ll][Oo][Cc][Kk]")
+_HINTED = frozenset({b"SELECT", b"DO", b"SET", b"VALUES"})
+
+
 def may_pin_session(keyword: bytes, sql: bytes) -> bool:
     """Cheap pre-check before the full classifier: could this statement make the session
     impossible to restore (temporary table, named lock, table lock, user variable from a query,
     SQL-level PREPARE, HANDLER)?"""
-    return keyword in _PIN_CANDIDATES and _PINNING.search(sql) is not None
+    if keyword not in _PIN_CANDIDATES:
+        return False
+    if keyword in _HINTED and _SELECT_HINT.search(sql) is None:
+        return False
+    return _PINNING.search(sql) is not None

@@ -86,51 +86,105 @@ class ResponseTracker:
     definitions, affected rows, insert ids, warnings, errors) for replay verification.
     """
 
-    __slots__ = (
-        "expect", "deprecate_eof", "done", "status", "saw_status", "ok", "error", "prepare_ok", "local_infile",
-        "rows", "results", "last_seq", "nbytes", "fingerprint", "hashing", "_state", "_mode", "_count",
-        "_skip", "_plen", "_pkt", "_hdr", "_cont", "_done_after_skip", "_binary",
-    )
+    # Defaults live on the class: a tracker is made per command, and __init__ sets only what
+    # differs (this is the hot path).
+    done = False
+    status = 0  # status word of the last OK/EOF seen
+    saw_status = False  # False when the response had no status word (ERR only, no response)
+    ok: OkPacket | None = None  # last OK packet (statement results)
+    error: ErrPacket | None = None
+    prepare_ok: PrepareOk | None = None
+    local_infile = False
+    rows = 0
+    results = 0
+    last_seq = 0
+    nbytes = 0
+    fingerprint = 0
+    _mode = _HEADER
+    _count = 0
+    _skip = 0
+    _plen = 0
+    _pkt: bytearray | None = None
+    _hdr = b""
+    _cont = False
+    _done_after_skip = False
 
     def __init__(self, expect: Expect, deprecate_eof: bool = False, fingerprint: bool = False) -> None:
         self.expect = expect
         self.deprecate_eof = deprecate_eof
-        self.done = expect == Expect.NONE
-        self.status = 0  # status word of the last OK/EOF seen
-        self.saw_status = False  # False when the response had no status word (ERR only, no response)
-        self.ok: OkPacket | None = None  # last OK packet (statement results)
-        self.error: ErrPacket | None = None
-        self.prepare_ok: PrepareOk | None = None
-        self.local_infile = False
-        self.rows = 0
-        self.results = 0
-        self.last_seq = 0
-        self.nbytes = 0
-        self.fingerprint = 0
         self.hashing = fingerprint
-        self._binary = expect == Expect.EXECUTE or expect == Expect.FETCH
-        if expect == Expect.FETCH:
-            self._state = _ROWS
-        elif expect == Expect.FIELD_LIST:
-            self._state = _ROWS  # definitions until a terminator, like rows
-        elif expect in (Expect.SINGLE, Expect.STRING):
-            self._state = _SINGLE
-        else:
+        if expect == Expect.QUERY or expect == Expect.EXECUTE or expect == Expect.PREPARE:
             self._state = _FIRST
-        self._mode = _HEADER
-        self._count = 0
-        self._skip = 0
-        self._plen = 0
-        self._pkt = bytearray()
-        self._hdr = b""
-        self._cont = False
-        self._done_after_skip = False
+        elif expect == Expect.SINGLE or expect == Expect.STRING:
+            self._state = _SINGLE
+        elif expect == Expect.NONE:
+            self._state = _DONE
+            self.done = True
+        else:  # FETCH: rows then EOF; FIELD_LIST: definitions until a terminator, like rows
+            self._state = _ROWS
 
     def feed(self, data: bytes) -> int:
         if self.done:
             return 0
         pos = 0
+        if self._mode == _HEADER and not self._hdr and not self._cont and not self.hashing:
+            pos = self._whole_packets(data)
+            if self.done:
+                return pos
+        return self._feed_from(data, pos)
+
+    def _whole_packets(self, data: bytes) -> int:
+        """Fast path for the usual case: walk the complete packets at the start of ``data``
+        with local variables only; returns where the general state machine must take over."""
+        pos = 0
         n = len(data)
+        state = self._state
+        rows = 0
+        last = -1  # offset of the last header seen
+        try:
+            while n - pos >= 4:
+                length = data[pos] | data[pos + 1] << 8 | data[pos + 2] << 16
+                end = pos + 4 + length
+                if end > n or length == MAX_FRAME:
+                    break  # incomplete, or continued over several frames: the general path
+                last = pos
+                if state == _ROWS:
+                    first = data[pos + 4] if length else 0
+                    if first != EOF_HEADER and first != ERR_HEADER:
+                        rows += 1
+                        pos = end
+                        continue
+                elif state == _COLDEFS or state == _P_PARAMS or state == _P_COLS:
+                    pos = end
+                    self._count -= 1
+                    if not self._count:
+                        self._state = state
+                        self._definitions_done()
+                        state = self._state
+                        if self._done_after_skip:
+                            return self._finish(pos)
+                    continue
+                pos = end
+                self._state = state
+                self.rows += rows
+                rows = 0
+                if self._control(data[last + 4 : end]):
+                    return self._finish(pos)
+                state = self._state
+            return pos
+        finally:
+            if not self.done:
+                self._state = state
+                self.rows += rows
+                self.nbytes += pos
+            if last >= 0:
+                self.last_seq = data[last + 3]
+
+    def _feed_from(self, data: bytes, pos: int) -> int:
+        n = len(data)
+        if pos >= n:
+            return -1
+        self.nbytes -= pos  # counted by _whole_packets already; the totals below add all of data
         while pos < n:
             mode = self._mode
             if mode == _SKIP:
@@ -202,6 +256,8 @@ class ResponseTracker:
             # _COLLECT: gather a whole control packet, then act on it
             if self._cont or self._plen > _CONTROL_MAX:
                 raise ProtocolError(f"control packet of {self._plen} bytes in a response; stream is out of sync")
+            if self._pkt is None:
+                self._pkt = bytearray()
             want = self._plen - len(self._pkt)
             if not self._pkt and n - pos >= want:
                 pkt = bytes(data[pos : pos + want])
@@ -250,8 +306,7 @@ class ResponseTracker:
             self._done_after_skip = True
 
     def _summarize(self, kind: int, a: int, b: int = 0, c: int = 0) -> None:
-        if self.hashing:
-            self.fingerprint = zlib.crc32(_SUMMARY.pack(kind, a, b, c), self.fingerprint)
+        self.fingerprint = zlib.crc32(_SUMMARY.pack(kind, a, b, c), self.fingerprint)
 
     def _control(self, pkt: bytes) -> bool:
         """Act on a complete control packet; True when the response is complete."""
@@ -271,7 +326,8 @@ class ResponseTracker:
                 self.status = self.ok.status
                 self.saw_status = True
                 self.results += 1
-                self._summarize(0, self.ok.affected_rows, self.ok.last_insert_id, self.ok.warnings)
+                if self.hashing:
+                    self._summarize(0, self.ok.affected_rows, self.ok.last_insert_id, self.ok.warnings)
                 return not self.status & _MORE
             if first == LOCAL_INFILE_HEADER and self.expect == Expect.QUERY:
                 self.local_infile = True
@@ -281,7 +337,8 @@ class ResponseTracker:
                 raise ProtocolError("result set with zero columns")
             self._count = ncols
             self._state = _COLDEFS
-            self._summarize(1, ncols)
+            if self.hashing:
+                self._summarize(1, ncols)
             return False
         if state == _ROWS:  # 0xFE terminator: EOF, or OK under DEPRECATE_EOF
             if len(pkt) >= 7:  # an OK packet standing in for EOF (DEPRECATE_EOF); an EOF is 5 bytes
@@ -292,7 +349,8 @@ class ResponseTracker:
                 warnings, self.status = _eof_fields(pkt)
                 self.saw_status = True
             self.results += 1
-            self._summarize(2, self.rows, warnings)
+            if self.hashing:
+                self._summarize(2, self.rows, warnings)
             if self.status & _MORE and self.expect in (Expect.QUERY, Expect.EXECUTE):
                 self._state = _FIRST
                 self.rows = 0
@@ -324,7 +382,8 @@ class ResponseTracker:
 
     def _prepare_ok(self, pkt: bytes) -> bool:
         self.prepare_ok = p = parse_prepare_ok(pkt)
-        self._summarize(4, p.num_columns, p.num_params, p.warnings)
+        if self.hashing:
+            self._summarize(4, p.num_columns, p.num_params, p.warnings)
         if p.num_params:
             self._state = _P_PARAMS
             self._count = p.num_params
