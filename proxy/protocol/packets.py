@@ -164,9 +164,12 @@ _SESSION_TRACK = int(Capabilities.CLIENT_SESSION_TRACK)
 
 def parse_ok(payload: bytes, capabilities: int = _PROTOCOL_41) -> OkPacket:
     """An OK packet (header 0x00, or 0xFE when it stands in for EOF under DEPRECATE_EOF)."""
-    if len(payload) == 7 and payload[1] < 0xFB and payload[2] < 0xFB and capabilities & _PROTOCOL_41:
-        # The common OK: one-byte counts, no info string (hot path: skips the Reader).
-        return OkPacket(payload[1], payload[2], payload[3] | payload[4] << 8, payload[5] | payload[6] << 8)
+    if len(payload) >= 7 and payload[1] < 0xFB and payload[2] < 0xFB and capabilities & _PROTOCOL_41:
+        # The common OK: one-byte counts (hot path: skips the Reader).
+        info = payload[7:]
+        if info and capabilities & _SESSION_TRACK:
+            info = Reader(info).lenenc_str()
+        return OkPacket(payload[1], payload[2], payload[3] | payload[4] << 8, payload[5] | payload[6] << 8, info)
     r = Reader(payload)
     header = r.u8()
     if header not in (OK_HEADER, EOF_HEADER):

@@ -127,7 +127,7 @@ class ResponseTracker:
         if self.done:
             return 0
         pos = 0
-        if self._mode == _HEADER and not self._hdr and not self._cont and not self.hashing:
+        if self._mode == _HEADER and not self._hdr and not self._cont:
             pos = self._whole_packets(data)
             if self.done:
                 return pos
@@ -152,9 +152,13 @@ class ResponseTracker:
                     first = data[pos + 4] if length else 0
                     if first != EOF_HEADER and first != ERR_HEADER:
                         rows += 1
+                        if self.hashing:
+                            self.fingerprint = zlib.crc32(memoryview(data)[pos + 4 : end], self.fingerprint)
                         pos = end
                         continue
                 elif state == _COLDEFS or state == _P_PARAMS or state == _P_COLS:
+                    if self.hashing:
+                        self.fingerprint = zlib.crc32(memoryview(data)[pos + 4 : end], self.fingerprint)
                     pos = end
                     self._count -= 1
                     if not self._count:

@@ -338,3 +338,19 @@ def test_tracker_prepare_without_params_or_columns():
     data = encode_packet(b"\x00" + struct.pack("<IHHBH", 7, 0, 0, 0, 0), 1)[0]
     t = ResponseTracker(Expect.PREPARE, False)
     assert t.feed(data) == len(data) and t.prepare_ok.statement_id == 7
+
+
+@pytest.mark.parametrize("key", list(RESPONSES), ids=lambda k: f"{k[0][:20]!r}-deprecate_eof={k[1]}")
+def test_fingerprint_does_not_depend_on_how_the_bytes_arrive(key):
+    # Replay compares fingerprints of responses that arrive chunked differently.
+    payload, deprecate = key
+    data = RESPONSES[key]
+    whole = ResponseTracker(_expect_of(payload), deprecate, fingerprint=True)
+    whole.feed(data)
+    for cut in range(len(data) + 1):
+        split = ResponseTracker(_expect_of(payload), deprecate, fingerprint=True)
+        _feed_all(split, [data[:cut], data[cut:]])
+        assert split.fingerprint == whole.fingerprint, cut
+    trickle = ResponseTracker(_expect_of(payload), deprecate, fingerprint=True)
+    _feed_all(trickle, [data[i : i + 1] for i in range(len(data))])
+    assert trickle.fingerprint == whole.fingerprint
