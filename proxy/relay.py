@@ -127,7 +127,7 @@ class Session:
         self.client_address = client_address
         self.id = session_id
         self.info = SessionInfo(session_id, target.name, "", client_address, opened_at=trio.current_time())
-        self._backend: Backend | None = None
+        self.backend: Backend | None = None
         self.limit = self.config.limits.max_allowed_packet
         self.backend_ok = False
         self.login: Login | None = None
@@ -192,7 +192,7 @@ class Session:
         self.info.database = resp.database
         self.login = self._login_for(user, resp)
         try:
-            self.backend = await self._connect_within_window()
+            self._use_backend(await self._connect_within_window())
         except BackendError as exc:
             await self._send_backend_error(exc, seq)
             self.close_reason = f"backend login failed: {exc}"
@@ -319,13 +319,8 @@ class Session:
                     continue
             await self._submit(cmd)
 
-    @property
-    def backend(self) -> Backend | None:
-        return self._backend
-
-    @backend.setter
-    def backend(self, backend: Backend | None) -> None:
-        self._backend = backend
+    def _use_backend(self, backend: Backend | None) -> None:
+        self.backend = backend
         if backend is not None:
             # Effective max_allowed_packet: the config's, or the backend's if smaller.
             configured = self.config.limits.max_allowed_packet
@@ -915,7 +910,7 @@ class Session:
             return
         old = self.backend
         self.backend_ok = False
-        self.backend = None
+        self._use_backend(None)
         self._backend_replaced = trio.Event()
         if old is not None:
             self._drop_backend(old)
@@ -926,7 +921,7 @@ class Session:
         self.info.user = user
         self.info.database = change.database
         try:
-            self.backend = await self._connect_within_window()
+            self._use_backend(await self._connect_within_window())
         except BackendError as exc:
             await self._send_backend_error(exc, seq)
             raise SessionClosed(f"backend login after COM_CHANGE_USER failed: {exc}") from None
@@ -1195,7 +1190,7 @@ class Session:
             login = attrs.evolve(self.login, database=state.database, collation=state.collation)
             try:
                 backend = await self.target.connect(login, fresh=True)
-                self.backend = backend
+                self._use_backend(backend)
                 self.generation += 1
                 await self._restore(backend, state, old)
                 self.info.backend_address = str(backend.address)
