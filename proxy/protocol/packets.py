@@ -332,12 +332,7 @@ def parse_handshake_response(payload: bytes) -> HandshakeResponse:
     plugin = None
     if caps & Capabilities.CLIENT_PLUGIN_AUTH and r.remaining():
         plugin = r.null_str_or_rest().decode("ascii", "replace")
-    attrs_: dict[str, str] = {}
-    if caps & Capabilities.CLIENT_CONNECT_ATTRS and r.remaining():
-        block = Reader(r.lenenc_str())
-        while block.remaining():
-            key = block.lenenc_str().decode("utf-8", "replace")
-            attrs_[key] = block.lenenc_str().decode("utf-8", "replace")
+    attrs_ = _read_attrs(r) if caps & Capabilities.CLIENT_CONNECT_ATTRS and r.remaining() else {}
     return HandshakeResponse(caps, max_packet, charset, username, auth, database, plugin, attrs_)
 
 
@@ -353,9 +348,22 @@ def make_handshake_response(resp: HandshakeResponse) -> bytes:
     if caps & Capabilities.CLIENT_PLUGIN_AUTH:
         out.append((resp.auth_plugin or "").encode("ascii") + b"\x00")
     if caps & Capabilities.CLIENT_CONNECT_ATTRS:
-        block = b"".join(lenenc_str(k.encode()) + lenenc_str(v.encode()) for k, v in resp.connect_attrs.items())
-        out.append(lenenc_str(block))
+        out.append(_attrs_block(resp.connect_attrs))
     return b"".join(out)
+
+
+def _read_attrs(r: Reader) -> dict[str, str]:
+    """Connection attributes: a length-prefixed block of key/value length-prefixed strings."""
+    block = Reader(r.lenenc_str())
+    out: dict[str, str] = {}
+    while block.remaining():
+        key = block.lenenc_str().decode("utf-8", "replace")
+        out[key] = block.lenenc_str().decode("utf-8", "replace")
+    return out
+
+
+def _attrs_block(attrs_: dict[str, str]) -> bytes:
+    return lenenc_str(b"".join(lenenc_str(k.encode()) + lenenc_str(v.encode()) for k, v in attrs_.items()))
 
 
 @attrs.frozen
@@ -398,16 +406,11 @@ def parse_change_user(payload: bytes, capabilities: int) -> ChangeUser:
         auth = r.null_str()
     database = r.null_str_or_rest().decode("utf-8", "replace") or None
     charset = plugin = None
-    attrs_: dict[str, str] = {}
     if r.remaining() >= 2:
         charset = r.u16()
     if capabilities & Capabilities.CLIENT_PLUGIN_AUTH and r.remaining():
         plugin = r.null_str_or_rest().decode("ascii", "replace")
-    if capabilities & Capabilities.CLIENT_CONNECT_ATTRS and r.remaining():
-        block = Reader(r.lenenc_str())
-        while block.remaining():
-            key = block.lenenc_str().decode("utf-8", "replace")
-            attrs_[key] = block.lenenc_str().decode("utf-8", "replace")
+    attrs_ = _read_attrs(r) if capabilities & Capabilities.CLIENT_CONNECT_ATTRS and r.remaining() else {}
     return ChangeUser(username, auth, database, charset, plugin, attrs_)
 
 
@@ -420,8 +423,7 @@ def make_change_user(
     if capabilities & Capabilities.CLIENT_PLUGIN_AUTH:
         out.append(plugin.encode("ascii") + b"\x00")
     if capabilities & Capabilities.CLIENT_CONNECT_ATTRS:
-        block = b"".join(lenenc_str(k.encode()) + lenenc_str(v.encode()) for k, v in attrs_.items())
-        out.append(lenenc_str(block))
+        out.append(_attrs_block(attrs_))
     return b"".join(out)
 
 
