@@ -1,0 +1,105 @@
+"""Chaos with PyMySQL: pinned connections that set session state once, then run non-idempotent
+transactions (INSERT + `n = n + 1`) while MariaDB restarts. After every transaction each worker
+checks that its session variables survived; at the end every row and counter is verified."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pymysql
+import pytest
+
+from tests.lab.proxy import ProxyProcess
+
+pytestmark = [pytest.mark.chaos, pytest.mark.integration]
+
+WORKERS = 4
+DURATION = 20.0
+INTERVAL = 4.0
+SESSION = {"sql_mode": "STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION", "time_zone": "+05:30", "wait_timeout": 7777}
+
+
+class Worker(threading.Thread):
+    def __init__(self, index: int, port: int, stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.index = index
+        self.port = port
+        self.stop = stop
+        self.committed: list[int] = []
+        self.errors: list[str] = []
+        self.session_checks = 0
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception as exc:  # a worker that dies must fail the test, not vanish
+            self.errors.append(f"worker crashed: {type(exc).__name__}: {exc}")
+
+    def _run(self) -> None:
+        conn = pymysql.connect(host="127.0.0.1", port=self.port, user="app", password="apppw", database="test",
+                               autocommit=True, read_timeout=120)
+        cur = conn.cursor()
+        cur.execute(
+            "SET SESSION sql_mode = %s, time_zone = %s, wait_timeout = %s, @worker = %s",
+            (SESSION["sql_mode"], SESSION["time_zone"], SESSION["wait_timeout"], self.index),
+        )
+        seq = 0
+        while not self.stop.is_set():
+            seq += 1
+            row_id = self.index * 1_000_000 + seq
+            try:
+                cur.execute("BEGIN")
+                cur.execute("INSERT INTO chaos_rows (id, worker, v) VALUES (%s, %s, %s)", (row_id, self.index, f"w{self.index}-{seq}"))
+                cur.execute("UPDATE chaos_counters SET n = n + 1 WHERE worker = %s", (self.index,))
+                cur.execute("COMMIT")
+                self.committed.append(row_id)
+                cur.execute("SELECT @@session.sql_mode, @@session.time_zone, @@session.wait_timeout, @worker")
+                mode, tz, timeout, worker = cur.fetchone()
+                if (mode, tz, timeout, worker) != (SESSION["sql_mode"], SESSION["time_zone"], SESSION["wait_timeout"], self.index):
+                    self.errors.append(f"session state lost: {(mode, tz, timeout, worker)}")
+                self.session_checks += 1
+            except pymysql.MySQLError as exc:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                return  # the connection is not trustworthy any more: stop this worker
+
+
+def test_pymysql_workload_with_session_state_through_restarts(mariadb_factory, tmp_path):
+    server = mariadb_factory()
+    server.query("CREATE TABLE test.chaos_rows (id BIGINT PRIMARY KEY, worker INT, v VARCHAR(64))")
+    server.query("CREATE TABLE test.chaos_counters (worker INT PRIMARY KEY, n BIGINT)")
+    for w in range(WORKERS):
+        server.query("INSERT INTO test.chaos_counters VALUES (%s, 0)", (w,))
+    proxy = ProxyProcess(tmp_path / "proxy", server.port, recovery={"commit_marker": True}, log={"level": "info"}).start()
+    stop = threading.Event()
+    workers = [Worker(i, proxy.port, stop) for i in range(WORKERS)]
+    restarts = []
+    try:
+        for w in workers:
+            w.start()
+        start = time.monotonic()
+        time.sleep(INTERVAL)
+        sigs = [signal.SIGKILL, signal.SIGTERM]
+        while time.monotonic() - start + INTERVAL < DURATION:
+            sig = sigs[len(restarts) % 2]
+            server.restart(sig)
+            restarts.append(signal.Signals(sig).name)
+            time.sleep(INTERVAL)
+        stop.set()
+        for w in workers:
+            w.join(60)
+    finally:
+        stop.set()
+        log = proxy.stop()
+    errors = [e for w in workers for e in w.errors]
+    committed = {row_id for w in workers for row_id in w.committed}
+    print(f"restarts {restarts}; committed {len(committed)}; session checks {sum(w.session_checks for w in workers)}; "
+          f"recoveries logged {log.count('recovered on')}; errors {errors}")
+    assert len(restarts) >= 3
+    assert not errors
+    assert all(len(w.committed) > 20 and w.session_checks == len(w.committed) for w in workers)
+    rows = {r[0] for r in server.query("SELECT id FROM test.chaos_rows")}
+    assert rows == committed  # nothing lost, nothing extra
+    counters = dict(server.query("SELECT worker, n FROM test.chaos_counters"))
+    assert counters == {w.index: len(w.committed) for w in workers}  # nothing applied twice
