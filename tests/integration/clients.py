@@ -5,7 +5,7 @@ once through the proxy, and compares the two transcripts: if they are equal, tha
 tell the proxy is there. Ops (``name`` picks one of several connections, default "c"):
 
     ("connect", name, {"user": .., "password": .., "database": .., "autocommit": True,
-                       "multi": False, "local_infile": False, "max_packet": None})
+                       "multi": False, "local_infile": False, "max_packet": None, "found_rows": False})
     ("sql", name, sql[, params])        -> ("rows", description, rows) | ("ok", rowcount, lastrowid)
     ("ps", name, sql[, params])         prepared (binary protocol; mysql-connector only)
     ("ps_many", name, sql, [params, ...]) one prepared cursor executed once per params
@@ -101,22 +101,24 @@ class _Driver:
         self.tmpdir = tmpdir
 
     def connect(self, user="app", password="apppw", database="test", autocommit=True, multi=False,
-                local_infile=False, max_packet=None):
+                local_infile=False, max_packet=None, found_rows=False):
         common = dict(host=HOST, port=self.port, user=user, password=password, database=database)
         if self.client == "pymysql":
             import pymysql
             from pymysql.constants import CLIENT
 
-            flags = (CLIENT.MULTI_STATEMENTS if multi else 0)
+            flags = (CLIENT.MULTI_STATEMENTS if multi else 0) | (CLIENT.FOUND_ROWS if found_rows else 0)
             return pymysql.connect(**common, charset="utf8mb4", autocommit=autocommit, client_flag=flags,
                                    local_infile=local_infile, max_allowed_packet=max_packet or 256 * 1024 * 1024,
                                    connect_timeout=10, read_timeout=120, write_timeout=120)
         if self.client in ("connector_pure", "connector_c"):
             import mysql.connector
+            from mysql.connector.constants import ClientFlag
 
             conn = mysql.connector.connect(**common, charset="utf8mb4", autocommit=autocommit,
                                            use_pure=self.client == "connector_pure",
-                                           allow_local_infile=local_infile, connection_timeout=10)
+                                           allow_local_infile=local_infile, connection_timeout=10,
+                                           client_flags=[ClientFlag.FOUND_ROWS] if found_rows else [])
             if self.client == "connector_c" and type(conn).__name__ != "CMySQLConnection":
                 raise ClientUnavailable(f"use_pure=False gave a {type(conn).__name__}")
             return conn
@@ -127,7 +129,8 @@ class _Driver:
             kwargs: dict[str, Any] = dict(charset="utf8mb4", autocommit=autocommit, connect_timeout=10,
                                           local_infile=1 if local_infile else 0)
             # MySQLdb turns multi-statements on by default; off unless asked, like the others.
-            kwargs["client_flag"] = CLIENT.MULTI_STATEMENTS | CLIENT.MULTI_RESULTS if multi else CLIENT.MULTI_RESULTS
+            kwargs["client_flag"] = (CLIENT.MULTI_STATEMENTS if multi else 0) | CLIENT.MULTI_RESULTS | (
+                CLIENT.FOUND_ROWS if found_rows else 0)
             if max_packet:
                 # libmariadb takes max_allowed_packet only from an option file.
                 cnf = Path(self.tmpdir) / f"client-{max_packet}.cnf"
