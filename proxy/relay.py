@@ -913,7 +913,7 @@ class Session:
         self._use_backend(None)
         self._backend_replaced = trio.Event()
         if old is not None:
-            self._drop_backend(old)
+            old.close()
         self.state = SessionState(user, change.database, change.charset or self.state.collation)
         self.login = self._login_for(user, resp)
         self.prepared.clear()
@@ -932,9 +932,6 @@ class Session:
 
     # ------------------------------------------------------------------ recovery
 
-    def _drop_backend(self, backend: Backend) -> None:
-        backend.close()
-
     async def _recover(self, reason: str, rejected: bool = False) -> None:
         """The backend connection is gone (or going). Decide, reconnect, restore, replay, resend.
 
@@ -944,7 +941,7 @@ class Session:
         old = self.backend
         self.backend_ok = False
         if old is not None:
-            self._drop_backend(old)
+            old.close()
         inflight = self.inflight
         if inflight is not None and inflight.state == SENDING:
             self._send_settled = trio.Event()
@@ -1022,7 +1019,7 @@ class Session:
                 break
             except (PeerClosed, BackendError, ProtocolError) as exc:
                 log.warning("session %d: new backend connection lost during replay (%s); reconnecting", self.id, exc)
-                self._drop_backend(backend)
+                backend.close()
         self.backend_ok = True
         waited = trio.current_time() - lost_at
         current = self.inflight
