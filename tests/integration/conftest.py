@@ -14,9 +14,10 @@ proxy logged a traceback or ignored SIGTERM.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -33,7 +34,7 @@ PROXY_USERS = [
 ]
 
 
-def _start(workdir: Path, backend_port: int, **overrides: Any) -> ProxyProcess:
+def start_proxy(workdir: Path, backend_port: int, **overrides: Any) -> ProxyProcess:
     overrides.setdefault("users", PROXY_USERS)
     proc = ProxyProcess(workdir, backend_port, **overrides)
     proc.start()
@@ -52,7 +53,7 @@ def _prepare(server: MariaDB) -> MariaDB:
 def proxy(mariadb: MariaDB, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     """The proxy with its default config in front of the shared 64M server."""
     _prepare(mariadb)
-    proc = _start(tmp_path_factory.mktemp("proxy"), mariadb.port)
+    proc = start_proxy(tmp_path_factory.mktemp("proxy"), mariadb.port)
     try:
         yield proc
     finally:
@@ -63,7 +64,7 @@ def proxy(mariadb: MariaDB, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def limited_proxy(mariadb: MariaDB, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     """The shared 64M server behind a proxy whose own limit is 1 MiB (reject mode)."""
     _prepare(mariadb)
-    proc = _start(tmp_path_factory.mktemp("proxy-1mib"), mariadb.port,
+    proc = start_proxy(tmp_path_factory.mktemp("proxy-1mib"), mariadb.port,
                   limits={"max_allowed_packet": "1MiB", "oversized": "reject"})
     try:
         yield proc
@@ -82,7 +83,7 @@ def small_packet_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Si
     proc = None
     try:
         _prepare(server)
-        proc = _start(tmp_path_factory.mktemp("proxy-1m"), server.port)
+        proc = start_proxy(tmp_path_factory.mktemp("proxy-1m"), server.port)
         yield SimpleNamespace(db=server, proxy=proc, limit=1 * MiB)
     finally:
         try:
@@ -98,7 +99,7 @@ def proxy_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
     started: list[ProxyProcess] = []
 
     def make(backend_port: int, **overrides: Any) -> ProxyProcess:
-        proc = _start(tmp_path_factory.mktemp("proxy"), backend_port, **overrides)
+        proc = start_proxy(tmp_path_factory.mktemp("proxy"), backend_port, **overrides)
         started.append(proc)
         return proc
 

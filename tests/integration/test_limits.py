@@ -35,7 +35,7 @@ import pymysql.cursors
 import pytest
 
 from tests.integration.clients import ALL_BYTES, CLIENTS, ClientUnavailable, run_many
-from tests.integration.conftest import MiB
+from tests.integration.conftest import MiB, start_proxy
 from tests.lab.fixtures import require
 from tests.lab.goclient import run_goclient
 
@@ -50,9 +50,7 @@ LIMIT = 1 * MiB
 @pytest.fixture(scope="module")
 def split_proxy(mariadb, tmp_path_factory):
     """Split mode on the shared 64M server with a 1 MiB proxy limit."""
-    from tests.integration.conftest import _start
-
-    proc = _start(tmp_path_factory.mktemp("proxy-split"), mariadb.port,
+    proc = start_proxy(tmp_path_factory.mktemp("proxy-split"), mariadb.port,
                   limits={"max_allowed_packet": "1MiB", "oversized": "split"})
     try:
         yield proc
@@ -63,9 +61,7 @@ def split_proxy(mariadb, tmp_path_factory):
 @pytest.fixture(scope="module")
 def small_split_proxy(small_packet_server, tmp_path_factory):
     """Split mode in front of the 1M server (the limit comes from the backend)."""
-    from tests.integration.conftest import _start
-
-    proc = _start(tmp_path_factory.mktemp("proxy-split-1m"), small_packet_server.db.port,
+    proc = start_proxy(tmp_path_factory.mktemp("proxy-split-1m"), small_packet_server.db.port,
                   limits={"oversized": "split"})
     try:
         yield proc
@@ -432,10 +428,10 @@ def run_direct(mariadb, table: str, setup: list[bytes | str], statement: bytes) 
         conn.close()
 
 
-@pytest.mark.parametrize("times", [2, 10, 50])
+@pytest.mark.parametrize("splitting, times", [
+    ("server-1M", 2), ("server-1M", 10), ("proxy-1MiB", 2), ("proxy-1MiB", 10), ("proxy-1MiB", 50),
+], indirect=["splitting"])
 def test_split_insert(splitting, mariadb, times):
-    if times == 50 and splitting.name == "server-1M":
-        pytest.skip("50x runs once, on the proxy-1MiB set-up (the same code path)")
     rows = make_rows(1, times * LIMIT, seed=times)
     statement = values_statement("INSERT", "split_ins", rows)
     assert len(statement) > times * LIMIT
@@ -548,6 +544,29 @@ def test_split_is_atomic_inside_a_transaction(splitting, where):
         conn.close()
 
 
+def test_split_with_autocommit_off(splitting, mariadb):
+    """autocommit=0 without BEGIN: the split statement joins the implicit transaction, invisible
+    to others until COMMIT; a failing one leaves the transaction's earlier rows alone."""
+    rows = make_rows(1, 3 * LIMIT, seed=81)
+    conn = connect(splitting.proxy.port)
+    other = connect(splitting.db.port)
+    try:
+        fresh_table(conn, "split_ac")
+        query(conn, "SET autocommit = 0")
+        query(conn, "INSERT INTO split_ac (id, t) VALUES (100000, 'first')")
+        assert execute(conn, values_statement("INSERT", "split_ac", rows))[0] == len(rows)
+        assert query(other, "SELECT COUNT(*) FROM split_ac") == [(0,)]
+        with pytest.raises(pymysql.err.IntegrityError):  # every row again: 1062 in the first piece
+            execute(conn, values_statement("INSERT", "split_ac", rows[::-1]))
+        assert query(conn, "SELECT @@in_transaction, @@autocommit") == [(1, 0)]
+        query(conn, "COMMIT")
+        assert query(other, "SELECT COUNT(*) FROM split_ac") == [(len(rows) + 1,)]
+        query(conn, "SET autocommit = 1")
+    finally:
+        conn.close()
+        other.close()
+
+
 def test_split_rolled_back_with_the_transaction(splitting):
     rows = make_rows(1, 3 * LIMIT, seed=51)
     conn = connect(splitting.proxy.port)
@@ -614,6 +633,119 @@ def test_split_piece_sizes_at_the_limit(request, proxy_factory, setup):
         conn.close()
 
 
+SPLIT_FORMS = {
+    "lowercase": (b"insert into split_f (id, t) values ", b""),
+    "leading comment and spaces": (b"  /* DM batch */ INSERT INTO split_f (id, t) VALUES\n", b";"),
+    "qualified backticks (DM)": (b"INSERT INTO `test`.`split_f` (`id`,`t`) VALUES ", b""),
+    "VALUE keyword": (b"INSERT INTO split_f (id, t) VALUE ", b" ; "),
+    "modifiers": (b"INSERT LOW_PRIORITY INTO split_f (id, t) VALUES ", b""),
+    "REPLACE lowercase": (b"replace into split_f (id, t) values ", b""),
+}
+
+
+@pytest.mark.parametrize("form", list(SPLIT_FORMS))
+def test_split_statement_forms(splitting, form):
+    head, tail = SPLIT_FORMS[form]
+    rows = [(i, ("r%d-" % i) + "x'y\\z(),;--#/*" * 4000) for i in range(1, 40)]
+    body = b", ".join(b"(%d, '%s')" % (i, t.replace("\\", "\\\\").replace("'", "\\'").encode()) for i, t in rows)
+    statement = head + body + tail
+    assert len(statement) > 2 * LIMIT
+    conn = connect(splitting.proxy.port)
+    try:
+        query(conn, "DROP TABLE IF EXISTS split_f")
+        query(conn, "CREATE TABLE split_f (id INT PRIMARY KEY, t TEXT)")
+        assert execute(conn, statement)[0] == len(rows)
+        assert query(conn, "SELECT id, t FROM split_f ORDER BY id") == rows
+    finally:
+        conn.close()
+
+
+def test_split_with_no_backslash_escapes(splitting, mariadb):
+    """In NO_BACKSLASH_ESCAPES mode a backslash is an ordinary character: 'a\\' is a whole
+    string. The proxy learns the mode from the status flags and splits accordingly."""
+    # SQL text of the values: quotes doubled, backslashes as they are.
+    rows = [(i, "ends with a backslash \\" if i % 2 else "it''s \\'' tricky " * 2000) for i in range(1, 200)]
+    values = b", ".join(b"(%d, '%s')" % (i, t.encode()) for i, t in rows)
+    statement = b"INSERT INTO split_nbe (id, t) VALUES " + values
+    assert len(statement) > 2 * LIMIT
+    results = []
+    for port in (mariadb.port, splitting.proxy.port):
+        conn = connect(port)
+        try:
+            query(conn, "SET SESSION sql_mode = 'NO_BACKSLASH_ESCAPES'")
+            query(conn, "DROP TABLE IF EXISTS split_nbe")
+            query(conn, "CREATE TABLE split_nbe (id INT PRIMARY KEY, t MEDIUMTEXT)")
+            affected = execute(conn, statement)
+            results.append((affected, query(conn, "SELECT id, t FROM split_nbe ORDER BY id")))
+        finally:
+            conn.close()
+    direct, via = results
+    assert direct[0] == (len(rows), 0)
+    assert direct[1][0][1].endswith("\\") and "''" not in direct[1][1][1]
+    assert via == direct
+
+
+def test_split_insert_ignore(splitting, mariadb):
+    """INSERT IGNORE with duplicates in several pieces: affected rows and warnings add up."""
+    rows = make_rows(1, 4 * LIMIT, seed=71)
+    existing = rows[::9]
+    setup = [values_statement("INSERT", "split_ign", existing[i : i + 20]) for i in range(0, len(existing), 20)]
+    statement = values_statement("INSERT IGNORE", "split_ign", rows)
+    direct = run_direct(mariadb, "split_ign", setup, statement)
+    conn = connect(splitting.proxy.port)
+    try:
+        fresh_table(conn, "split_ign")
+        for s in setup:
+            execute(conn, s)
+        result = execute(conn, statement)
+        assert result == direct == (len(rows) - len(existing), len(existing))
+        assert_same_rows(table_rows(conn, "split_ign"), expected_rows(rows))
+    finally:
+        conn.close()
+
+
+def test_split_warnings(splitting, mariadb):
+    """Truncation warnings of every piece add up in the OK, as MariaDB counts them unsplit."""
+    rows = [b"(%d, '%s')" % (i, b"w" * 60_000) for i in range(40)]  # each value truncated to 3
+    statement = b"INSERT INTO split_w VALUES " + b", ".join(rows)
+    results = []
+    for port in (mariadb.port, splitting.proxy.port):
+        conn = connect(port)
+        try:
+            query(conn, "SET SESSION sql_mode = ''")
+            query(conn, "DROP TABLE IF EXISTS split_w")
+            query(conn, "CREATE TABLE split_w (id INT PRIMARY KEY, t VARCHAR(3))")
+            results.append(execute(conn, statement))
+        finally:
+            conn.close()
+    direct, via = results
+    assert direct == (40, 40)
+    assert via == direct
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "proxy bug (split mode): SHOW WARNINGS after a split statement lists only the last piece's warnings "
+    "(6 of 40 here, their 'at row N' counted from that piece's first row) although the OK's warning count "
+    "is the sum over all pieces"))
+def test_split_show_warnings(splitting, mariadb):
+    rows = [b"(%d, '%s')" % (i, b"w" * 60_000) for i in range(40)]
+    statement = b"INSERT INTO split_sw VALUES " + b", ".join(rows)
+    shown = []
+    for port in (mariadb.port, splitting.proxy.port):
+        conn = connect(port)
+        try:
+            query(conn, "SET SESSION sql_mode = ''")
+            query(conn, "DROP TABLE IF EXISTS split_sw")
+            query(conn, "CREATE TABLE split_sw (id INT PRIMARY KEY, t VARCHAR(3))")
+            execute(conn, statement)
+            shown.append(query(conn, "SHOW WARNINGS"))
+        finally:
+            conn.close()
+    direct, via = shown
+    assert len(direct) == 40 and direct[0][1] == 1265  # Data truncated for column 't'
+    assert via == direct, f"SHOW WARNINGS: {len(via)} rows through the proxy, {len(direct)} without"
+
+
 @pytest.mark.xfail(strict=True, reason=(
     "proxy bug: after a split INSERT into an AUTO_INCREMENT table, LAST_INSERT_ID() on the session is the "
     "first id of the last piece, not of the statement (the OK's insert id is right)"))
@@ -665,7 +797,7 @@ class RssSampler:
                 return
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "RssSampler":
+    def __enter__(self) -> RssSampler:
         self.peak = rss_kib(self.pid)
         self._thread.start()
         return self
@@ -710,7 +842,8 @@ def test_memory_stays_bounded(mariadb, proxy_factory, tmp_path):
         report["final_rss_mib"] = rss_kib(pid) / 1024
     finally:
         conn.close()
-    peak = max(report["result_200mib_peak_rss_mib"], report["statement_60mb_peak_rss_mib"])
+    # VmHWM also catches a spike between two samples (and the warm-up: conservative).
+    peak = max(report["result_200mib_peak_rss_mib"], report["statement_60mb_peak_rss_mib"], report["hwm_rss_mib"])
     report["growth_mib"] = peak - report["baseline_rss_mib"]
     (tmp_path / "rss.json").write_text(json.dumps(report, indent=2))
     print("\nproxy RSS (MiB):", json.dumps({k: round(v, 1) for k, v in report.items()}))
