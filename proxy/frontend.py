@@ -28,7 +28,9 @@ class Proxy:
     def __init__(self, config: Config, hooks: Hooks | None = None, opener=None) -> None:
         self.config = config
         self.target = Target(config, hooks) if opener is None else Target(config, hooks, opener)
-        self._ids = itertools.count(1)
+        # Session ids double as the connection id of the greeting. Starting high keeps them apart
+        # from the server's own connection ids, so a KILL can tell which one it was given.
+        self._ids = itertools.count(1_000_000_001)
         self.addresses: list[tuple[str, int]] = []
         self._accepting: trio.CancelScope | None = None
 
@@ -96,10 +98,7 @@ class Proxy:
         started = trio.current_time()
         opened = False
         try:
-            with trio.move_on_after(self.config.listen.handshake_timeout) as scope:
-                opened = await session.handshake()
-            if scope.cancelled_caught:
-                session.close_reason = f"no login within {self.config.listen.handshake_timeout:g}s"
+            opened = await session.handshake()
             if opened:
                 log.info(
                     "session %d open: user=%s client=%s backend=%s backend_conn=%d",

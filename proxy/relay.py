@@ -155,37 +155,16 @@ class Session:
     # ------------------------------------------------------------------ login
 
     async def handshake(self) -> bool:
-        """Authenticate the client and open its backend connection. False: session refused."""
-        client = self.client
-        try:
-            profile = await self.target.profile()
-        except BackendError as exc:
-            await self._send_client(make_err(*Err.CONN_HOST_ERROR, f"Can't connect to backend: {exc}"), 0)
-            self.close_reason = f"backend unreachable: {exc}"
+        """Authenticate the client and open its backend connection. False: session refused.
+        listen.handshake_timeout bounds the client's part; waiting for a backend that is down
+        is bounded by recovery.buffer_window instead."""
+        timeout = self.config.listen.handshake_timeout
+        with trio.move_on_after(timeout) as scope:
+            resp, user, seq = await self._client_login()
+        if scope.cancelled_caught:
+            self.close_reason = f"no login within {timeout:g}s"
             return False
-        self.scramble = new_scramble()
-        offered = (PROXY_CAPABILITIES & profile.capabilities) | (
-            Capabilities.CLIENT_PROTOCOL_41 | Capabilities.CLIENT_SECURE_CONNECTION | Capabilities.CLIENT_PLUGIN_AUTH
-        )
-        greeting = ServerHandshake(
-            profile.server_version, self.id, self.scramble, offered, profile.collation, int(AUTOCOMMIT), NATIVE
-        )
-        await self._send_client(make_server_handshake(greeting), 0)
-        packet = await client.read_packet()
-        resp = parse_handshake_response(packet.payload)
-        if resp.ssl_request:
-            await self._send_client(make_err(*Err.HANDSHAKE, "replay-proxy does not support TLS yet"), packet.seq + 1)
-            self.close_reason = "client asked for TLS"
-            return False
-        self.client_caps = resp.capabilities & offered
-        self.deprecate_eof = bool(self.client_caps & Capabilities.CLIENT_DEPRECATE_EOF)
-        self.info.multi_statements = bool(self.client_caps & Capabilities.CLIENT_MULTI_STATEMENTS)
-        host = self.client_address.rsplit(":", 1)[0]
-        auth = ServerAuth(self.scramble, self.target.passwords, host)
-        user, seq = await self._authenticate(auth, auth.start(resp), packet.seq + 1)
         if user is None:
-            self.close_reason = f"login refused for user {resp.username!r}"
-            log.warning("session %d: login refused for user %r from %s", self.id, resp.username, self.client_address)
             return False
         self.info.user = user
         self.state = SessionState(user, resp.database, resp.charset)
@@ -204,6 +183,48 @@ class Session:
             self._markers = await self.target.ensure_marker_table(self.backend)
         await self._send_client(make_ok(self.backend.status), seq)
         return True
+
+    async def _client_login(self) -> tuple[HandshakeResponse | None, str | None, int]:
+        """Greeting, handshake response, authentication: (response, user or None, next seq)."""
+        client = self.client
+        try:
+            profile = await self.target.profile()
+        except BackendError as exc:
+            await self._send_client(make_err(*Err.CONN_HOST_ERROR, f"Can't connect to backend: {exc}"), 0)
+            self.close_reason = f"backend unreachable: {exc}"
+            return None, None, 0
+        self.scramble = new_scramble()
+        offered = (PROXY_CAPABILITIES & profile.capabilities) | (
+            Capabilities.CLIENT_PROTOCOL_41 | Capabilities.CLIENT_SECURE_CONNECTION | Capabilities.CLIENT_PLUGIN_AUTH
+        )
+        greeting = ServerHandshake(
+            profile.server_version, self.id, self.scramble, offered, profile.collation, int(AUTOCOMMIT), NATIVE
+        )
+        await self._send_client(make_server_handshake(greeting), 0)
+        packet = await client.read_packet()
+        resp = parse_handshake_response(packet.payload)
+        if resp.ssl_request:
+            await self._send_client(make_err(*Err.HANDSHAKE, "replay-proxy does not support TLS yet"), packet.seq + 1)
+            self.close_reason = "client asked for TLS"
+            return resp, None, 0
+        if resp.capabilities & Capabilities.CLIENT_COMPRESS:
+            # Not offered, asked anyway (mysql-connector does): say so instead of a silent hang.
+            await self._send_client(
+                make_err(*Err.HANDSHAKE, "replay-proxy does not support the compressed protocol; connect without compression"),
+                packet.seq + 1,
+            )
+            self.close_reason = "client asked for compression"
+            return resp, None, 0
+        self.client_caps = resp.capabilities & offered
+        self.deprecate_eof = bool(self.client_caps & Capabilities.CLIENT_DEPRECATE_EOF)
+        self.info.multi_statements = bool(self.client_caps & Capabilities.CLIENT_MULTI_STATEMENTS)
+        host = self.client_address.rsplit(":", 1)[0]
+        auth = ServerAuth(self.scramble, self.target.passwords, host)
+        user, seq = await self._authenticate(auth, auth.start(resp), packet.seq + 1)
+        if user is None:
+            self.close_reason = f"login refused for user {resp.username!r}"
+            log.warning("session %d: login refused for user %r from %s", self.id, resp.username, self.client_address)
+        return resp, user, seq
 
     def _login_for(self, user: str, resp: HandshakeResponse | None, database: str | None = None) -> Login:
         cfg = self.config.user(user)
@@ -413,6 +434,9 @@ class Session:
         elif code == C.COM_QUERY and keyword == b"SELECT" and _ASKS_MAX_PACKET.match(cmd.payload, 1):
             cmd = self._tell_effective_limit(cmd)
             inflight.command = cmd
+        elif code == C.COM_QUERY and keyword == b"KILL":
+            cmd = self._translate_kill(cmd)
+            inflight.command = cmd
         self.inflight = inflight
         if self.backend_ok:
             await self._send_inflight(inflight)
@@ -424,6 +448,21 @@ class Session:
         if not self.backend or not self.backend.max_allowed_packet or limit >= self.backend.max_allowed_packet:
             return cmd
         payload = b"\x03SELECT %d AS `@@max_allowed_packet`" % limit
+        return Command(payload, encode_packet(payload, 0)[0], cmd.seq_end, len(payload))
+
+    def _translate_kill(self, cmd: Command) -> Command:
+        """Clients KILL by the connection id of the proxy's greeting (the mariadb CLI on Ctrl-C:
+        KILL QUERY <id>). Those ids are the proxy's own session numbers; the server knows the
+        session's current backend connection instead."""
+        m = _KILL.match(cmd.payload, 1)
+        if m is None:
+            return cmd
+        session = self.target.session_by_id(int(m.group(2)))
+        if session is None or session.backend is None:
+            return cmd  # not a proxy session: the server will judge the id
+        payload = b"\x03KILL %s%d" % (m.group(1), session.backend.connection_id)
+        log.info("session %d: %s of proxy session %s sent as backend connection %d",
+                 self.id, payload[1:].decode(errors="replace"), m.group(2).decode(), session.backend.connection_id)
         return Command(payload, encode_packet(payload, 0)[0], cmd.seq_end, len(payload))
 
     async def _refuse_long_data(self, cmd: Command, stmt: PreparedStatement) -> None:
@@ -509,6 +548,10 @@ class Session:
                 warnings += tracker.ok.warnings
                 if insert_id is None:
                     insert_id = tracker.ok.last_insert_id  # LAST_INSERT_ID of a multi-row insert: its first row
+        if insert_id:
+            # The session's LAST_INSERT_ID() must be the statement's first id, as unsplit.
+            if await self._run_internal(b"\x03DO LAST_INSERT_ID(%d)" % insert_id, cmd.seq_end) is None:
+                return
         done = await self._run_internal(b"\x03" + commit.encode(), cmd.seq_end)
         if done is None:
             return
@@ -603,6 +646,11 @@ class Session:
             data = data[:end]
         error = tracker.error
         if error is not None and error.code in SERVER_GOING_AWAY and not inflight.forwarded:
+            if inflight.keyword == b"KILL":
+                # The client killed its own connection (KILL CONNECTION_ID()): pass the answer
+                # on and end the session, as the server does, instead of bringing it back.
+                await self._complete(inflight, data)
+                raise SessionClosed("the client killed its own backend connection")
             await self._recover(f"backend answered {error}", rejected=True)
             return
         if tracker.local_infile and not inflight.refuse_infile:
@@ -1335,6 +1383,7 @@ class Session:
         return count, None
 
 
+_KILL = re.compile(rb"\s*KILL\s+((?:CONNECTION\s+|QUERY\s+)?)(\d+)\s*;?\s*$", re.I)
 _ASKS_MAX_PACKET = re.compile(rb"\s*SELECT\s+@@(?:session\.)?max_allowed_packet\s*;?\s*$", re.I)
 
 

@@ -41,6 +41,12 @@ class Target:
         self._marker_ready: bool | None = None
         self.sessions: set = set()
 
+    def session_by_id(self, session_id: int):
+        for session in self.sessions:
+            if session.id == session_id:
+                return session
+        return None
+
     @property
     def addresses(self) -> list[Address]:
         return self.config.backend.addresses

@@ -15,6 +15,7 @@ import hashlib
 import re
 import shutil
 import subprocess
+import time
 import sys
 from decimal import Decimal
 
@@ -486,27 +487,41 @@ def test_found_rows_flag(client, mariadb, proxy):
     assert via[7][:2] == ("ok", 1)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "proxy bug: the connection id in the handshake is the proxy's session number, not the backend's "
-    "CONNECTION_ID(); a client that KILLs by it (the mariadb CLI's Ctrl-C sends KILL QUERY <handshake id> "
-    "on a new connection) hits an unrelated backend connection"))
-def test_handshake_connection_id_is_connection_id(mariadb, proxy):
+def test_kill_query_by_the_greeting_connection_id(mariadb, proxy):
+    """The mariadb CLI cancels a query on Ctrl-C with KILL QUERY <id from the greeting> sent on a
+    second connection. The greeting carries the proxy's session id; the proxy translates it."""
+    import threading
+
     for port in (mariadb.port, proxy.port):
-        conn = pymysql.connect(host="127.0.0.1", port=port, user="app", password="apppw", database="test")
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SELECT CONNECTION_ID()")
-                (connection_id,) = cur.fetchone()
-            assert conn.thread_id() == connection_id, f"port {port}: handshake {conn.thread_id()}, server {connection_id}"
-        finally:
-            conn.close()
+        victim = pymysql.connect(host="127.0.0.1", port=port, user="app", password="apppw", database="test")
+        killer = pymysql.connect(host="127.0.0.1", port=port, user="app", password="apppw", database="test")
+        outcome = {}
+
+        def sleep():
+            started = time.monotonic()
+            try:
+                with victim.cursor() as cur:
+                    cur.execute("SELECT SLEEP(20)")
+                    outcome["result"] = cur.fetchall()
+            except pymysql.err.OperationalError as exc:
+                outcome["result"] = exc.args[0]
+            outcome["took"] = time.monotonic() - started
+
+        thread = threading.Thread(target=sleep)
+        thread.start()
+        time.sleep(0.5)
+        with killer.cursor() as cur:
+            cur.execute(f"KILL QUERY {victim.thread_id()}")
+        thread.join(30)
+        assert outcome["result"] == 1317 and outcome["took"] < 10, (port, outcome)  # "Query execution was interrupted"
+        with victim.cursor() as cur:  # KILL QUERY leaves the connection usable
+            cur.execute("SELECT 1")
+            assert cur.fetchall() == ((1,),)
+        victim.close()
+        killer.close()
 
 
 @pytest.mark.parametrize("in_transaction", [False, True])
-@pytest.mark.xfail(strict=True, reason=(
-    "proxy bug: ERR 1927 answered to KILL CONNECTION_ID() is taken as 'server going away, command not "
-    "run': the proxy reconnects and sends the KILL again (about 35 times in the 30 s buffer window), then "
-    "answers 1213 (retryable deadlock) after 30 s, where MariaDB answers 1927 at once"))
 def test_kill_own_connection(mariadb, proxy_factory, in_transaction):
     """KILL CONNECTION_ID(): MariaDB answers 1927 at once and drops the connection."""
     own = proxy_factory(mariadb.port)  # the loop would otherwise keep the shared proxy busy
@@ -781,11 +796,9 @@ def test_compression_requested_by_a_client_that_checks(mariadb, proxy):
             conn.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "proxy bug (with a client bug): mysql-connector (pure) with compress=True sets CLIENT_COMPRESS although "
-    "the proxy does not offer it and then speaks the compressed protocol; the proxy ignores the flag, both "
-    "sides wait for each other and the connect hangs, where a clear error was possible"))
 def test_compression_requested_by_a_client_that_does_not_check(proxy):
+    """mysql-connector (pure) with compress=True sets CLIENT_COMPRESS although the proxy does not
+    offer it: the proxy refuses with a clear error instead of both sides waiting."""
     # In a subprocess with a deadline: the hang does not honour connection_timeout.
     script = (
         "import mysql.connector\n"

@@ -746,9 +746,6 @@ def test_split_show_warnings(splitting, mariadb):
     assert via == direct, f"SHOW WARNINGS: {len(via)} rows through the proxy, {len(direct)} without"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "proxy bug: after a split INSERT into an AUTO_INCREMENT table, LAST_INSERT_ID() on the session is the "
-    "first id of the last piece, not of the statement (the OK's insert id is right)"))
 def test_split_last_insert_id(splitting, mariadb):
     """An AUTO_INCREMENT table: the OK's insert id and LAST_INSERT_ID() as without the proxy."""
     rows = [b"('" + bytes([97 + i % 26]) * 50_000 + b"')" for i in range(3 * LIMIT // 50_000)]
