@@ -27,6 +27,7 @@ from proxy.protocol.packets import (
     parse_server_handshake,
 )
 from proxy.protocol.response import Expect, ResponseTracker
+from proxy.protocol.resultset import decode_text_row
 
 __all__ = ["Backend", "BackendError", "Login", "connect_backend", "RETRYABLE_LOGIN_ERRORS"]
 
@@ -118,15 +119,7 @@ class Backend:
                 raise BackendError(f"{self.address}: {sql[:60]!r} failed: {err}", retryable=False, err=err)
             if payload[0] == 0xFE and len(payload) < 0xFFFFFF:
                 return rows
-            r = Reader(payload)
-            row: list[bytes | None] = []
-            for _ in range(ncols):
-                if payload[r.pos] == 0xFB:
-                    r.pos += 1
-                    row.append(None)
-                else:
-                    row.append(r.lenenc_str())
-            rows.append(row)
+            rows.append(decode_text_row(payload, ncols))
 
 
 def _set_keepalive(sock: socket.socket) -> None:

@@ -32,7 +32,8 @@ from proxy.protocol import sql
 from proxy.protocol.auth import NATIVE, ServerAuth, new_scramble
 from proxy.protocol.constants import PROXY_CAPABILITIES, Capabilities, Commands, Err, ServerStatus
 from proxy.protocol.framing import encode_packet
-from proxy.protocol.split import CannotSplit, split_values_statement
+from proxy.protocol.resultset import build_text_result, read_text_result
+from proxy.protocol.split import CannotSplit, count_rows, split_values_statement
 from proxy.protocol.packets import (
     ERR_HEADER,
     HandshakeResponse,
@@ -150,6 +151,7 @@ class Session:
         self.commands = 0
         self.recoveries = 0
         self._losses_in_a_row = 0  # recoveries since the last command completed
+        self._split_warnings: _MergedWarnings | None = None  # warnings of the last split statement
         self.close_reason = ""
 
     # ------------------------------------------------------------------ login
@@ -322,6 +324,12 @@ class Session:
                 await self._answer_pending(cmd)
                 continue
             code = cmd.code
+            if self._split_warnings is not None:  # only the very next command may ask for them
+                merged, self._split_warnings = self._split_warnings, None
+                if code == C.COM_QUERY and _SHOW_WARNINGS.match(cmd.payload, 1):
+                    status = (IN_TRANS if self.tx.active else 0) | (AUTOCOMMIT if self.autocommit else 0)
+                    await self.client.send(build_text_result(merged.coldefs, merged.rows, status, self.deprecate_eof, cmd.seq_end + 1))
+                    continue
             if code in _REFUSED_COMMANDS:
                 await self._answer_error(cmd, *Err.UNKNOWN_COM, f"{CommandInfo(code, b'').name} is not supported through replay-proxy")
                 continue
@@ -491,16 +499,17 @@ class Session:
         self.marker_txn = self._next_marker = number
         return True
 
-    async def _run_internal(self, payload: bytes, seq_end: int) -> ResponseTracker | None:
+    async def _run_internal(self, payload: bytes, seq_end: int, capture: bytearray | None = None) -> ResponseTracker | None:
         """Client task only: run a command of the proxy's own on the backend and wait for its
-        whole response (not forwarded). None when recovery answered the client with an error
-        instead, and the caller must stop."""
+        whole response (not forwarded; kept in ``capture`` if given). None when recovery
+        answered the client with an error instead, and the caller must stop."""
         cmd = Command(payload, encode_packet(payload, 0)[0], seq_end, len(payload))
         statement = self.prepared.get(int.from_bytes(payload[1:5], "little")) if payload[0] in _STMT_COMMANDS else None
         keyword = st.first_keyword(payload, 1) if payload[0] == C.COM_QUERY else b""
         hashing = self.tx.active or not self.autocommit or keyword in st.TX_CONTROL
         inflight = Inflight(cmd, ResponseTracker(expect_for(payload[0]), self.deprecate_eof, hashing), statement,
                             trio.current_time(), keyword, internal=True, done=trio.Event())
+        inflight.held = capture
         self.inflight = inflight
         if self.backend_ok:
             await self._send_inflight(inflight)
@@ -533,6 +542,7 @@ class Session:
             return
         affected = warnings = 0
         insert_id = None
+        merged = _MergedWarnings()
         for piece in pieces:
             tracker = await self._run_internal(b"\x03" + piece, cmd.seq_end)
             if tracker is None:
@@ -548,6 +558,9 @@ class Session:
                 warnings += tracker.ok.warnings
                 if insert_id is None:
                     insert_id = tracker.ok.last_insert_id  # LAST_INSERT_ID of a multi-row insert: its first row
+                if tracker.ok.warnings and not await self._collect_warnings(merged, cmd.seq_end):
+                    return
+            merged.rows_before += count_rows(piece, no_backslash_escapes=self.nbe)
         if insert_id:
             # The session's LAST_INSERT_ID() must be the statement's first id, as unsplit.
             if await self._run_internal(b"\x03DO LAST_INSERT_ID(%d)" % insert_id, cmd.seq_end) is None:
@@ -560,6 +573,19 @@ class Session:
             await self._send_client(make_err(err.code, err.sqlstate, err.message), cmd.seq_end + 1)
             return
         await self._send_client(make_ok(done.status, affected, insert_id or 0, warnings), cmd.seq_end + 1)
+        if merged.rows:
+            self._split_warnings = merged  # SHOW WARNINGS right after this gets all pieces' warnings
+
+    async def _collect_warnings(self, merged: "_MergedWarnings", seq_end: int) -> bool:
+        """SHOW WARNINGS after one piece of a split statement, renumbered to the whole statement.
+        False: the client was already answered (recovery)."""
+        frames = bytearray()
+        tracker = await self._run_internal(b"\x03SHOW WARNINGS", seq_end, capture=frames)
+        if tracker is None:
+            return False
+        if tracker.error is None:
+            merged.add(*read_text_result(bytes(frames), self.deprecate_eof))
+        return True
 
     async def _send_inflight(self, inflight: Inflight) -> None:
         """Send (or resend) the in-flight command to the current backend."""
@@ -683,6 +709,8 @@ class Session:
                 await self._recover(f"connection lost while reading back session variables: {exc}")
                 return
         if inflight.internal:
+            if inflight.held is not None:
+                inflight.held += last
             out = b""
         elif inflight.refuse_infile:
             out = encode_packet(
@@ -1029,7 +1057,7 @@ class Session:
             inflight.state = NOT_SENT
             inflight.tracker = ResponseTracker(inflight.tracker.expect, self.deprecate_eof, inflight.tracker.hashing)
             if inflight.held is not None:
-                inflight.held = bytearray()
+                inflight.held.clear()
         # Past the buffer window, a command that may have run gets a connection error; one that
         # certainly did not run gets 1213.
         may_have_run = sent is Sent.MAYBE_EXECUTED and plan.outcome in (Outcome.RESUME, Outcome.RESOLVE)
@@ -1381,6 +1409,29 @@ class Session:
                 if stmt.client_id not in self.prepared:
                     await backend.channel.send(encode_packet(b"\x19" + struct.pack("<I", stmt.backend_id), 0)[0])
         return count, None
+
+
+_SHOW_WARNINGS = re.compile(rb"\s*SHOW\s+WARNINGS\s*;?\s*$", re.I)
+_AT_ROW = re.compile(rb"(at row )(\d+)")
+_MAX_ERROR_COUNT = 64  # the server keeps at most @@max_error_count (default 64) warnings
+
+
+class _MergedWarnings:
+    """SHOW WARNINGS rows of all pieces of a split statement, numbered as in the whole one."""
+
+    def __init__(self) -> None:
+        self.coldefs: list[bytes] = []
+        self.rows: list[list[bytes | None]] = []
+        self.rows_before = 0  # rows of the statement in earlier pieces
+
+    def add(self, coldefs: list[bytes], rows: list[list[bytes | None]]) -> None:
+        self.coldefs = self.coldefs or coldefs
+        offset = self.rows_before
+        for level, code, message in rows:
+            if message is not None and offset:
+                message = _AT_ROW.sub(lambda m: m.group(1) + str(int(m.group(2)) + offset).encode(), message)
+            if len(self.rows) < _MAX_ERROR_COUNT:
+                self.rows.append([level, code, message])
 
 
 _KILL = re.compile(rb"\s*KILL\s+((?:CONNECTION\s+|QUERY\s+)?)(\d+)\s*;?\s*$", re.I)

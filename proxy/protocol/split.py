@@ -33,7 +33,7 @@ from proxy.protocol.sql import (
     quoted_string,
 )
 
-__all__ = ["CannotSplit", "MAX_NESTING", "split_values_statement"]
+__all__ = ["CannotSplit", "MAX_NESTING", "count_rows", "split_values_statement"]
 
 # Parentheses nesting inside one row that the row pattern follows (CONCAT(LEFT('a', 1), ...)).
 MAX_NESTING = 16
@@ -286,3 +286,19 @@ def _diagnose_row(sql: bytes, pos: int, nbe: bool) -> str:
     if depth == 0:
         return f"expected a row after byte {pos}"
     return f"unbalanced parentheses: the row at byte {pos} is never closed"
+
+
+def count_rows(statement: bytes, *, no_backslash_escapes: bool = False) -> int:
+    """How many rows an ``INSERT|REPLACE ... VALUES`` statement has (e.g. one piece of a split:
+    the server numbers rows in its warnings from the piece's first row)."""
+    nbe = no_backslash_escapes
+    row_re, _, sep_re = _PATTERNS[nbe]
+    pos = _rows_start(statement, nbe)
+    count = 0
+    while (row := row_re.match(statement, pos)) is not None:
+        count += 1
+        sep = sep_re.match(statement, row.end())
+        if sep is None:
+            break
+        pos = sep.end()
+    return count

@@ -723,11 +723,9 @@ def test_split_warnings(splitting, mariadb):
     assert via == direct
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "proxy bug (split mode): SHOW WARNINGS after a split statement lists only the last piece's warnings "
-    "(6 of 40 here, their 'at row N' counted from that piece's first row) although the OK's warning count "
-    "is the sum over all pieces"))
 def test_split_show_warnings(splitting, mariadb):
+    """SHOW WARNINGS right after a split statement lists the warnings of all pieces, with "at row N"
+    counted over the whole statement, as without the proxy."""
     rows = [b"(%d, '%s')" % (i, b"w" * 60_000) for i in range(40)]
     statement = b"INSERT INTO split_sw VALUES " + b", ".join(rows)
     shown = []
