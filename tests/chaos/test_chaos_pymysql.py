@@ -11,7 +11,7 @@ import time
 import pymysql
 import pytest
 
-from tests.lab.proxy import ProxyProcess
+from tests.lab.chaos import server_log_tail, start_chaos_proxy
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
@@ -71,7 +71,7 @@ def test_pymysql_workload_with_session_state_through_restarts(mariadb_factory, t
     server.query("CREATE TABLE test.chaos_counters (worker INT PRIMARY KEY, n BIGINT)")
     for w in range(WORKERS):
         server.query("INSERT INTO test.chaos_counters VALUES (%s, 0)", (w,))
-    proxy = ProxyProcess(tmp_path / "proxy", server.port, recovery={"commit_marker": True}, log={"level": "info"}).start()
+    proxy = start_chaos_proxy(tmp_path / "proxy", server.port, commit_marker=True)
     stop = threading.Event()
     workers = [Worker(i, proxy.port, stop) for i in range(WORKERS)]
     restarts = []
@@ -83,8 +83,9 @@ def test_pymysql_workload_with_session_state_through_restarts(mariadb_factory, t
         sigs = [signal.SIGKILL, signal.SIGTERM]
         while time.monotonic() - start + INTERVAL < DURATION:
             sig = sigs[len(restarts) % 2]
+            began = time.monotonic()
             server.restart(sig)
-            restarts.append(signal.Signals(sig).name)
+            restarts.append(f"{signal.Signals(sig).name} down {time.monotonic() - began:.1f}s")
             time.sleep(INTERVAL)
         stop.set()
         for w in workers:
@@ -97,7 +98,7 @@ def test_pymysql_workload_with_session_state_through_restarts(mariadb_factory, t
     print(f"restarts {restarts}; committed {len(committed)}; session checks {sum(w.session_checks for w in workers)}; "
           f"recoveries logged {log.count('recovered on')}; errors {errors}")
     assert len(restarts) >= 3
-    assert not errors
+    assert not errors, f"{errors[:2]}\nrestarts: {restarts}\nserver log:\n{server_log_tail(server)}"
     assert all(len(w.committed) > 20 and w.session_checks == len(w.committed) for w in workers)
     rows = {r[0] for r in server.query("SELECT id FROM test.chaos_rows")}
     assert rows == committed  # nothing lost, nothing extra

@@ -16,6 +16,24 @@ import trio
 
 from tests.lab.goclient import run_goclient, run_goclient_async
 from tests.lab.mariadb import MariaDB
+from tests.lab.proxy import ProxyProcess
+
+# A restart in the lab may keep the server away up to its stop and start timeouts (30 s each)
+# on a slow machine (a graceful shutdown alone may wait 20 s for threads). "Zero client errors"
+# must test the proxy, not the machine's disk, so the proxy holds requests longer than that.
+CHAOS_BUFFER_WINDOW = "90s"
+
+
+def start_chaos_proxy(workdir: Path, server_port: int, **recovery: Any) -> ProxyProcess:
+    """The proxy as the chaos tests run it: info logging, a buffer window longer than any lab
+    restart, plus the given ``[recovery]`` keys."""
+    recovery = {"buffer_window": CHAOS_BUFFER_WINDOW, **recovery}
+    return ProxyProcess(workdir, server_port, recovery=recovery, log={"level": "info"}).start()
+
+
+def server_log_tail(server: MariaDB, lines: int = 40) -> str:
+    """The end of the server's error log (shutdown and startup times), for failure messages."""
+    return "\n".join(server.error_log_text().splitlines()[-lines:])
 
 
 @attrs.define
