@@ -98,7 +98,8 @@ def test_pymysql_workload_with_session_state_through_restarts(mariadb_factory, t
     print(f"restarts {restarts}; committed {len(committed)}; session checks {sum(w.session_checks for w in workers)}; "
           f"recoveries logged {log.count('recovered on')}; errors {errors}")
     assert len(restarts) >= 3
-    assert not errors, f"{errors[:2]}\nrestarts: {restarts}\nserver log:\n{server_log_tail(server)}"
+    failures = [line for line in log.splitlines() if "reconnect attempt" in line or "Lost connection" in line][-8:]
+    assert not errors, f"{errors[:2]}\nrestarts: {restarts}\nproxy log:\n" + "\n".join(failures) + f"\nserver log:\n{server_log_tail(server)}"
     assert all(len(w.committed) > 20 and w.session_checks == len(w.committed) for w in workers)
     rows = {r[0] for r in server.query("SELECT id FROM test.chaos_rows")}
     assert rows == committed  # nothing lost, nothing extra
