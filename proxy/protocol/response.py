@@ -218,21 +218,14 @@ class ResponseTracker:
                     length = data[pos] | data[pos + 1] << 8 | data[pos + 2] << 16
                     self.last_seq = data[pos + 3]
                     pos += 4
-                if self._cont:  # continuation of a large row or definition: pure data
-                    self._cont = length == MAX_FRAME
-                    self._skip = length
-                    self._mode = _SKIP
-                    if not length and not self._cont:
-                        self._mode = _HEADER
-                        if self._done_after_skip:
-                            return self._finish(pos)
-                    continue
+                continued = self._cont  # continuation of a large row or definition: pure data
                 self._cont = length == MAX_FRAME
                 state = self._state
-                if state == _COLDEFS or state == _P_PARAMS or state == _P_COLS:
-                    self._count -= 1
-                    if not self._count:
-                        self._definitions_done()
+                if continued or state == _COLDEFS or state == _P_PARAMS or state == _P_COLS:
+                    if not continued:  # a definition: counted, not decoded
+                        self._count -= 1
+                        if not self._count:
+                            self._definitions_done()
                     self._skip = length
                     self._mode = _SKIP
                     if not length and not self._cont:
