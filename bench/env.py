@@ -16,12 +16,14 @@ Every process started here is stopped by ``close()`` and, as a last resort, at i
 
 from __future__ import annotations
 
-import atexit
+import datetime as _dt
 import importlib.util
 import os
+import platform
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -36,7 +38,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tests.lab.mariadb import MariaDB, mariadb_unavailable_reason  # noqa: E402
-from tests.lab.proxy import ProxyProcess  # noqa: E402
+from tests.lab.proxy import ProxyProcess, toml_key, toml_value  # noqa: E402
 
 from bench.haproxy import HAProxy, haproxy_unavailable_reason  # noqa: E402
 
@@ -64,23 +66,6 @@ DEFAULT_PLUGIN_OPTIONS: dict[str, dict[str, Any]] = {
         "rules": [{"pattern": "(?i)^\\s*INSERT\\s+INTO\\s+`?bench_no_such_table`?", "replace": "REPLACE INTO bench_no_such_table"}],
     },
 }
-
-# Proxy subprocesses started by this interpreter: killed at exit if close() never ran.
-_LIVE_PROXIES: set[subprocess.Popen] = set()
-
-
-def _kill_proxies() -> None:
-    for proc in list(_LIVE_PROXIES):
-        if proc.poll() is None:
-            proc.kill()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-
-
-atexit.register(_kill_proxies)
-
 
 def raise_nofile(wanted: int = 16384) -> int:
     """Raise RLIMIT_NOFILE (soft) towards ``wanted``; children inherit it. Returns the new soft limit."""
@@ -138,25 +123,6 @@ def _plugin_installed(name: str) -> bool:
         return False
 
 
-def toml_inline(value: Any) -> str:
-    """A TOML value, with dicts as inline tables (tests/lab/proxy.py's writer has no inline tables)."""
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_toml_key(k)} = {toml_inline(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(toml_inline(v) for v in value) + "]"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    raise TypeError(f"cannot write {value!r} as TOML")
-
-
-def _toml_key(key: str) -> str:
-    return key if key.replace("_", "").replace("-", "").isalnum() else toml_inline(key)
-
-
 def _subst(value: Any, workdir: Path | None) -> Any:
     if isinstance(value, str) and workdir is not None:
         return value.replace("{workdir}", str(workdir))
@@ -193,12 +159,12 @@ class PluginVariant:
         """The [plugins] section; "{workdir}" in a string option becomes the proxy's work dir."""
         chain, _ = self.resolved_chain()
         options = DEFAULT_PLUGIN_OPTIONS if self.options is None else self.options
-        lines = ["[plugins]", f"chain = {toml_inline(chain)}"]
+        lines = ["[plugins]", f"chain = {toml_value(chain)}"]
         for name in chain:
             opts = options.get(name)
             if opts:
-                lines.append(f"[plugins.{_toml_key(name)}]")
-                lines.extend(f"{_toml_key(k)} = {toml_inline(_subst(v, workdir))}" for k, v in opts.items())
+                lines.append(f"[plugins.{toml_key(name)}]")
+                lines.extend(f"{toml_key(k)} = {toml_value(_subst(v, workdir))}" for k, v in opts.items())
         return "\n".join(lines) + "\n"
 
     def describe(self) -> dict[str, Any]:
@@ -305,7 +271,6 @@ class BenchEnv:
                     proxy.proc.wait(5)
             raise
         assert proxy.proc is not None
-        _LIVE_PROXIES.add(proxy.proc)
         self.proxies[name] = proxy
         self.targets[name] = Target(name, proxy.port, proxy.proc.pid)
 
@@ -373,7 +338,6 @@ class BenchEnv:
         )
         self.problems.append(what)
         self.log(f"{name} DIED (exit {proxy.proc.returncode}); restarting it. Log: {proxy.log_path}")
-        _LIVE_PROXIES.discard(proxy.proc)
         try:
             self._start_proxy(name)
         except Exception as exc:
@@ -411,8 +375,7 @@ class BenchEnv:
                     if proxy.proc.poll() is None:
                         proxy.proc.kill()
                         proxy.proc.wait(5)
-                    _LIVE_PROXIES.discard(proxy.proc)
-        self.proxies = {}
+                    self.proxies = {}
         if self.haproxy is not None:
             try:
                 self.haproxy.stop()
@@ -439,6 +402,20 @@ class BenchEnv:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def run_meta(now: _dt.datetime, module: str, argv: list[str] | None, **extra: Any) -> dict[str, Any]:
+    """The results header every benchmark writes: when, where, with what, and the command line."""
+    return {
+        "date": now.strftime("%Y-%m-%d %H:%M UTC"),
+        "host": socket.gethostname(),
+        "cores": os.cpu_count(),
+        "kernel": f"{platform.system()} {platform.release()}",
+        "loadavg_start": os.getloadavg(),
+        "versions": versions(),
+        **extra,
+        "command": " ".join([sys.executable, "-m", module, *(argv if argv is not None else sys.argv[1:])]),
+    }
 
 
 def versions() -> dict[str, str]:

@@ -8,31 +8,13 @@ Runs in the foreground (``-db``) as a child process; ``stop()`` (and interpreter
 
 from __future__ import annotations
 
-import atexit
 import shutil
 import signal
-import socket
 import subprocess
-import time
 from pathlib import Path
 
 from tests.lab.mariadb import free_port
-
-_LIVE: set[subprocess.Popen] = set()
-
-
-def _kill_all() -> None:
-    for proc in list(_LIVE):
-        if proc.poll() is None:
-            proc.kill()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-
-
-atexit.register(_kill_all)
-
+from tests.lab.procs import forget, kill_at_exit, wait_listening
 
 def haproxy_unavailable_reason() -> str | None:
     if shutil.which("haproxy") is None:
@@ -91,18 +73,13 @@ class HAProxy:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        _LIVE.add(self.proc)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"haproxy exited with {self.proc.returncode}:\n{self.log_text()[-3000:]}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return self
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"haproxy did not listen on {self.port} within {timeout} s:\n{self.log_text()[-3000:]}")
+        kill_at_exit(self.proc)
+        try:
+            wait_listening(self.proc, self.port, timeout, "haproxy", self.log_text)
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
 
     @property
     def pid(self) -> int | None:
@@ -126,5 +103,5 @@ class HAProxy:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
-        _LIVE.discard(self.proc)
+        forget(self.proc)
         self._log.close()

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from tests.lab.mariadb import free_port
+from tests.lab.procs import forget, kill_at_exit, wait_listening
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def toml_value(value: Any) -> str:
+    """A TOML value; dicts become inline tables."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -26,6 +28,11 @@ def toml_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def toml_key(key: str) -> str:
+    """A bare key where TOML allows one, else a quoted one."""
+    return key if key.replace("_", "").replace("-", "").isalnum() else toml_value(key)
 
 
 def write_config(path: Path, sections: dict[str, Any]) -> Path:
@@ -85,16 +92,9 @@ class ProxyProcess:
             [sys.executable, "-m", "proxy", "--config", str(self.config_path)],
             cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=env,
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"proxy exited with {self.proc.returncode}:\n{self.log_text()[-3000:]}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"proxy did not listen on {self.port} within {timeout}s:\n{self.log_text()[-3000:]}")
+        kill_at_exit(self.proc)
+        wait_listening(self.proc, self.port, timeout, "proxy", self.log_text)
+        return self
 
     def log_text(self) -> str:
         try:
@@ -114,6 +114,7 @@ class ProxyProcess:
                 self.proc.kill()
                 self.proc.wait()
                 raise RuntimeError(f"proxy ignored SIGTERM for {timeout}s:\n{self.log_text()[-3000:]}")
+        forget(self.proc)
         self._log.close()
         text = self.log_text()
         if "Traceback" in text:
