@@ -23,8 +23,6 @@ import argparse
 import datetime as _dt
 import json
 import os
-import platform
-import socket
 import statistics
 import sys
 import time
@@ -36,7 +34,7 @@ if __package__ in (None, ""):  # python bench/chaos.py
 
 import trio  # noqa: E402
 
-from bench.env import REPO, BenchEnv, sigterm_as_interrupt, versions  # noqa: E402
+from bench.env import REPO, BenchEnv, run_meta, sigterm_as_interrupt  # noqa: E402
 from tests.lab import goclient as gc  # noqa: E402
 from tests.lab.chaos import ChaosResult, run_chaos  # noqa: E402
 
@@ -288,17 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     settings = {k: getattr(args, k) for k in ("duration", "interval", "rounds", "conns", "batch", "sql", "quick")}
     results: dict[str, Any] = {
-        "meta": {
-            "date": now.strftime("%Y-%m-%d %H:%M UTC"),
-            "host": socket.gethostname(),
-            "cores": os.cpu_count(),
-            "kernel": f"{platform.system()} {platform.release()}",
-            "loadavg_start": os.getloadavg(),
-            "versions": versions(),
-            "settings": settings,
-            "proxy_config": proxy_overrides(args.sql),
-            "command": " ".join([sys.executable, "-m", "bench.chaos", *(argv if argv is not None else sys.argv[1:])]),
-        },
+        "meta": run_meta(now, "bench.chaos", argv, settings=settings, proxy_config=proxy_overrides(args.sql)),
         "runs": {},
         "problems": [],
     }

@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import os
-import platform
-import socket
 import sys
 import time
 import tomllib
@@ -27,7 +25,7 @@ if __package__ in (None, ""):  # python bench/run.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.env import ALL_TARGETS, DEFAULT_PLUGIN_CHAIN, REPO, BenchEnv, PluginVariant, missing_tools, \
-    raise_nofile, sigterm_as_interrupt, versions  # noqa: E402
+    raise_nofile, run_meta, sigterm_as_interrupt  # noqa: E402
 from bench.report import finalize, new_workload_record, render_table, write_chart, write_json  # noqa: E402
 from bench.workloads import Settings, Workload, WorkloadError, WorkloadSkipped  # noqa: E402
 from bench.workloads.bulk import BigResult, BigStatement  # noqa: E402
@@ -275,18 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS_DIR / (now.strftime("%Y%m%d-%H%M%S") + ("-quick" if settings.quick else ""))
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {
-        "meta": {
-            "date": now.strftime("%Y-%m-%d %H:%M UTC"),
-            "host": socket.gethostname(),
-            "cores": os.cpu_count(),
-            "kernel": f"{platform.system()} {platform.release()}",
-            "loadavg_start": os.getloadavg(),
-            "versions": versions(),
-            "settings": settings.__dict__.copy(),
-            "targets": targets,
-            "plugin_chain": None,
-            "command": " ".join([sys.executable, "-m", "bench.run", *(argv if argv is not None else sys.argv[1:])]),
-        },
+        "meta": run_meta(now, "bench.run", argv, settings=settings.__dict__.copy(), targets=targets, plugin_chain=None),
         "targets": targets,
         "workloads": {},
         "checks": [],

@@ -30,18 +30,33 @@ ROW_BYTES = 1000
 INSERT_CHUNK = 20000
 MB = 1_000_000
 
+# What both bulk workloads report: how fast the bytes went and what they cost the intermediary.
+TRANSFER_METRICS = (
+    Metric("mb_per_s", "throughput", "MB/s", "higher"),
+    Metric("peak_rss_mb", "peak RSS", "MB", "lower", intermediary_only=True),
+    Metric("rss_growth_mb", "peak RSS - RSS before", "MB", "lower", intermediary_only=True),
+    Metric("cpu_ms_per_mb", "CPU/MB", "ms", "lower", intermediary_only=True, digits=2),
+)
+
+
+def transfer_numbers(mb: float, elapsed: float, peak: PeakRss, cpu: float | None, pid: int | None) -> dict[str, float | None]:
+    """The TRANSFER_METRICS values for ``mb`` megabytes moved in ``elapsed`` seconds."""
+    return {
+        "mb_per_s": mb / elapsed,
+        "peak_rss_mb": peak.peak_kib * 1024 / MB if peak.peak_kib is not None else None,
+        "rss_growth_mb": (peak.peak_kib - peak.start_kib) * 1024 / MB if peak.peak_kib is not None else None,
+        "cpu_ms_per_mb": cpu * 1000 / mb if cpu is not None else None,
+        "_elapsed_s": elapsed,
+        "_rss_before_mb": peak.start_kib * 1024 / MB if pid else None,
+    }
+
 
 class BigResult(Workload):
     def __init__(self) -> None:
         super().__init__(
             name="big_result",
             title="big result set (raw streaming reader)",
-            metrics=[
-                Metric("mb_per_s", "throughput", "MB/s", "higher"),
-                Metric("peak_rss_mb", "peak RSS", "MB", "lower", intermediary_only=True),
-                Metric("rss_growth_mb", "peak RSS - RSS before", "MB", "lower", intermediary_only=True),
-                Metric("cpu_ms_per_mb", "CPU/MB", "ms", "lower", intermediary_only=True, digits=2),
-            ],
+            metrics=list(TRANSFER_METRICS),
             targets=("direct", "haproxy", "proxy"),
             fresh_stack=True,
         )
@@ -91,16 +106,7 @@ class BigResult(Workload):
             conn.close()
         if rows != self.rows:
             raise WorkloadError(f"big result through {target.name}: {rows} of {self.rows} rows ({nbytes} bytes)")
-        payload_mb = self.rows * ROW_BYTES / MB
-        return {
-            "mb_per_s": payload_mb / elapsed,
-            "peak_rss_mb": peak.peak_kib * 1024 / MB if peak.peak_kib is not None else None,
-            "rss_growth_mb": (peak.peak_kib - peak.start_kib) * 1024 / MB if peak.peak_kib is not None else None,
-            "cpu_ms_per_mb": cpu * 1000 / payload_mb if cpu is not None else None,
-            "_elapsed_s": elapsed,
-            "_wire_bytes": nbytes,
-            "_rss_before_mb": peak.start_kib * 1024 / MB if target.pid else None,
-        }
+        return {**transfer_numbers(self.rows * ROW_BYTES / MB, elapsed, peak, cpu, target.pid), "_wire_bytes": nbytes}
 
     def teardown(self, env: "BenchEnv", settings: Settings) -> None:
         if env.db is not None and env.db.is_running():
@@ -112,12 +118,7 @@ class BigStatement(Workload):
         super().__init__(
             name="big_statement",
             title="big statement (PyMySQL, SELECT LENGTH(_binary'...'))",
-            metrics=[
-                Metric("mb_per_s", "throughput", "MB/s", "higher"),
-                Metric("peak_rss_mb", "peak RSS", "MB", "lower", intermediary_only=True),
-                Metric("rss_growth_mb", "peak RSS - RSS before", "MB", "lower", intermediary_only=True),
-                Metric("cpu_ms_per_mb", "CPU/MB", "ms", "lower", intermediary_only=True, digits=2),
-            ],
+            metrics=list(TRANSFER_METRICS),
             targets=("direct", "haproxy", "proxy"),
             fresh_stack=True,
         )
@@ -158,15 +159,7 @@ class BigStatement(Workload):
                 cpu = meter.stop()
         finally:
             conn.close()
-        total_mb = len(self.sql) * settings.big_statement_reps / MB
-        return {
-            "mb_per_s": total_mb / elapsed,
-            "peak_rss_mb": peak.peak_kib * 1024 / MB if peak.peak_kib is not None else None,
-            "rss_growth_mb": (peak.peak_kib - peak.start_kib) * 1024 / MB if peak.peak_kib is not None else None,
-            "cpu_ms_per_mb": cpu * 1000 / total_mb if cpu is not None else None,
-            "_elapsed_s": elapsed,
-            "_rss_before_mb": peak.start_kib * 1024 / MB if target.pid else None,
-        }
+        return transfer_numbers(len(self.sql) * settings.big_statement_reps / MB, elapsed, peak, cpu, target.pid)
 
     def teardown(self, env: "BenchEnv", settings: Settings) -> None:
         self.sql = b""
