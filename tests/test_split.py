@@ -112,15 +112,18 @@ def check_pieces(sql: bytes, head: bytes, suffix: bytes, spans, pieces: list[byt
 # --- Properties -------------------------------------------------------------------------------
 
 
+def smallest_limit(head: bytes, suffix: bytes, spans: list[tuple[int, int]]) -> int:
+    """The smallest limit under which the largest row still fits in a piece of its own."""
+    largest_row = max(end - start for start, end in spans)
+    return len(head) + largest_row + len(suffix.rstrip(b" \t\n\r;")) + 1
+
+
 @settings(max_examples=200, deadline=None)
 @given(data=st.data())
 @pytest.mark.parametrize("nbe", [False, True])
 def test_split_preserves_rows(nbe, data):
     sql, head, suffix, spans = data.draw(statements(nbe))
-    kept_suffix = suffix.rstrip(b" \t\n\r;")
-    largest_row = max(end - start for start, end in spans)
-    smallest_limit = len(head) + largest_row + len(kept_suffix) + 1
-    limit = data.draw(st.integers(smallest_limit, len(sql) + 20))
+    limit = data.draw(st.integers(smallest_limit(head, suffix, spans), len(sql) + 20))
     pieces = split_values_statement(sql, limit, no_backslash_escapes=nbe)
     check_pieces(sql, head, suffix, spans, pieces, limit, nbe)
 
@@ -130,9 +133,7 @@ def test_split_preserves_rows(nbe, data):
 @pytest.mark.parametrize("nbe", [False, True])
 def test_row_larger_than_limit_cannot_split(nbe, data):
     sql, head, suffix, spans = data.draw(statements(nbe))
-    kept_suffix = suffix.rstrip(b" \t\n\r;")
-    largest_row = max(end - start for start, end in spans)
-    limit = len(head) + largest_row + len(kept_suffix)  # one byte short for the largest row
+    limit = smallest_limit(head, suffix, spans) - 1  # one byte short for the largest row
     assume(len(sql) + 1 > limit)
     with pytest.raises(CannotSplit, match="single row is larger than the limit"):
         split_values_statement(sql, limit, no_backslash_escapes=nbe)

@@ -15,13 +15,14 @@ proxy logged a traceback or ignored SIGTERM.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from tests.lab.fixtures import APP_PASSWORD, APP_USER, DATABASES, require
+from tests.lab.fixtures import APP_PASSWORD, APP_USER, prepare_server, require, stop_all
 from tests.lab.mariadb import MariaDB, mariadb_unavailable_reason
 from tests.lab.proxy import ProxyProcess
 
@@ -41,11 +42,19 @@ def start_proxy(workdir: Path, backend_port: int, **overrides: Any) -> ProxyProc
     return proc
 
 
+@contextmanager
+def running_proxy(workdir: Path, backend_port: int, **overrides: Any) -> Iterator[ProxyProcess]:
+    """start_proxy() for the length of a ``with`` block (module fixtures)."""
+    proc = start_proxy(workdir, backend_port, **overrides)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
 def _prepare(server: MariaDB) -> MariaDB:
-    server.create_user(APP_USER, APP_PASSWORD)
+    prepare_server(server)
     server.create_user(*SECOND_USER)
-    for name in DATABASES:
-        server.create_database(name)
     return server
 
 
@@ -53,23 +62,17 @@ def _prepare(server: MariaDB) -> MariaDB:
 def proxy(mariadb: MariaDB, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     """The proxy with its default config in front of the shared 64M server."""
     _prepare(mariadb)
-    proc = start_proxy(tmp_path_factory.mktemp("proxy"), mariadb.port)
-    try:
+    with running_proxy(tmp_path_factory.mktemp("proxy"), mariadb.port) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")
 def limited_proxy(mariadb: MariaDB, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     """The shared 64M server behind a proxy whose own limit is 1 MiB (reject mode)."""
     _prepare(mariadb)
-    proc = start_proxy(tmp_path_factory.mktemp("proxy-1mib"), mariadb.port,
-                  limits={"max_allowed_packet": "1MiB", "oversized": "reject"})
-    try:
+    with running_proxy(tmp_path_factory.mktemp("proxy-1mib"), mariadb.port,
+                       limits={"max_allowed_packet": "1MiB", "oversized": "reject"}) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")
@@ -104,11 +107,4 @@ def proxy_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
         return proc
 
     yield make
-    errors = []
-    for proc in started:
-        try:
-            proc.stop()
-        except Exception as exc:  # stop the others anyway
-            errors.append(exc)
-    if errors:
-        raise errors[0]
+    stop_all(started)

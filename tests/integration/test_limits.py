@@ -35,7 +35,7 @@ import pymysql.cursors
 import pytest
 
 from tests.integration.clients import ALL_BYTES, CLIENTS, ClientUnavailable, run_many
-from tests.integration.conftest import MiB, start_proxy
+from tests.integration.conftest import MiB, running_proxy
 from tests.lab.fixtures import require
 from tests.lab.goclient import run_goclient
 
@@ -50,23 +50,17 @@ LIMIT = 1 * MiB
 @pytest.fixture(scope="module")
 def split_proxy(mariadb, tmp_path_factory):
     """Split mode on the shared 64M server with a 1 MiB proxy limit."""
-    proc = start_proxy(tmp_path_factory.mktemp("proxy-split"), mariadb.port,
-                  limits={"max_allowed_packet": "1MiB", "oversized": "split"})
-    try:
+    with running_proxy(tmp_path_factory.mktemp("proxy-split"), mariadb.port,
+                       limits={"max_allowed_packet": "1MiB", "oversized": "split"}) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")
 def small_split_proxy(small_packet_server, tmp_path_factory):
     """Split mode in front of the 1M server (the limit comes from the backend)."""
-    proc = start_proxy(tmp_path_factory.mktemp("proxy-split-1m"), small_packet_server.db.port,
-                  limits={"oversized": "split"})
-    try:
+    with running_proxy(tmp_path_factory.mktemp("proxy-split-1m"), small_packet_server.db.port,
+                       limits={"oversized": "split"}) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(params=["server-1M", "proxy-1MiB"])
@@ -396,9 +390,17 @@ def values_statement(verb: str, table: str, rows: list[Row], suffix: str = "") -
 SPLIT_DDL = "(id INT PRIMARY KEY, b LONGBLOB NULL, t LONGTEXT CHARACTER SET utf8mb4 NULL, n INT NULL, c INT NOT NULL DEFAULT 0)"
 
 
-def fresh_table(conn, table: str) -> None:
+def fresh_table(conn, table: str, setup: list[bytes | str] = ()) -> None:
+    """Recreate ``table`` empty, then run the ``setup`` statements."""
     query(conn, f"DROP TABLE IF EXISTS {table}")
     query(conn, f"CREATE TABLE {table} {SPLIT_DDL}")
+    for s in setup:
+        query(conn, s)
+
+
+def insert_batches(table: str, rows: list) -> list[bytes]:
+    """INSERTs of 20 rows each (small enough for any limit): setup for the split tests."""
+    return [values_statement("INSERT", table, rows[i : i + 20]) for i in range(0, len(rows), 20)]
 
 
 def table_rows(conn, table: str) -> list[tuple]:
@@ -420,9 +422,7 @@ def run_direct(mariadb, table: str, setup: list[bytes | str], statement: bytes) 
     before the proxy's turn, which recreates the table."""
     conn = connect(mariadb.port)
     try:
-        fresh_table(conn, table)
-        for s in setup:
-            query(conn, s)
+        fresh_table(conn, table, setup)
         return execute(conn, statement)
     finally:
         conn.close()
@@ -451,14 +451,12 @@ def test_split_insert(splitting, mariadb, times):
 def test_split_replace(splitting, mariadb):
     old = make_rows(1, 3 * LIMIT, seed=11)
     new = make_rows(len(old) // 2, 3 * LIMIT, seed=12)  # overlaps the second half of the old ids
-    setup = [values_statement("INSERT", "split_rep", old[i : i + 20]) for i in range(0, len(old), 20)]
+    setup = insert_batches("split_rep", old)
     statement = values_statement("REPLACE", "split_rep", new)
     direct = run_direct(mariadb, "split_rep", setup, statement)
     conn = connect(splitting.proxy.port)
     try:
-        fresh_table(conn, "split_rep")
-        for s in setup:
-            execute(conn, s)
+        fresh_table(conn, "split_rep", setup)
         affected, warnings = execute(conn, statement)
         overlap = len({r.id for r in old} & {r.id for r in new})
         assert affected == len(new) + overlap
@@ -472,15 +470,13 @@ def test_split_replace(splitting, mariadb):
 def test_split_insert_on_duplicate_key_update(splitting, mariadb):
     old = make_rows(1, 2 * LIMIT, seed=21)
     new = make_rows(len(old) - len(old) // 3, 3 * LIMIT, seed=22)
-    setup = [values_statement("INSERT", "split_odku", old[i : i + 20]) for i in range(0, len(old), 20)]
+    setup = insert_batches("split_odku", old)
     statement = values_statement("INSERT", "split_odku", new, " ON DUPLICATE KEY UPDATE b = VALUES(b), t = VALUES(t), "
                                  "n = VALUES(n), c = c + 1")
     direct = run_direct(mariadb, "split_odku", setup, statement)
     conn = connect(splitting.proxy.port)
     try:
-        fresh_table(conn, "split_odku")
-        for s in setup:
-            execute(conn, s)
+        fresh_table(conn, "split_odku", setup)
         affected, warnings = execute(conn, statement)
         overlap = {r.id for r in old} & {r.id for r in new}
         assert affected == len(new) + len(overlap)  # 1 per new row, 2 per updated row
@@ -689,14 +685,12 @@ def test_split_insert_ignore(splitting, mariadb):
     """INSERT IGNORE with duplicates in several pieces: affected rows and warnings add up."""
     rows = make_rows(1, 4 * LIMIT, seed=71)
     existing = rows[::9]
-    setup = [values_statement("INSERT", "split_ign", existing[i : i + 20]) for i in range(0, len(existing), 20)]
+    setup = insert_batches("split_ign", existing)
     statement = values_statement("INSERT IGNORE", "split_ign", rows)
     direct = run_direct(mariadb, "split_ign", setup, statement)
     conn = connect(splitting.proxy.port)
     try:
-        fresh_table(conn, "split_ign")
-        for s in setup:
-            execute(conn, s)
+        fresh_table(conn, "split_ign", setup)
         result = execute(conn, statement)
         assert result == direct == (len(rows) - len(existing), len(existing))
         assert_same_rows(table_rows(conn, "split_ign"), expected_rows(rows))

@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pytest
 
@@ -71,7 +71,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         )
 
 
-def _prepare(server: MariaDB) -> MariaDB:
+def prepare_server(server: MariaDB) -> MariaDB:
+    """The app user and the databases the tests use."""
     server.create_user(APP_USER, APP_PASSWORD)
     for name in DATABASES:
         server.create_database(name)
@@ -88,7 +89,7 @@ def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDB]:
     server = MariaDB(tmp_path_factory.mktemp("mariadb"))
     server.start()
     try:
-        yield _prepare(server)
+        yield prepare_server(server)
     finally:
         server.stop()
 
@@ -108,19 +109,25 @@ def mariadb_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callab
         server = MariaDB(basedir, **kwargs)
         servers.append(server)
         server.start()
-        return _prepare(server)
+        return prepare_server(server)
 
     try:
         yield make
     finally:
-        errors = []
-        for server in servers:
-            try:
-                server.stop()
-            except Exception as e:  # stop the others anyway
-                errors.append(e)
-        if errors:
-            raise errors[0]
+        stop_all(servers)
+
+
+def stop_all(things: Iterable[Any]) -> None:
+    """Call stop() on each of ``things``; if any fail, the others are still stopped and the
+    first error is raised."""
+    errors = []
+    for thing in things:
+        try:
+            thing.stop()
+        except Exception as exc:  # stop the others anyway
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 @pytest.fixture(scope="session")

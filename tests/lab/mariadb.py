@@ -93,6 +93,10 @@ def mariadb_unavailable_reason() -> str | None:
     return None
 
 
+# PyMySQL settings of the lab's own connections (admin() and connect()); callers may override.
+_CLIENT_DEFAULTS: dict[str, Any] = {"connect_timeout": 10, "read_timeout": 120, "write_timeout": 120, "charset": "utf8mb4"}
+
+
 def _ephemeral_range() -> tuple[int, int]:
     try:
         lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
@@ -508,35 +512,15 @@ class MariaDB:
     def admin(self, **kwargs: Any) -> pymysql.connections.Connection:
         """A PyMySQL connection as root over the unix socket (autocommit on)."""
         self._require_running()
-        params: dict[str, Any] = dict(
-            unix_socket=str(self.socket_path),
-            user="root",
-            autocommit=True,
-            connect_timeout=10,
-            read_timeout=120,
-            write_timeout=120,
-            charset="utf8mb4",
-        )
-        params.update(kwargs)
-        return pymysql.connect(**params)
+        return pymysql.connect(**{"unix_socket": str(self.socket_path), "user": "root", "autocommit": True,
+                                  **_CLIENT_DEFAULTS, **kwargs})
 
     def connect(
         self, user: str = "root", password: str = "", database: str | None = None, **kwargs: Any
     ) -> pymysql.connections.Connection:
         """A PyMySQL connection over TCP to 127.0.0.1:port."""
-        params: dict[str, Any] = dict(
-            host=HOST,
-            port=self.port,
-            user=user,
-            password=password,
-            database=database,
-            connect_timeout=10,
-            read_timeout=120,
-            write_timeout=120,
-            charset="utf8mb4",
-        )
-        params.update(kwargs)
-        return pymysql.connect(**params)
+        return pymysql.connect(**{"host": HOST, "port": self.port, "user": user, "password": password,
+                                  "database": database, **_CLIENT_DEFAULTS, **kwargs})
 
     def query(self, sql: str, args: Iterable[Any] | None = None) -> list[tuple]:
         """Run one statement as root on a fresh connection; return its rows."""
