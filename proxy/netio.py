@@ -52,18 +52,12 @@ class Channel:
         with EAGAIN — one syscall and one exception less per statement."""
         sock = self.sock
         if wait_first:
-            try:
-                await wait_readable(sock)
-            except trio.ClosedResourceError:
-                raise PeerClosed(f"{self.name}: closed") from None
+            await self._park(wait_readable)
         while True:
             try:
                 data = sock.recv(size)
             except BlockingIOError:
-                try:
-                    await wait_readable(sock)
-                except trio.ClosedResourceError:
-                    raise PeerClosed(f"{self.name}: closed") from None
+                await self._park(wait_readable)
                 self._unyielded = 0
                 continue
             except (ConnectionResetError, ConnectionAbortedError, BrokenPipeError, TimeoutError) as exc:
@@ -95,14 +89,19 @@ class Channel:
             try:
                 n = sock.send(view)
             except BlockingIOError:
-                try:
-                    await wait_writable(sock)
-                except trio.ClosedResourceError:
-                    raise PeerClosed(f"{self.name}: closed") from None
+                await self._park(wait_writable)
                 continue
             except OSError as exc:
                 raise PeerClosed(f"{self.name}: {exc.strerror or exc}") from None
             view = view[n:]
+
+    async def _park(self, wait) -> None:
+        """Wait until the socket is ready (``wait_readable``/``wait_writable``); a socket closed
+        meanwhile by another task is the peer gone, like any other."""
+        try:
+            await wait(self.sock)
+        except trio.ClosedResourceError:
+            raise PeerClosed(f"{self.name}: closed") from None
 
     async def read_packet(self) -> Packet:
         """Next whole logical packet (for handshakes and the proxy's own exchanges)."""
