@@ -311,36 +311,29 @@ def _statement_tokens(sql: str, nbe: bool, start: int = 0) -> list[Token]:
     return tokens
 
 
-def _split_top_level(tokens: list[Token], sep: str = ",") -> list[list[Token]]:
-    """Split at ``sep`` punctuation outside parentheses."""
+def _split_at(tokens: list[Token], kind: TokenKind, text: str) -> list[list[Token]]:
+    """Split at the tokens of ``kind`` spelled ``text`` (any case) outside parentheses; the
+    separators are dropped."""
     parts: list[list[Token]] = [[]]
     depth = 0
     for tok in tokens:
-        if tok.kind is TokenKind.PUNCT:
-            if tok.text == "(":
-                depth += 1
-            elif tok.text == ")":
-                depth -= 1
-            elif tok.text == sep and depth == 0:
-                parts.append([])
-                continue
-        parts[-1].append(tok)
-    return parts
-
-
-def _split_words(tokens: list[Token], word: str) -> list[list[Token]]:
-    """Split at the bare word ``word`` (e.g. AND) outside parentheses."""
-    parts: list[list[Token]] = [[]]
-    depth = 0
-    for tok in tokens:
-        if tok.kind is TokenKind.PUNCT:
-            depth += tok.text == "("
-            depth -= tok.text == ")"
-        elif tok.kind is TokenKind.WORD and depth == 0 and tok.text.upper() == word:
+        if tok.kind is TokenKind.PUNCT and (tok.text == "(" or tok.text == ")"):
+            depth += 1 if tok.text == "(" else -1
+        elif depth == 0 and tok.kind is kind and tok.text.upper() == text:
             parts.append([])
             continue
         parts[-1].append(tok)
     return parts
+
+
+def _split_top_level(tokens: list[Token]) -> list[list[Token]]:
+    """Split at commas outside parentheses."""
+    return _split_at(tokens, TokenKind.PUNCT, ",")
+
+
+def _split_words(tokens: list[Token], word: str) -> list[list[Token]]:
+    """Split at the bare word ``word`` (e.g. AND) outside parentheses."""
+    return _split_at(tokens, TokenKind.WORD, word)
 
 
 def _closing_paren(tokens: list[Token], i: int) -> int:
