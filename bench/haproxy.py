@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 from tests.lab.mariadb import free_port
-from tests.lab.procs import forget, kill_at_exit, wait_listening
+from tests.lab.procs import forget, kill_at_exit, read_log, wait_listening
 
 def haproxy_unavailable_reason() -> str | None:
     if shutil.which("haproxy") is None:
@@ -86,10 +86,7 @@ class HAProxy:
         return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
 
     def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+        return read_log(self.log_path)
 
     def stop(self, timeout: float = 10) -> None:
         if self.proc is None:

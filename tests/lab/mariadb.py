@@ -37,6 +37,8 @@ from typing import Any, Iterable, Sequence
 
 import pymysql
 
+from tests.lab.procs import read_log
+
 HOST = "127.0.0.1"
 
 # Processes started by this interpreter, killed at exit even if the owning
@@ -502,10 +504,7 @@ class MariaDB:
 
     def error_log_text(self) -> str:
         """The whole error log (all starts so far), or '' if there is none yet."""
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+        return read_log(self.log_path)
 
     # -- SQL helpers -------------------------------------------------------
 

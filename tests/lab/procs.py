@@ -7,6 +7,7 @@ import atexit
 import socket
 import subprocess
 import time
+from pathlib import Path
 from typing import Callable
 
 _LIVE: set[subprocess.Popen] = set()
@@ -47,3 +48,11 @@ def wait_listening(proc: subprocess.Popen, port: int, timeout: float, what: str,
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"{what} did not listen on {port} within {timeout} s:\n{log_text()[-3000:]}")
+
+
+def read_log(path: Path) -> str:
+    """A child's whole log file, or '' while it does not exist yet."""
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.lab.mariadb import free_port
-from tests.lab.procs import forget, kill_at_exit, wait_listening
+from tests.lab.procs import forget, kill_at_exit, read_log, wait_listening
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -97,10 +97,7 @@ class ProxyProcess:
         return self
 
     def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+        return read_log(self.log_path)
 
     def stop(self, timeout: float = 10) -> str:
         """SIGTERM, wait, and return the log. Raises if the proxy crashed or logged a traceback."""
