@@ -698,21 +698,24 @@ def test_split_insert_ignore(splitting, mariadb):
         conn.close()
 
 
+def truncating_insert(port: int, table: str) -> tuple[tuple[int, int], list[tuple]]:
+    """40 rows whose values are each truncated to 3 characters (a warning per row), in one
+    statement of about 2.4 MB: the OK's (affected rows, warnings) and then SHOW WARNINGS."""
+    rows = [b"(%d, '%s')" % (i, b"w" * 60_000) for i in range(40)]
+    conn = connect(port)
+    try:
+        query(conn, "SET SESSION sql_mode = ''")
+        query(conn, f"DROP TABLE IF EXISTS {table}")
+        query(conn, f"CREATE TABLE {table} (id INT PRIMARY KEY, t VARCHAR(3))")
+        ok = execute(conn, b"INSERT INTO %s VALUES " % table.encode() + b", ".join(rows))
+        return ok, query(conn, "SHOW WARNINGS")
+    finally:
+        conn.close()
+
+
 def test_split_warnings(splitting, mariadb):
     """Truncation warnings of every piece add up in the OK, as MariaDB counts them unsplit."""
-    rows = [b"(%d, '%s')" % (i, b"w" * 60_000) for i in range(40)]  # each value truncated to 3
-    statement = b"INSERT INTO split_w VALUES " + b", ".join(rows)
-    results = []
-    for port in (mariadb.port, splitting.proxy.port):
-        conn = connect(port)
-        try:
-            query(conn, "SET SESSION sql_mode = ''")
-            query(conn, "DROP TABLE IF EXISTS split_w")
-            query(conn, "CREATE TABLE split_w (id INT PRIMARY KEY, t VARCHAR(3))")
-            results.append(execute(conn, statement))
-        finally:
-            conn.close()
-    direct, via = results
+    direct, via = (truncating_insert(port, "split_w")[0] for port in (mariadb.port, splitting.proxy.port))
     assert direct == (40, 40)
     assert via == direct
 
@@ -720,20 +723,7 @@ def test_split_warnings(splitting, mariadb):
 def test_split_show_warnings(splitting, mariadb):
     """SHOW WARNINGS right after a split statement lists the warnings of all pieces, with "at row N"
     counted over the whole statement, as without the proxy."""
-    rows = [b"(%d, '%s')" % (i, b"w" * 60_000) for i in range(40)]
-    statement = b"INSERT INTO split_sw VALUES " + b", ".join(rows)
-    shown = []
-    for port in (mariadb.port, splitting.proxy.port):
-        conn = connect(port)
-        try:
-            query(conn, "SET SESSION sql_mode = ''")
-            query(conn, "DROP TABLE IF EXISTS split_sw")
-            query(conn, "CREATE TABLE split_sw (id INT PRIMARY KEY, t VARCHAR(3))")
-            execute(conn, statement)
-            shown.append(query(conn, "SHOW WARNINGS"))
-        finally:
-            conn.close()
-    direct, via = shown
+    direct, via = (truncating_insert(port, "split_sw")[1] for port in (mariadb.port, splitting.proxy.port))
     assert len(direct) == 40 and direct[0][1] == 1265  # Data truncated for column 't'
     assert via == direct, f"SHOW WARNINGS: {len(via)} rows through the proxy, {len(direct)} without"
 
