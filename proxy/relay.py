@@ -327,8 +327,7 @@ class Session:
             if self._split_warnings is not None:  # only the very next command may ask for them
                 merged, self._split_warnings = self._split_warnings, None
                 if code == C.COM_QUERY and _SHOW_WARNINGS.match(cmd.payload, 1):
-                    status = (IN_TRANS if self.tx.active else 0) | (AUTOCOMMIT if self.autocommit else 0)
-                    await self.client.send(build_text_result(merged.coldefs, merged.rows, status, self.deprecate_eof, cmd.seq_end + 1))
+                    await self.client.send(build_text_result(merged.coldefs, merged.rows, self._status(), self.deprecate_eof, cmd.seq_end + 1))
                     continue
             if code in _REFUSED_COMMANDS:
                 await self._answer_error(cmd, *Err.UNKNOWN_COM, f"{CommandInfo(code, b'').name} is not supported through replay-proxy")
@@ -343,10 +342,11 @@ class Session:
             if cmd.size >= self.limit:  # kept whole because split mode may cut it into pieces
                 await self._split_oversized(cmd)
                 continue
-            if self._markers and self.tx.active and code == C.COM_QUERY and st.first_keyword(cmd.payload, 1) == b"COMMIT":
-                if not await self._write_commit_marker(cmd):
-                    continue
             await self._submit(cmd)
+
+    def _status(self) -> int:
+        """The status word for an answer the proxy gives itself, as the server would set it."""
+        return (IN_TRANS if self.tx.active else 0) | (AUTOCOMMIT if self.autocommit else 0)
 
     def _use_backend(self, backend: Backend | None) -> None:
         self.backend = backend
@@ -413,8 +413,7 @@ class Session:
         if isinstance(verdict, Reject):
             await self._answer_error(cmd, verdict.code, verdict.sqlstate, verdict.message)
         elif isinstance(verdict, AnswerOk):
-            status = (IN_TRANS if self.tx.active else 0) | (AUTOCOMMIT if self.autocommit else 0)
-            ok = make_ok(status, verdict.affected_rows, verdict.last_insert_id, verdict.warnings, verdict.info.encode())
+            ok = make_ok(self._status(), verdict.affected_rows, verdict.last_insert_id, verdict.warnings, verdict.info.encode())
             await self._send_client(ok, cmd.seq_end + 1)
         return None
 
@@ -428,6 +427,9 @@ class Session:
                 return
         expect = expect_for(code)
         keyword = st.first_keyword(cmd.payload, 1) if code == C.COM_QUERY else b""
+        if keyword == b"COMMIT" and self._markers and self.tx.active:
+            if not await self._write_commit_marker(cmd):
+                return
         fingerprint = self.tx.active or not self.autocommit or keyword in st.TX_CONTROL
         inflight = Inflight(cmd, ResponseTracker(expect, self.deprecate_eof, fingerprint), statement, trio.current_time(), keyword)
         if self._next_marker:
