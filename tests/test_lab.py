@@ -24,6 +24,7 @@ from tests.lab import (
     run_goclient,
     run_goclient_async,
 )
+from tests.lab.chaos import corrupt_tables
 from tests.lab.fixtures import APP_PASSWORD, APP_USER
 
 REPO = Path(__file__).resolve().parent.parent
@@ -172,6 +173,26 @@ def test_stop_kill_and_down_for(mariadb_factory):
     assert db.query("SELECT 1") == [(1,)]
     db.stop()
     assert not db.is_running()
+
+
+@pytest.mark.integration
+def test_corrupt_tables_reports_what_check_table_finds(mariadb_factory):
+    """The chaos tests tell a table MariaDB damaged itself from a proxy fault with this check;
+    a MyISAM index file overwritten behind the server's back stands in for the damage."""
+    db = mariadb_factory()
+    db.query("CREATE TABLE test.sound (id INT PRIMARY KEY) ENGINE=InnoDB")
+    db.query("CREATE TABLE test.damaged (id INT PRIMARY KEY, v VARCHAR(20)) ENGINE=MyISAM")
+    db.query("INSERT INTO test.sound VALUES (1), (2)")
+    db.query("INSERT INTO test.damaged SELECT seq, CONCAT('v', seq) FROM test.seq_1_to_2000")
+    assert corrupt_tables(db, ["sound", "damaged"]) == []
+    db.stop()
+    index = db.datadir / "test" / "damaged.MYI"
+    with index.open("r+b") as f:
+        f.seek(1024)
+        f.write(b"\xff" * 4096)
+    db.start()
+    found = corrupt_tables(db, ["sound", "damaged"])
+    assert found and all(line.startswith("damaged: ") for line in found), found
 
 
 @pytest.mark.integration
