@@ -867,20 +867,33 @@ def _sysbench(port: int, command: str, *extra: str) -> subprocess.CompletedProce
     return subprocess.run(args, capture_output=True, timeout=180, check=False)
 
 
-def test_sysbench_oltp_read_write(proxy):
+def _innodb_deadlocks(server) -> int:
+    return int(server.query("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")[0][1])
+
+
+def test_sysbench_oltp_read_write(proxy, mariadb):
+    """sysbench ignores deadlocks (1213), lock wait timeouts (1205) and 1020: MariaDB produces
+    deadlocks of its own under this load (about one 4-second run in three, measured directly).
+    So no ignored error may come from the proxy: every one is a deadlock the server counted,
+    and the proxy neither lost its backend nor answered a command itself."""
     require(None if shutil.which("sysbench") else "sysbench is not installed")
     _sysbench(proxy.port, "cleanup")
     try:
         prep = _sysbench(proxy.port, "prepare")
         assert prep.returncode == 0, prep.stdout.decode()[-3000:] + prep.stderr.decode()[-3000:]
+        log_before = len(proxy.log_text())
+        deadlocks_before = _innodb_deadlocks(mariadb)
         run = _sysbench(proxy.port, "run", "--threads=4", "--time=4", "--report-interval=0")
+        deadlocks = _innodb_deadlocks(mariadb) - deadlocks_before
         out = run.stdout.decode()
         assert run.returncode == 0, out[-3000:] + run.stderr.decode()[-3000:]
         assert "FATAL" not in out + run.stderr.decode()
         stats = {k.strip(): int(v) for k, v in re.findall(r"^\s*(transactions|ignored errors|reconnects):\s+(\d+)", out, re.MULTILINE)}
         assert stats["transactions"] > 0, out
         assert stats["reconnects"] == 0, out
-        assert stats["ignored errors"] == 0, out
+        assert stats["ignored errors"] <= deadlocks, f"{stats['ignored errors']} ignored errors, the server counted {deadlocks} deadlocks\n{out}"
+        proxy_log = proxy.log_text()[log_before:]
+        assert " lost: " not in proxy_log and "replay-proxy:" not in proxy_log, proxy_log[-3000:]
     finally:
         clean = _sysbench(proxy.port, "cleanup")
     assert clean.returncode == 0, clean.stdout.decode()[-3000:]
