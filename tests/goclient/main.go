@@ -2,9 +2,10 @@
 // with go-sql-driver/mysql configured the way TiDB DM configures it, so tests
 // see exactly the byte stream DM's DML workers produce.
 //
-// Build (Debian packages golang-go + golang-github-go-sql-driver-mysql-dev):
+// A Go module (go.mod, go.sum): go-sql-driver/mysql v1.7.1, the version TiDB DM
+// v8.5 ships, from the Go module proxy. Build with Go >= 1.26:
 //
-//	GOPATH=/usr/share/gocode GO111MODULE=off go build -o bin/goclient .
+//	CGO_ENABLED=0 go build -o bin/goclient .
 //
 // Connection flags (all modes):
 //

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -25,10 +26,14 @@ from pathlib import Path
 from typing import Any
 
 GOCLIENT_DIR = Path(__file__).resolve().parent.parent / "goclient"
-BIN_DIR = GOCLIENT_DIR / "bin"
+BIN_DIR = GOCLIENT_DIR / "bin"  # git-ignored
 BINARY = BIN_DIR / "goclient"
-GOPATH = Path("/usr/share/gocode")
-DRIVER_DIR = GOPATH / "src/github.com/go-sql-driver/mysql"
+# tests/goclient is a Go module (go.mod + go.sum) requiring go-sql-driver/mysql at the version
+# TiDB DM v8.5 ships; the driver comes from the Go module proxy into the module cache
+# (GOMODCACHE, default ~/go/pkg/mod), which outlives the run.
+MIN_GO = (1, 26)
+# Where the Go toolchain is installed on the lab machines when it is not on PATH.
+_GO_FALLBACKS = ("/usr/local/go/bin/go",)
 # Shared across sessions so rebuilds are incremental (the driver compiles once).
 GOCACHE = Path(tempfile.gettempdir()) / "replay-proxy-gocache"
 
@@ -40,16 +45,42 @@ class GoClientError(RuntimeError):
     """Building or running the Go client failed, or its output is unusable."""
 
 
+def _go_version(go: str) -> tuple[int, int] | None:
+    """(major, minor) of ``go version``, or None if it cannot be run or parsed."""
+    try:
+        out = subprocess.run([go, "version"], stdin=subprocess.DEVNULL, capture_output=True,
+                             text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"\bgo(\d+)\.(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def find_go() -> tuple[str | None, str | None]:
+    """(path of a go >= MIN_GO, None) or (None, why not): $LAB_GO, then PATH, then
+    /usr/local/go/bin/go (an older Debian go earlier on PATH does not hide the newer one)."""
+    if os.environ.get("LAB_GO"):
+        candidates = [os.environ["LAB_GO"]]
+    else:
+        candidates = [c for c in (shutil.which("go"), *_GO_FALLBACKS) if c and os.access(c, os.X_OK)]
+    if not candidates:
+        return None, "go not found on PATH or in /usr/local/go/bin (Go >= %d.%d is required)" % MIN_GO
+    seen = []
+    for go in dict.fromkeys(candidates):
+        version = _go_version(go)
+        if version is not None and version >= MIN_GO:
+            return go, None
+        seen.append(f"{go}: " + ("go%d.%d" % version if version else "does not run"))
+    return None, f"Go >= {MIN_GO[0]}.{MIN_GO[1]} is required ({'; '.join(seen)})"
+
+
 def go_unavailable_reason() -> str | None:
-    """None if the Go toolchain and the driver source are installed."""
-    if shutil.which("go") is None:
-        return "go not found on PATH (Debian: apt-get install golang-go)"
-    if not (DRIVER_DIR / "driver.go").is_file():
-        return (
-            f"go-sql-driver/mysql source not found in {DRIVER_DIR} "
-            "(Debian: apt-get install golang-github-go-sql-driver-mysql-dev)"
-        )
-    return None
+    """None if a Go toolchain new enough for tests/goclient/go.mod is installed.
+
+    The driver itself is a module dependency (go.sum pins it), fetched through the
+    Go module proxy by the first build; a failed fetch is a build error.
+    """
+    return find_go()[1]
 
 
 def build_goclient(force: bool = False) -> Path:
@@ -58,17 +89,20 @@ def build_goclient(force: bool = False) -> Path:
     with _build_lock:
         if _built is not None and _built.exists() and not force:
             return _built
-        reason = go_unavailable_reason()
-        if reason:
+        go, reason = find_go()
+        if go is None:
             raise GoClientError(f"cannot build the Go client: {reason}")
         BIN_DIR.mkdir(parents=True, exist_ok=True)
         GOCACHE.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
-        env.update(GOPATH=str(GOPATH), GO111MODULE="off", GOCACHE=str(GOCACHE), CGO_ENABLED="0")
+        # Module mode with go.mod/go.sum as committed (-mod=readonly: a build never edits
+        # them), this toolchain only (no silent toolchain download).
+        env.update(GO111MODULE="on", GOFLAGS="-mod=readonly -buildvcs=false", GOTOOLCHAIN="local",
+                   GOCACHE=str(GOCACHE), CGO_ENABLED="0")
         # Build to a temporary name and rename: concurrent sessions never
         # execute a half-written binary.
         tmp = BIN_DIR / f".goclient.{os.getpid()}.tmp"
-        cmd = ["go", "build", "-o", str(tmp), "."]
+        cmd = [go, "build", "-o", str(tmp), "."]
         try:
             res = subprocess.run(
                 cmd,
