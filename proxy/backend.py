@@ -29,7 +29,7 @@ from proxy.protocol.packets import (
 from proxy.protocol.response import Expect, ResponseTracker
 from proxy.protocol.resultset import decode_text_row
 
-__all__ = ["Backend", "BackendError", "Login", "connect_backend", "RETRYABLE_LOGIN_ERRORS"]
+__all__ = ["Backend", "BackendError", "Login", "connect_backend", "restarted_since", "RETRYABLE_LOGIN_ERRORS"]
 
 log = logging.getLogger("replay_proxy.backend")
 
@@ -247,6 +247,24 @@ async def _login(
         if rows and rows[0][0] is not None:
             backend.max_allowed_packet = int(rows[0][0])
     return backend
+
+
+async def restarted_since(backend: Backend, old: Backend) -> bool | None:
+    """Has the server restarted since ``old`` connected (``backend`` is a newer connection)?
+    None when the proxy cannot tell (another address, no uptime, too close to call)."""
+    if backend.address != old.address:
+        return None
+    try:
+        rows = await backend.query("SHOW GLOBAL STATUS LIKE 'Uptime'")
+        uptime = float(rows[0][1])
+    except (BackendError, ValueError, IndexError, TypeError):
+        return None
+    age = trio.current_time() - old.connected_at
+    if uptime < age - 2:
+        return True
+    if uptime > age + 2:
+        return False
+    return None
 
 
 def backoff_delays(initial: float, maximum: float):

@@ -14,7 +14,7 @@ from proxy.netio import Channel, PeerClosed
 from proxy.protocol.constants import Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ProtocolError, make_err
-from proxy.relay import Session, SessionClosed
+from proxy.relay.tasks import Session, SessionClosed
 from proxy.target import Target
 
 __all__ = ["serve", "Proxy"]
@@ -44,7 +44,7 @@ class Proxy:
         with trio.move_on_after(self.config.listen.drain_timeout):
             while sessions:
                 for session in list(sessions):
-                    if session.inflight is None and not session.tx.active:
+                    if session.idle():
                         session.end("proxy shutting down")
                 await trio.sleep(0.05)
         for session in list(sessions):

@@ -262,8 +262,15 @@ class Hooks:
 
     def __init__(self, plugins: list[tuple[str, Any]]) -> None:
         self.plugins = plugins
-        for name in HOOK_NAMES:
-            setattr(self, name, _Hook(name, plugins))
+        self.session_opened = _Hook("session_opened", plugins)
+        self.session_closed = _Hook("session_closed", plugins)
+        self.command_received = _Hook("command_received", plugins)
+        self.result_received = _Hook("result_received", plugins)
+        self.backend_lost = _Hook("backend_lost", plugins)
+        self.backend_recovered = _Hook("backend_recovered", plugins)
+        self.replay_decided = _Hook("replay_decided", plugins)
+        self.oversized_packet = _Hook("oversized_packet", plugins)
+        self.is_idempotent = _Hook("is_idempotent", plugins)
 
     async def notify(self, hook: _Hook, *args: Any) -> None:
         """Call an observe-only hook on every plugin; failures are logged, never raised."""
@@ -276,34 +283,42 @@ class Hooks:
             except Exception:
                 log.exception("plugin %s: %s hook failed (ignored)", pname, hook.name)
 
-    def notify_sync(self, hook: _Hook, *args: Any) -> None:
-        for pname, fn, is_async in hook.impls:
-            if is_async:
-                continue
-            try:
-                fn(*args)
-            except Exception:
-                log.exception("plugin %s: %s hook failed (ignored)", pname, hook.name)
-
-    async def decide(self, hook: _Hook, *args: Any) -> Any:
-        """Call a deciding hook; returns the first non-None answer. Raises PluginError."""
+    @staticmethod
+    async def first_answer(hook: _Hook, *args: Any, on_error: Callable[[str, Exception], Any]) -> Any:
+        """Ask a deciding hook (``replay_decided``, ``is_idempotent``): the first non-None answer
+        in chain order, or None. A plugin that raises answers ``on_error(plugin, exception)``
+        instead (logged here), so one broken plugin cannot make the proxy guess."""
         for pname, fn, is_async in hook.impls:
             try:
                 answer = (await fn(*args)) if is_async else fn(*args)
             except Exception as exc:
-                raise PluginError(pname, exc) from exc
+                log.exception("plugin %s: %s hook failed", pname, hook.name)
+                answer = on_error(pname, exc)
             if answer is not None:
                 return answer
         return None
+
+    async def replay_veto(self, session: SessionInfo, plan: Any) -> Veto | None:
+        """The chain's verdict on a replay: the first Veto, or None. A failing plugin vetoes."""
+        answer = await self.first_answer(
+            self.replay_decided, session, plan, on_error=lambda name, exc: Veto(f"plugin {name} failed: {type(exc).__name__}: {exc}")
+        )
+        return answer if isinstance(answer, Veto) else None
+
+    async def idempotent(self, session: SessionInfo, sql: str) -> bool | None:
+        """The chain's answer to the safe-mode question (None: the built-in rules decide). A
+        failing plugin answers "not idempotent"."""
+        answer = await self.first_answer(self.is_idempotent, session, sql, on_error=lambda name, exc: False)
+        return None if answer is None else bool(answer)
 
     async def run_command_chain(self, session: SessionInfo, command: CommandInfo) -> Any:
         """Run the command chain. Returns None (pass), a Rewrite (possibly chained), Reject or
         AnswerOk; raises PluginError when a plugin fails. When a plugin answers (or fails), the
         result_received hooks are told here, since the command never reaches the server."""
-        observed = bool(self.result_received)  # type: ignore[attr-defined]
+        observed = bool(self.result_received)
         started = trio.current_time() if observed else 0.0
         rewritten = None
-        for pname, fn, is_async in self.command_received.impls:  # type: ignore[attr-defined]
+        for pname, fn, is_async in self.command_received.impls:
             try:
                 verdict = (await fn(session, command)) if is_async else fn(session, command)
             except Exception as exc:
@@ -333,7 +348,7 @@ class Hooks:
         self, session: SessionInfo, command: CommandInfo, started: float, plugin: str, exc: Exception
     ) -> PluginError:
         error = PluginError(plugin, exc)
-        if self.result_received:  # type: ignore[attr-defined]
+        if self.result_received:
             await self._answered(session, command, started, plugin, 1105, str(error))
         return error
 
@@ -345,7 +360,7 @@ class Hooks:
             ok=code is None, error_code=code, error_message=message, affected_rows=affected_rows, rows=0,
             bytes=0, latency=trio.current_time() - started, in_transaction=session.in_transaction, answered_by=plugin,
         )  # fmt: skip
-        await self.notify(self.result_received, session, command, result)  # type: ignore[attr-defined]
+        await self.notify(self.result_received, session, command, result)
 
     def close(self) -> None:
         """Call each plugin's ``close()`` (flush files, ...) once, at shutdown."""

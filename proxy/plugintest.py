@@ -257,23 +257,16 @@ class Harness:
         await self.hooks.notify(self.hooks.backend_recovered, session or self.session, info)
 
     async def replay_decided(self, plan: Plan | None = None, session: SessionInfo | None = None) -> Veto | None:
-        """The first Veto of the chain, as the proxy asks it, or None (the replay goes ahead)."""
-        for _name, fn, _is_async in self.hooks.replay_decided.impls:  # type: ignore[attr-defined]
-            answer = await call_hook(fn, session or self.session, plan or replay_plan())
-            if isinstance(answer, Veto):
-                return answer
-        return None
+        """The chain's Veto, asked exactly as the proxy asks it (a failing plugin vetoes), or None."""
+        return await self.hooks.replay_veto(session or self.session, plan or replay_plan())
 
     async def oversized(self, size: int, limit: int, session: SessionInfo | None = None) -> None:
         await self.hooks.notify(self.hooks.oversized_packet, session or self.session, size, limit)
 
-    def is_idempotent(self, sql: str, session: SessionInfo | None = None) -> bool | None:
-        """The chain's answer to the replay policy question (None: built-in rules decide)."""
-        for _name, fn, _is_async in self.hooks.is_idempotent.impls:  # type: ignore[attr-defined]
-            answer = fn(session or self.session, sql)
-            if answer is not None:
-                return bool(answer)
-        return None
+    async def is_idempotent(self, sql: str, session: SessionInfo | None = None) -> bool | None:
+        """The chain's answer to the replay policy question, asked exactly as the proxy asks it
+        (None: built-in rules decide; a failing plugin answers False)."""
+        return await self.hooks.idempotent(session or self.session, sql)
 
     def get(self, path: str) -> tuple[int, str, bytes]:
         """GET an admin path a plugin serves: (status, content type, body)."""

@@ -9,6 +9,7 @@ import trio
 
 from proxy.backend import Backend, BackendError, Login, connect_backend, open_backend_socket, read_greeting
 from proxy.config import Address, Config
+from proxy.relay.markers import MarkerTable
 
 __all__ = ["Target", "BackendProfile"]
 
@@ -37,8 +38,7 @@ class Target:
         self._profile_lock = trio.Lock()
         self._preferred = 0  # index of the address that worked last
         self._max_packet: dict[Address, int] = {}  # @@max_allowed_packet per address
-        self._marker_lock = trio.Lock()
-        self._marker_ready: bool | None = None
+        self.markers = MarkerTable(config.recovery.marker_table, config.name)
         self.sessions: set = set()
 
     def session_by_id(self, session_id: int):
@@ -81,28 +81,6 @@ class Target:
         if self._profile is not None and self._profile != profile:
             log.info("target %s: backend now reports %s (was %s)", self.name, profile, self._profile)
         self._profile = profile
-
-    async def ensure_marker_table(self, backend: Backend) -> bool:
-        """Create the commit-marker table once per target (and drop rows of long-gone sessions).
-        False when the backend refuses: markers are then off, with an error in the log."""
-        async with self._marker_lock:
-            if self._marker_ready is None:
-                table = self.config.recovery.marker_table
-                schema = table.rsplit(".", 1)[0] if "." in table else None
-                try:
-                    if schema:
-                        await backend.query(f"CREATE DATABASE IF NOT EXISTS {schema}")
-                    await backend.query(
-                        f"CREATE TABLE IF NOT EXISTS {table} (slot BINARY(16) NOT NULL PRIMARY KEY,"
-                        " txn BIGINT UNSIGNED NOT NULL,"
-                        " updated TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP)"
-                    )
-                    await backend.query(f"DELETE FROM {table} WHERE updated < NOW() - INTERVAL 7 DAY")
-                    self._marker_ready = True
-                except BackendError as exc:
-                    log.error("target %s: commit markers disabled, cannot prepare %s: %s", self.name, table, exc)
-                    self._marker_ready = False
-        return self._marker_ready
 
     async def connect(self, login: Login, fresh: bool = False) -> Backend:
         """One login attempt per address, starting with the last one that worked. The server's

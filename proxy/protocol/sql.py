@@ -45,6 +45,7 @@ __all__ = [
     "parse_set",
     "quote_string",
     "render_set",
+    "split_statements",
     "tokenize",
 ]
 
@@ -239,6 +240,18 @@ def iter_tokens(
 
 
 _NAME_KINDS = frozenset({TokenKind.WORD, TokenKind.QUOTED_IDENT})
+
+
+def split_statements(sql: str, *, no_backslash_escapes: bool = False) -> list[str]:
+    """The statements of a multi-statement text, split at top-level semicolons (the lexer
+    skips those inside literals and comments); empty ones dropped. Raises SqlLexError."""
+    pieces, start = [], 0
+    for token in iter_tokens(sql, no_backslash_escapes=no_backslash_escapes):
+        if token.kind is TokenKind.PUNCT and token.text == ";":
+            pieces.append(sql[start : token.start])
+            start = token.end
+    pieces.append(sql[start:])
+    return [p for p in pieces if p.strip()]
 
 
 def tokenize(sql: str, *, no_backslash_escapes: bool = False, trivia: bool = False) -> list[Token]:

@@ -1,0 +1,76 @@
+"""The command in flight: one sent (or waiting to be sent) whose response is not complete.
+
+Also the two ways a session ends badly: ``SessionClosed`` (close now, the client was told
+why where possible) and ``ConnectionFailed`` (the backend is lost for good: the client hears
+the error now if a command waits, else at its next command).
+"""
+
+from __future__ import annotations
+
+import attrs
+import trio
+
+from proxy.intake import Command
+from proxy.protocol.response import ResponseTracker
+from proxy.session import PreparedStatement
+
+__all__ = ["Inflight", "NOT_SENT", "SENDING", "SENT", "SEND_FAILED", "SessionClosed", "ConnectionFailed"]
+
+# Send states of an in-flight command.
+NOT_SENT, SENDING, SENT, SEND_FAILED = range(4)
+_STATE_NAMES = {NOT_SENT: "not sent", SENDING: "sending", SENT: "sent", SEND_FAILED: "send failed"}
+
+
+@attrs.define(slots=True, eq=False)
+class Inflight:
+    command: Command
+    tracker: ResponseTracker
+    statement: PreparedStatement | None
+    arrived: float
+    keyword: bytes = b""  # first keyword of a COM_QUERY
+    state: int = NOT_SENT
+    forwarded: bool = False  # part of the response already reached the client
+    held: bytearray | None = None  # PREPARE responses are held whole (statement ids get rewritten)
+    refuse_infile: bool = False  # answering the server's LOCAL INFILE request with "no file"
+    marker: int = 0  # commit-marker number written just before this COMMIT (0: none)
+    internal: bool = False  # the proxy's own command (split pieces): response not forwarded
+    answered: bool = False  # recovery answered the client with an error instead
+    done: trio.Event | None = None
+
+    def restart(self, deprecate_eof: bool) -> None:
+        """Make it ready to be sent again on a new connection, from a clean slate."""
+        self.state = NOT_SENT
+        self.tracker = ResponseTracker(self.tracker.expect, deprecate_eof, self.tracker.hashing)
+        if self.held is not None:
+            self.held.clear()
+
+    def finish(self) -> None:
+        """Its response is complete or it was answered otherwise: free it, wake its waiter."""
+        self.command.release()
+        if self.done is not None:
+            self.done.set()
+
+    def answer_seq(self) -> int:
+        """Sequence id of an ERR/OK that answers it now (after what the client already got)."""
+        return (self.tracker.last_seq if self.forwarded else self.command.seq_end) + 1
+
+    def describe(self, name: str) -> str:
+        """For log lines: ``COM_QUERY 'UPDATE t ...' (sent, partly answered)``."""
+        cmd = self.command
+        what = name
+        if cmd.code == 0x03:
+            what += " " + repr(cmd.payload[1:61].decode("utf-8", "replace"))
+        return f"{what} ({_STATE_NAMES[self.state]}{', partly answered' if self.forwarded else ''})"
+
+
+class SessionClosed(Exception):
+    """End the session (after the client has been told why, where possible)."""
+
+
+class ConnectionFailed(Exception):
+    """The backend connection is lost and the session cannot go on: ``payload`` is the ERR the
+    client gets (for the command in flight, or its next one) before the session ends."""
+
+    def __init__(self, payload: bytes, reason: str) -> None:
+        super().__init__(reason)
+        self.payload = payload

@@ -1,0 +1,189 @@
+"""Logging a client in: greeting, authentication against the proxy's users, the backend
+login; and COM_CHANGE_USER, which does it all again inside a session."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from proxy.backend import Backend, BackendError, Login, backoff_delays
+from proxy.intake import Command
+from proxy.protocol.auth import NATIVE, ServerAuth, new_scramble
+from proxy.protocol.constants import PROXY_CAPABILITIES, Capabilities, Err
+from proxy.protocol.packets import (
+    HandshakeResponse,
+    ServerHandshake,
+    make_err,
+    make_ok,
+    make_server_handshake,
+    parse_change_user,
+    parse_handshake_response,
+)
+from proxy.relay.inflight import SessionClosed
+from proxy.tracking import AUTOCOMMIT
+
+if TYPE_CHECKING:
+    from proxy.relay.tasks import Session
+
+__all__ = ["handshake", "change_user"]
+
+log = logging.getLogger("replay_proxy.session")
+
+
+async def handshake(s: Session) -> bool:
+    """Authenticate the client and open its backend connection. False: session refused.
+    listen.handshake_timeout bounds the client's part; waiting for a backend that is down
+    is bounded by recovery.buffer_window instead."""
+    timeout = s.config.listen.handshake_timeout
+    with trio.move_on_after(timeout) as scope:
+        resp, user, seq = await _client_login(s)
+    if scope.cancelled_caught:
+        s.close_reason = f"no login within {timeout:g}s"
+        return False
+    if user is None:
+        return False
+    s.login = _login_for(s, user, resp.database, resp.charset, resp.connect_attrs)
+    try:
+        backend = await _connect_within_window(s)
+    except BackendError as exc:
+        await _send_backend_error(s, exc, seq)
+        s.close_reason = f"backend login failed: {exc}"
+        return False
+    s.tracking.logged_in(user, resp.database, resp.charset, backend.status)
+    s.use_backend(backend)
+    s.backend_ok = True
+    if s.markers is not None and not await s.target.markers.ensure(backend):
+        s.markers = None
+    await s.send_client(make_ok(backend.status), seq)
+    return True
+
+
+async def _client_login(s: Session) -> tuple[HandshakeResponse | None, str | None, int]:
+    """Greeting, handshake response, authentication: (response, user or None, next seq)."""
+    client = s.client
+    try:
+        profile = await s.target.profile()
+    except BackendError as exc:
+        await s.send_client(make_err(*Err.CONN_HOST_ERROR, f"Can't connect to backend: {exc}"), 0)
+        s.close_reason = f"backend unreachable: {exc}"
+        return None, None, 0
+    s.scramble = new_scramble()
+    offered = (PROXY_CAPABILITIES & profile.capabilities) | (
+        Capabilities.CLIENT_PROTOCOL_41 | Capabilities.CLIENT_SECURE_CONNECTION | Capabilities.CLIENT_PLUGIN_AUTH
+    )
+    greeting = ServerHandshake(
+        profile.server_version, s.id, s.scramble, offered, profile.collation, int(AUTOCOMMIT), NATIVE
+    )
+    await s.send_client(make_server_handshake(greeting), 0)
+    packet = await client.read_packet()
+    resp = parse_handshake_response(packet.payload)
+    if resp.ssl_request:
+        await s.send_client(make_err(*Err.HANDSHAKE, "replay-proxy does not support TLS yet"), packet.seq + 1)
+        s.close_reason = "client asked for TLS"
+        return resp, None, 0
+    if resp.capabilities & Capabilities.CLIENT_COMPRESS:
+        # Not offered, asked anyway (mysql-connector does): say so instead of a silent hang.
+        await s.send_client(
+            make_err(*Err.HANDSHAKE, "replay-proxy does not support the compressed protocol; connect without compression"),
+            packet.seq + 1,
+        )
+        s.close_reason = "client asked for compression"
+        return resp, None, 0
+    s.client_caps = resp.capabilities & offered
+    s.deprecate_eof = bool(s.client_caps & Capabilities.CLIENT_DEPRECATE_EOF)
+    s.tracking.set_multi_statements(bool(s.client_caps & Capabilities.CLIENT_MULTI_STATEMENTS))
+    auth = ServerAuth(s.scramble, s.target.passwords, _host(s))
+    user, seq = await _authenticate(s, auth, auth.start(resp), packet.seq + 1)
+    if user is None:
+        s.close_reason = f"login refused for user {resp.username!r}"
+        log.warning("session %d: login refused for user %r from %s", s.id, resp.username, s.client_address)
+    return resp, user, seq
+
+
+def _host(s: Session) -> str:
+    return s.client_address.rsplit(":", 1)[0]
+
+
+def _login_for(s: Session, user: str, database: str | None, collation: int, connect_attrs: dict[str, str]) -> Login:
+    cfg = s.config.user(user)
+    assert cfg is not None
+    return Login(
+        user=cfg.resolved_backend_user(),
+        password=cfg.resolved_backend_password(),
+        database=database,
+        collation=collation,
+        capabilities=s.client_caps,
+        connect_attrs=connect_attrs,
+    )
+
+
+async def _authenticate(s: Session, auth: ServerAuth, result, seq: int) -> tuple[str | None, int]:
+    while True:
+        for payload in result.packets:
+            await s.send_client(payload, seq)
+            seq += 1
+        if result.done:
+            break
+        packet = await s.client.read_packet()
+        seq = packet.seq + 1
+        result = auth.on_packet(packet.payload)
+    if result.error is not None:
+        await s.send_client(result.error, seq)
+        return None, seq
+    return result.user, seq
+
+
+async def _send_backend_error(s: Session, exc: BackendError, seq: int) -> None:
+    if exc.err is not None and not exc.retryable:
+        payload = make_err(exc.err.code, exc.err.sqlstate, exc.err.message)
+    else:
+        payload = make_err(*Err.CONN_HOST_ERROR, f"Can't connect to backend through replay-proxy: {exc}")
+    await s.send_client(payload, seq)
+
+
+async def _connect_within_window(s: Session) -> Backend:
+    """Log into the backend, retrying retryable failures for up to recovery.buffer_window."""
+    rec = s.config.recovery
+    deadline = trio.current_time() + rec.buffer_window
+    delays = backoff_delays(rec.backoff_initial, rec.backoff_max)
+    while True:
+        try:
+            return await s.target.connect(s.login)
+        except BackendError as exc:
+            if not exc.retryable or trio.current_time() + rec.backoff_initial >= deadline:
+                raise
+            await trio.sleep(min(next(delays), max(0.0, deadline - trio.current_time())))
+
+
+async def change_user(s: Session, cmd: Command) -> None:
+    """COM_CHANGE_USER: authenticate the new user against the proxy's users, then give the
+    session a fresh backend connection logged in as that user."""
+    state = s.tracking.state
+    change = parse_change_user(cmd.payload, s.client_caps)
+    collation = change.charset or state.collation
+    auth = ServerAuth(s.scramble, s.target.passwords, _host(s))
+    resp = HandshakeResponse(s.client_caps, 0, collation, change.username,
+                             change.auth_response, change.database, change.auth_plugin, change.connect_attrs)
+    user, seq = await _authenticate(s, auth, auth.start(resp), cmd.seq_end + 1)
+    if user is None:  # like MariaDB: the session goes on as the previous user
+        log.warning("session %d: COM_CHANGE_USER to %r refused", s.id, change.username)
+        return
+    old = s.backend
+    s.backend_ok = False
+    s.use_backend(None)
+    s.backend_replaced = trio.Event()
+    if old is not None:
+        old.close()
+    s.login = _login_for(s, user, change.database, collation, change.connect_attrs)
+    try:
+        backend = await _connect_within_window(s)
+    except BackendError as exc:
+        await _send_backend_error(s, exc, seq)
+        raise SessionClosed(f"backend login after COM_CHANGE_USER failed: {exc}") from None
+    s.tracking.logged_in(user, change.database, collation, backend.status)
+    s.use_backend(backend)
+    s.backend_ok = True
+    s.backend_replaced.set()
+    await s.send_client(make_ok(backend.status), seq)

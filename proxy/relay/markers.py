@@ -1,0 +1,103 @@
+"""Commit markers: resolve a COMMIT whose answer was lost, exactly.
+
+With ``recovery.commit_marker``, each transaction upserts its session's row (``slot``) in the
+marker table just before COMMIT, with the transaction's number. The row commits or not with the
+transaction. When the COMMIT's answer is lost, the proxy makes sure the old connection is dead
+(so the COMMIT cannot still land), then reads the row: number there -> committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import trio
+
+from proxy.backend import Backend, BackendError, restarted_since
+
+__all__ = ["MarkerTable", "CommitMarkers"]
+
+log = logging.getLogger("replay_proxy.markers")
+
+
+class MarkerTable:
+    """The target's marker table, created once (and rows of long-gone sessions dropped)."""
+
+    def __init__(self, table: str, target: str) -> None:
+        self.table = table
+        self.target = target
+        self._lock = trio.Lock()
+        self._ready: bool | None = None
+
+    async def ensure(self, backend: Backend) -> bool:
+        """False when the backend refuses: markers are then off, with an error in the log."""
+        async with self._lock:
+            if self._ready is None:
+                table = self.table
+                schema = table.rsplit(".", 1)[0] if "." in table else None
+                try:
+                    if schema:
+                        await backend.query(f"CREATE DATABASE IF NOT EXISTS {schema}")
+                    await backend.query(
+                        f"CREATE TABLE IF NOT EXISTS {table} (slot BINARY(16) NOT NULL PRIMARY KEY,"
+                        " txn BIGINT UNSIGNED NOT NULL,"
+                        " updated TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP)"
+                    )
+                    await backend.query(f"DELETE FROM {table} WHERE updated < NOW() - INTERVAL 7 DAY")
+                    self._ready = True
+                except BackendError as exc:
+                    log.error("target %s: commit markers disabled, cannot prepare %s: %s", self.target, table, exc)
+                    self._ready = False
+        return self._ready
+
+
+class CommitMarkers:
+    """One session's marker row and transaction numbering."""
+
+    def __init__(self, table: MarkerTable, session_id: int) -> None:
+        self.table = table
+        self.session_id = session_id
+        self.slot = os.urandom(16).hex()
+        self.written = 0  # number of the last marker written (committed or not)
+
+    def upsert_sql(self) -> tuple[int, bytes]:
+        """(number, COM_QUERY payload) of the marker of the transaction about to commit."""
+        number = self.written + 1
+        sql = (
+            f"INSERT INTO {self.table.table} (slot, txn) VALUES (X'{self.slot}', {number})"
+            " ON DUPLICATE KEY UPDATE txn = VALUES(txn)"
+        )
+        return number, b"\x03" + sql.encode()
+
+    async def committed(self, backend: Backend, old: Backend | None, number: int, io_timeout: float) -> bool | None:
+        """Did the in-doubt COMMIT (marker ``number``) commit? None when it cannot be known:
+        the old connection might still be alive and commit later."""
+        if old is None or not await _old_session_gone(backend, old, io_timeout):
+            return None
+        rows = await backend.query(f"SELECT txn FROM {self.table.table} WHERE slot = X'{self.slot}'")
+        stored = int(rows[0][0]) if rows and rows[0][0] is not None else 0
+        return stored >= number
+
+
+async def _old_session_gone(backend: Backend, old: Backend, io_timeout: float) -> bool:
+    """Is the old connection certainly dead, so its COMMIT cannot still land?"""
+    if backend.address != old.address:
+        return False  # another server: nothing here can prove it
+    restarted = await restarted_since(backend, old)
+    if restarted:
+        return True
+    conn_id = int(old.connection_id)
+    if restarted is False:  # same server instance: the id is still ours to KILL
+        try:
+            await backend.query(f"KILL {conn_id}")
+        except BackendError:
+            pass  # unknown thread: gone already
+    # Ambiguous uptime: no KILL (the id might be someone else's now), only one look.
+    deadline = trio.current_time() + (io_timeout if restarted is False else 0)
+    while True:
+        rows = await backend.query(f"SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {conn_id}")
+        if rows and rows[0][0] == b"0":
+            return True
+        if trio.current_time() >= deadline:
+            return False
+        await trio.sleep(0.1)

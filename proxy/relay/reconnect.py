@@ -1,0 +1,308 @@
+"""Recovery: the backend connection is gone. Decide (``proxy.recovery.plan_recovery``),
+reconnect, restore the session, replay the open transaction, and hand back the command to
+send again. Fatal outcomes raise ``ConnectionFailed``; a lost transaction that is known not to
+have committed becomes a 1213 for the client (``pending_error``)."""
+
+from __future__ import annotations
+
+import logging
+import struct
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+
+from proxy.backend import Backend, BackendError, backoff_delays, restarted_since
+from proxy.hooks import CommandInfo
+from proxy.netio import PeerClosed
+from proxy.protocol import sql
+from proxy import statements as st
+from proxy.protocol.constants import Err
+from proxy.protocol.framing import encode_packet
+from proxy.protocol.packets import ProtocolError, make_err
+from proxy.protocol.response import Expect
+from proxy.recovery import Outcome, Plan, Sent, StatementFacts, plan_recovery
+from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, ConnectionFailed, Inflight
+from proxy.session import PreparedStatement, SessionState
+
+if TYPE_CHECKING:
+    from proxy.relay.tasks import Session
+
+__all__ = ["recover", "failure"]
+
+log = logging.getLogger("replay_proxy.session")
+
+
+def failure(s: Session, reason: str) -> ConnectionFailed:
+    """Outcome unknown or state unrecoverable: the client gets a connection error (now, or at
+    its next command) and the session ends."""
+    address = s.backend.address if s.backend else "-"
+    msg = f"Lost connection to backend {address} during query (replay-proxy: {reason})"
+    log.error("session %d: %s", s.id, msg)
+    return ConnectionFailed(make_err(*Err.SERVER_LOST, msg), msg)
+
+
+def _fail_retryable_later(s: Session, reason: str) -> None:
+    """The open transaction is lost and known not committed: the client hears 1213 (for the
+    in-flight command, or its next one)."""
+    s.tracking.transaction_lost()
+    msg = f"Deadlock found when trying to get lock; try restarting transaction (replay-proxy: backend connection lost, {reason})"
+    s.pending_error = make_err(*Err.LOCK_DEADLOCK, msg)
+
+
+async def recover(s: Session, reason: str, rejected: bool = False) -> Inflight | None:
+    """The backend connection is gone (or going). Returns the in-flight command to send on the
+    new connection, if any.
+
+    ``rejected``: the server answered the in-flight command with a going-away error, so it
+    did not run it."""
+    lost_at = trio.current_time()
+    old = s.backend
+    s.backend_ok = False
+    if old is not None:
+        old.close()
+    inflight = s.inflight
+    if inflight is not None and inflight.state == SENDING:
+        await s.send_settled()
+    sent = await _sent(s, inflight, rejected)
+    plan = await _plan(s, inflight, sent)
+    s.losses_in_a_row += 1
+    rec = s.config.recovery
+    if s.losses_in_a_row > 1:
+        # Lost again before anything succeeded (a server that accepts connections but
+        # refuses every command while it drains): back off instead of spinning.
+        await trio.sleep(min(rec.backoff_max, rec.backoff_initial * 2 ** (s.losses_in_a_row - 2)))
+        if inflight is not None and trio.current_time() - inflight.arrived >= rec.buffer_window:
+            why = f"backend kept failing for {rec.buffer_window:g}s"
+            if sent is Sent.MAYBE_EXECUTED or sent is Sent.PARTIAL_RESPONSE:
+                raise failure(s, why)
+            plan = Plan(Outcome.FAIL_RETRYABLE, why)
+    s.recoveries += 1
+    tx = s.tracking.tx
+    described = inflight.describe(CommandInfo(inflight.command.code, b"").name) if inflight is not None else "nothing"
+    log.warning(
+        "session %d (user %s, client %s): backend %s lost: %s; transaction open: %s (%d journaled); in flight: %s; plan: %s (%s)",
+        s.id, s.info.user, s.client_address, old.address if old else "-", reason, tx.active,
+        len(tx.entries), described, plan.outcome.value, plan.reason,
+    )
+    if s.hooks.backend_lost:
+        await s.hooks.notify(s.hooks.backend_lost, s.info, reason)
+    if plan.outcome is Outcome.RESUME and (plan.replay or plan.resend) and s.hooks.replay_decided:
+        plan = await _ask_veto(s, plan) or plan
+    if plan.outcome is Outcome.FAIL_CONNECTION:
+        raise failure(s, plan.reason)
+    if plan.outcome is Outcome.FAIL_RETRYABLE:
+        _fail_retryable_later(s, plan.reason)
+        if inflight is not None:
+            await s.answer_inflight(s.take_pending_error())
+    elif inflight is not None:
+        inflight.restart(s.deprecate_eof)
+    # Past the buffer window, a command that may have run gets a connection error; one that
+    # certainly did not run gets 1213.
+    may_have_run = sent is Sent.MAYBE_EXECUTED and plan.outcome in (Outcome.RESUME, Outcome.RESOLVE)
+    resolved = plan.outcome is not Outcome.RESOLVE
+    while True:
+        backend = await _reestablish(s, inflight if may_have_run else None)
+        replayed = 0
+        try:
+            if not resolved:
+                assert inflight is not None and s.markers is not None
+                committed = await s.markers.committed(backend, old, inflight.marker, s.config.backend.io_timeout)
+                resolved = True
+                if committed is None:
+                    raise failure(s, "COMMIT was in flight and its commit marker could not be checked")
+                log.warning("session %d: commit marker %d says the COMMIT %s", s.id, inflight.marker,
+                            "committed" if committed else "did not commit")
+                if committed:
+                    s.tracking.transaction_lost()
+                    s.backend_ok = True
+                    await s.answer_inflight(None)
+                    return None
+                if not plan.replay:
+                    _fail_retryable_later(s, f"transaction did not commit and cannot be replayed: {tx.not_replayable}")
+                    break
+            if not (plan.replay and tx.active):
+                break
+            replayed, mismatch = await _replay(s, backend, plan.verify)
+            if mismatch is not None:
+                log.warning("session %d: replay stopped: %s; transaction rolled back", s.id, mismatch)
+                if not plan.verify:
+                    raise failure(s, f"idempotent replay failed: {mismatch}")
+                await backend.query("ROLLBACK")
+                _fail_retryable_later(s, f"replay did not reproduce what the client saw: {mismatch}")
+            break
+        except (PeerClosed, BackendError, ProtocolError) as exc:
+            log.warning("session %d: new backend connection lost during replay (%s); reconnecting", s.id, exc)
+            backend.close()
+    s.backend_ok = True
+    waited = trio.current_time() - lost_at
+    current = s.inflight
+    log.warning(
+        "session %d: recovered on %s (connection %d) after %.0f ms; replayed %d statement(s)%s",
+        s.id, backend.address, backend.connection_id, waited * 1000, replayed,
+        "; sending the waiting command" if current is not None and current.state == NOT_SENT else "",
+    )
+    if s.hooks.backend_recovered:
+        await s.hooks.notify(
+            s.hooks.backend_recovered, s.info,
+            {"reason": reason, "plan": plan.outcome.value, "replayed": replayed, "waited": waited},
+        )
+    if current is not None and current.state == NOT_SENT:
+        if s.pending_error is not None:
+            await s.answer_inflight(s.take_pending_error())
+            return None
+        return current
+    return None
+
+
+async def _sent(s: Session, inflight: Inflight | None, rejected: bool) -> Sent | None:
+    if inflight is None:
+        return None
+    if inflight.forwarded:
+        return Sent.PARTIAL_RESPONSE
+    if inflight.state in (NOT_SENT, SEND_FAILED):
+        return Sent.NOT_EXECUTED
+    if rejected and not (await _facts(s, inflight.command.payload, inflight.statement, inflight.command.complete)).commits:
+        return Sent.NOT_EXECUTED  # a statement refused with 1053/1927 did not run (a COMMIT: unknown)
+    return Sent.MAYBE_EXECUTED
+
+
+async def _plan(s: Session, inflight: Inflight | None, sent: Sent | None) -> Plan:
+    rec = s.config.recovery
+    tracking = s.tracking
+    state = tracking.state
+    if not rec.enabled:
+        return Plan(Outcome.FAIL_CONNECTION, "recovery is disabled for this target")
+    tx = tracking.tx
+    journal = [await _facts(s, e.payload, e.statement) for e in tx.entries] if tx.active else []
+    return plan_recovery(
+        sent=sent,
+        inflight=await _facts(s, inflight.command.payload, inflight.statement, inflight.command.complete) if inflight else None,
+        in_transaction=tx.active,
+        journal=journal,
+        not_replayable=tx.not_replayable,
+        unrestorable=state.unrestorable if state else None,
+        autocommit=tracking.autocommit,
+        safe_mode=tracking.safe_mode,
+        commit_marker=inflight is not None and inflight.marker > 0,
+    )
+
+
+async def _facts(s: Session, payload: bytes, stmt: PreparedStatement | None, complete: bool = True) -> StatementFacts:
+    """The tracker's facts, with the plugins' answer to the safe-mode question."""
+    answer = None
+    if s.tracking.safe_mode and complete and s.hooks.is_idempotent:
+        text = s.tracking.text_of(payload, stmt)
+        if text is not None:
+            answer = await s.hooks.idempotent(s.info, text)
+    return s.tracking.facts(payload, stmt, complete, answer)
+
+
+async def _ask_veto(s: Session, plan: Plan) -> Plan | None:
+    veto = await s.hooks.replay_veto(s.info, plan)
+    if veto is None:
+        return None
+    log.warning("session %d: a plugin vetoed the replay: %s", s.id, veto.reason)
+    if plan.verify and s.tracking.tx.active:  # COMMIT was not in flight: known not committed
+        return Plan(Outcome.FAIL_RETRYABLE, f"replay vetoed by a plugin: {veto.reason}")
+    return Plan(Outcome.FAIL_CONNECTION, f"replay vetoed by a plugin: {veto.reason}")
+
+
+async def _reestablish(s: Session, may_have_run: Inflight | None) -> Backend:
+    """Reconnect (with backoff) and restore the session. While the backend stays away, a
+    waiting command gets an error after buffer_window: a connection error if it may have
+    run already (``may_have_run``), else 1213."""
+    rec = s.config.recovery
+    tx = s.tracking.tx
+    state = tx.session_before if (tx.active and tx.session_before) else s.tracking.state
+    assert state is not None and s.login is not None
+    delays = backoff_delays(rec.backoff_initial, rec.backoff_max)
+    attempts = 0
+    old = s.backend
+    while True:
+        attempts += 1
+        login = attrs.evolve(s.login, database=state.database, collation=state.collation)
+        try:
+            backend = await s.target.connect(login, fresh=True)
+            s.use_backend(backend)
+            await _restore(s, backend, state, old)
+            return backend
+        except BackendError as exc:
+            if not exc.retryable:
+                raise failure(s, f"cannot restore the session: {exc}") from None
+            error = exc
+        except (PeerClosed, ProtocolError, OSError) as exc:
+            error = BackendError(str(exc), retryable=True)
+        if attempts == 1 or attempts % 20 == 0:
+            log.warning("session %d: reconnect attempt %d failed: %s", s.id, attempts, error)
+        inflight = s.inflight
+        if inflight is not None and trio.current_time() - inflight.arrived >= rec.buffer_window:
+            why = f"backend unavailable for {rec.buffer_window:g}s (last error: {error})"
+            if inflight is may_have_run:
+                raise failure(s, why)
+            _fail_retryable_later(s, why)
+            await s.answer_inflight(s.take_pending_error())
+        await trio.sleep(next(delays))
+
+
+async def _restore(s: Session, backend: Backend, state: SessionState, old: Backend | None) -> None:
+    """Make the new connection look like the old session: variables, prepared statements;
+    and free the old session's locks if it may still be alive."""
+    if old is not None and s.config.recovery.kill_old_session:
+        await _kill_if_alive(s, backend, old)
+    for statement in state.restore_statements():
+        await backend.query(statement)
+    for stmt in list(s.tracking.prepared.values()):
+        await _prepare_on(s, backend, stmt)
+
+
+async def _kill_if_alive(s: Session, backend: Backend, old: Backend) -> None:
+    """KILL the old connection id, but only on the same server instance: after a restart
+    the id may belong to someone else."""
+    if await restarted_since(backend, old) is False:
+        try:
+            await backend.query(f"KILL {int(old.connection_id)}")
+            log.info("session %d: killed old backend connection %d", s.id, old.connection_id)
+        except BackendError:
+            pass  # already gone
+
+
+async def _prepare_on(s: Session, backend: Backend, stmt: PreparedStatement) -> None:
+    tracker = await backend.exchange(encode_packet(stmt.prepare_payload, 0)[0], Expect.PREPARE)
+    if tracker.error is not None or tracker.prepare_ok is None:
+        raise BackendError(f"re-preparing statement {stmt.client_id} failed: {tracker.error}", retryable=False)
+    s.tracking.reprepared(stmt, tracker.prepare_ok.statement_id)
+    for payload in stmt.long_data:
+        await backend.channel.send(s.backend_bytes(payload, None, stmt))
+
+
+async def _replay(s: Session, backend: Backend, verify: bool) -> tuple[int, str | None]:
+    """Run the journal of the open transaction on the new connection."""
+    tx = s.tracking.tx
+    entries = list(tx.entries)
+    if tx.prefix:
+        await backend.query(tx.prefix)
+    first = entries[0].payload if entries else b""
+    if not (first[:1] == b"\x03" and st.first_keyword(first, 1) in (b"BEGIN", b"START")):
+        await backend.query("START TRANSACTION")
+    temporary: list[PreparedStatement] = []
+    count = 0
+    try:
+        for entry in entries:
+            stmt = entry.statement
+            if stmt is not None and stmt.generation != s.tracking.generation:
+                await _prepare_on(s, backend, stmt)  # closed by the client since; needed again
+                temporary.append(stmt)
+            for payload in entry.long_data or ():
+                await backend.channel.send(s.backend_bytes(payload, None, stmt))
+            tracker = await backend.exchange(s.backend_bytes(entry.payload, None, stmt), entry.expect, True)
+            count += 1
+            if verify and entry.fingerprint is not None and tracker.fingerprint != entry.fingerprint:
+                return count, f"statement {count} of {len(entries)} returned a different result"
+            if not verify and tracker.error is not None:
+                return count, f"statement {count} of {len(entries)} failed on replay: {tracker.error}"
+    finally:
+        for stmt in temporary:
+            if stmt.client_id not in s.tracking.prepared:
+                await backend.channel.send(encode_packet(b"\x19" + struct.pack("<I", stmt.backend_id), 0)[0])
+    return count, None

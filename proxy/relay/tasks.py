@@ -1,0 +1,556 @@
+"""One client session: its two tasks and the only per-packet code.
+
+- the client task reads a command, lets the plugins look at it, and sends it to the backend;
+- the backend task reads the backend socket all the time. It streams each response to the
+  client, and while the client is idle its pending read is what notices a server closing the
+  connection (FIN, reset, an unsolicited ERR) at once, so the connection is replaced before the
+  client's next command. It also runs recovery (``reconnect.recover``).
+
+``inflight`` is the one command sent (or queued while recovering) whose response is not
+complete. The client task does not wait for a response after sending; it only waits when the
+client sends the next command before the previous response completed (pipelining).
+
+Login is in ``login``, oversized commands in ``oversize``, recovery in ``reconnect``, commit
+markers in ``markers``; what the session's state is lives in ``proxy.tracking``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import struct
+
+import trio
+
+from proxy import statements as st
+from proxy.backend import Backend
+from proxy.hooks import AnswerOk, CommandInfo, PluginError, Reject, ResultInfo, Rewrite, SessionInfo
+from proxy.intake import Command, Oversized, read_command
+from proxy.netio import Channel, PeerClosed
+from proxy.protocol.constants import Commands, Err
+from proxy.protocol.framing import encode_packet
+from proxy.protocol.packets import ERR_HEADER, ProtocolError, make_err, make_ok, parse_err
+from proxy.protocol.response import Expect, ResponseTracker, expect_for
+from proxy.relay import login, oversize, reconnect
+from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, SENT, ConnectionFailed, Inflight, SessionClosed
+from proxy.relay.markers import CommitMarkers
+from proxy.session import PreparedStatement
+from proxy.target import Target
+from proxy.tracking import SessionTracker
+
+__all__ = ["Session", "SessionClosed"]
+
+log = logging.getLogger("replay_proxy.session")
+
+C = Commands
+
+# Errors with which a server says "I am going away" in answer to a command it did not run.
+SERVER_GOING_AWAY = frozenset({1053, 1927})
+
+_STMT_COMMANDS = frozenset(
+    {C.COM_STMT_EXECUTE, C.COM_STMT_SEND_LONG_DATA, C.COM_STMT_CLOSE, C.COM_STMT_RESET, C.COM_STMT_FETCH}
+)
+# Commands a proxy in front of a replicator's target has no business relaying.
+_REFUSED_COMMANDS = frozenset(
+    {
+        C.COM_BINLOG_DUMP, C.COM_BINLOG_DUMP_GTID, C.COM_REGISTER_SLAVE, C.COM_TABLE_DUMP, C.COM_CONNECT_OUT,
+        C.COM_SHUTDOWN, C.COM_SLEEP, C.COM_CONNECT, C.COM_TIME, C.COM_DELAYED_INSERT, C.COM_DAEMON,
+    }
+)
+_KILL = re.compile(rb"\s*KILL\s+((?:CONNECTION\s+|QUERY\s+)?)(\d+)\s*;?\s*$", re.I)
+
+
+class Session:
+    def __init__(self, target: Target, client: Channel, client_address: str, session_id: int) -> None:
+        self.target = target
+        self.config = config = target.config
+        self.hooks = target.hooks
+        # Resolved once: with no plugin implementing them, these hooks cost one attribute test.
+        self._command_hooks = bool(self.hooks.command_received)
+        self._result_hooks = bool(self.hooks.result_received)
+        self._split_mode = config.limits.oversized == "split"
+        rec = config.recovery
+        self.markers = CommitMarkers(target.markers, session_id) if rec.commit_marker and rec.enabled else None
+        self.client = client
+        self.client_address = client_address
+        self.id = session_id
+        self.info = SessionInfo(session_id, target.name, "", client_address, opened_at=trio.current_time())
+        self.tracking = SessionTracker(self.info, rec.journal_max_bytes, rec.journal_max_statements, rec.idempotent == "safe-mode")
+        self.backend: Backend | None = None
+        self.limit = config.limits.max_allowed_packet
+        self.backend_ok = False
+        self.login = None  # backend.Login, from login.handshake
+        self.client_caps = 0
+        self.deprecate_eof = False
+        self.scramble = b""
+        self.inflight: Inflight | None = None
+        self.pending_error: bytes | None = None  # a 1213 for the waiting or next command
+        self.failed: bytes | None = None  # the ERR the next command gets before the session ends
+        self._send_settled: trio.Event | None = None
+        self.backend_replaced = trio.Event()
+        self._cancel: trio.CancelScope | None = None
+        self.commands = 0
+        self.recoveries = 0
+        self.losses_in_a_row = 0  # recoveries since the last command completed
+        self.split_warnings: oversize.MergedWarnings | None = None  # warnings of the last split statement
+        self._next_marker = 0  # marker number written for the COMMIT about to be submitted
+        self.close_reason = ""
+
+    async def handshake(self) -> bool:
+        return await login.handshake(self)
+
+    # ------------------------------------------------------------------ life
+
+    async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._cancel = nursery.cancel_scope
+                nursery.start_soon(self._backend_task)
+                try:
+                    reason = await self._client_task()
+                    self.close_reason = self.close_reason or reason
+                finally:
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # Either task's failure ends the session; surface the cause itself.
+            cause = _first_cause(group)
+            if not isinstance(cause, SessionClosed):
+                raise cause from None
+            self.close_reason = str(cause)
+        except SessionClosed as exc:
+            self.close_reason = str(exc)
+
+    def end(self, reason: str) -> None:
+        """Stop the session from outside (proxy shutdown)."""
+        if self._cancel is not None and not self._cancel.cancel_called:
+            self.close_reason = reason
+            self._cancel.cancel()
+
+    def idle(self) -> bool:
+        """Between transactions with nothing in flight: it can be closed or moved now."""
+        return self.inflight is None and not self.tracking.tx.active
+
+    def close(self) -> None:
+        if self.backend is not None:
+            if self.backend_ok and not self.backend.channel.closed:
+                # A polite COM_QUIT spares the server an "aborted connection" warning.
+                self.backend.channel.send_nowait(encode_packet(b"\x01", 0)[0])
+            self.backend.close()
+        self.client.close()
+
+    def use_backend(self, backend: Backend | None) -> None:
+        self.backend = backend
+        if backend is not None:
+            self.limit = oversize.effective_limit(self.config.limits.max_allowed_packet, backend)
+            self.tracking.backend_changed(str(backend.address))
+
+    # ------------------------------------------------------------------ client task
+
+    async def _client_task(self) -> str:
+        while True:
+            cmd = await self._read_command()
+            if cmd is None:
+                return "client closed the connection"
+            if cmd.code == C.COM_QUIT:
+                return "client quit"
+            self.commands += 1
+            if self.inflight is not None:
+                await self._wait_inflight()
+            if self.failed is not None or self.pending_error is not None:
+                await self._answer_pending(cmd)
+                continue
+            code = cmd.code
+            if self.split_warnings is not None and await oversize.answer_split_warnings(self, cmd):
+                continue
+            if code in _REFUSED_COMMANDS:
+                await self.answer_error(cmd, *Err.UNKNOWN_COM, f"{CommandInfo(code, b'').name} is not supported through replay-proxy")
+                continue
+            if code == C.COM_CHANGE_USER:
+                await login.change_user(self, cmd)
+                continue
+            if self._command_hooks:
+                cmd = await self._run_command_hooks(cmd)
+                if cmd is None:
+                    continue
+            if cmd.size >= self.limit:  # kept whole because split mode may cut it into pieces
+                await oversize.split(self, cmd)
+                continue
+            await self._submit(cmd)
+
+    async def _read_command(self) -> Command | None:
+        limits = self.config.limits
+        max_size = self.limit - 1  # like the server: a command must be smaller than max_allowed_packet
+        keep = max(max_size, limits.split_max_statement) if self._split_mode else max_size
+        while True:
+            try:
+                cmd = await read_command(self.client, max_size, limits.spool_threshold, keep)
+            except PeerClosed:
+                return None
+            if isinstance(cmd, Oversized):
+                await oversize.refuse(self, cmd.size, cmd.seq_end, cmd.code)
+                continue
+            if not cmd.payload:
+                raise SessionClosed("client sent an empty command packet")
+            return cmd
+
+    async def _wait_inflight(self) -> None:
+        inflight = self.inflight
+        if inflight is not None:
+            if inflight.done is None:
+                inflight.done = trio.Event()
+            await inflight.done.wait()
+
+    async def _answer_pending(self, cmd: Command) -> None:
+        if self.failed is not None:
+            payload, self.failed = self.failed, None
+            await self.send_client(payload, cmd.seq_end + 1)
+            raise SessionClosed(parse_err(payload).message)
+        payload = self.take_pending_error()
+        if cmd.code == C.COM_QUERY and st.first_keyword(cmd.payload, 1) == b"ROLLBACK":
+            # The client wants to roll back a transaction that is already gone: that is fine.
+            await self.send_client(make_ok(self.tracking.status_word()), cmd.seq_end + 1)
+            return
+        await self.send_client(payload, cmd.seq_end + 1)
+
+    async def _run_command_hooks(self, cmd: Command) -> Command | None:
+        try:
+            verdict = await self.hooks.run_command_chain(self.info, CommandInfo(cmd.code, cmd.payload, cmd.complete))
+        except PluginError as exc:
+            log.error("session %d: %s", self.id, exc)
+            await self.answer_error(cmd, *Err.UNKNOWN_ERROR, str(exc))
+            return None
+        if verdict is None:
+            return cmd
+        if isinstance(verdict, Rewrite):
+            raw, last_seq = encode_packet(verdict.payload, 0)
+            if not cmd.complete or (last_seq - 1) & 0xFF != cmd.seq_end:
+                # Plugins see only the head of a spooled command; and the client's sequence ids
+                # must still match the response.
+                await self.answer_error(cmd, *Err.UNKNOWN_ERROR, "plugin rewrite of a command this large is not supported")
+                return None
+            return Command(verdict.payload, raw, cmd.seq_end, len(verdict.payload))
+        if isinstance(verdict, Reject):
+            await self.answer_error(cmd, verdict.code, verdict.sqlstate, verdict.message)
+        elif isinstance(verdict, AnswerOk):
+            ok = make_ok(self.tracking.status_word(), verdict.affected_rows, verdict.last_insert_id, verdict.warnings, verdict.info.encode())
+            await self.send_client(ok, cmd.seq_end + 1)
+        return None
+
+    async def _submit(self, cmd: Command) -> None:
+        code = cmd.code
+        tracking = self.tracking
+        statement = None
+        if code in _STMT_COMMANDS:
+            statement = tracking.statement_of(cmd.payload)
+            if statement is not None and statement.long_data_bytes >= self.limit and code == C.COM_STMT_EXECUTE:
+                await oversize.refuse_long_data(self, cmd, statement)
+                return
+        keyword = st.first_keyword(cmd.payload, 1) if code == C.COM_QUERY else b""
+        if keyword == b"COMMIT" and self.markers is not None and tracking.tx.active:
+            if not await self._write_commit_marker(cmd):
+                return
+        inflight = Inflight(cmd, ResponseTracker(expect_for(code), self.deprecate_eof, tracking.wants_fingerprint(keyword)),
+                            statement, trio.current_time(), keyword)
+        if self._next_marker:
+            inflight.marker, self._next_marker = self._next_marker, 0
+        if code == C.COM_STMT_PREPARE:
+            inflight.held = bytearray()
+        elif code == C.COM_STMT_SEND_LONG_DATA and statement is not None:
+            statement.long_data_bytes += len(cmd.payload) - 7
+            if statement.long_data_bytes >= self.limit:
+                return  # kept from the server; the execute that would use it gets 1153
+            statement.long_data.append(cmd.payload)
+        elif keyword == b"SELECT" and oversize.asks_max_packet(cmd):
+            cmd = inflight.command = oversize.tell_effective_limit(cmd, self.limit, self.backend)
+        elif keyword == b"KILL":
+            cmd = inflight.command = self._translate_kill(cmd)
+        self.inflight = inflight
+        if self.backend_ok:
+            await self.send_inflight(inflight)
+
+    def _translate_kill(self, cmd: Command) -> Command:
+        """Clients KILL by the connection id of the proxy's greeting (the mariadb CLI on Ctrl-C:
+        KILL QUERY <id>). Those ids are the proxy's own session numbers; the server knows the
+        session's current backend connection instead."""
+        m = _KILL.match(cmd.payload, 1)
+        if m is None:
+            return cmd
+        session = self.target.session_by_id(int(m.group(2)))
+        if session is None or session.backend is None:
+            return cmd  # not a proxy session: the server will judge the id
+        payload = b"\x03KILL %s%d" % (m.group(1), session.backend.connection_id)
+        log.info("session %d: %s of proxy session %s sent as backend connection %d",
+                 self.id, payload[1:].decode(errors="replace"), m.group(2).decode(), session.backend.connection_id)
+        return Command(payload, encode_packet(payload, 0)[0], cmd.seq_end, len(payload))
+
+    async def _write_commit_marker(self, commit: Command) -> bool:
+        """Upsert this session's marker row inside the transaction about to commit, so that a
+        lost COMMIT answer can be resolved exactly. False: the client was already answered."""
+        number, payload = self.markers.upsert_sql()
+        tracker = await self.run_internal(payload, commit.seq_end)
+        if tracker is None:
+            return False
+        if tracker.error is not None:
+            log.warning("session %d: commit marker not written (%s); this COMMIT is not protected", self.id, tracker.error)
+            return True
+        self.markers.written = self._next_marker = number
+        return True
+
+    async def run_internal(self, payload: bytes, seq_end: int, capture: bytearray | None = None) -> ResponseTracker | None:
+        """Client task only: run a command of the proxy's own on the backend and wait for its
+        whole response (not forwarded; kept in ``capture`` if given). None when recovery
+        answered the client with an error instead, and the caller must stop."""
+        cmd = Command(payload, encode_packet(payload, 0)[0], seq_end, len(payload))
+        statement = self.tracking.statement_of(payload) if payload[0] in _STMT_COMMANDS else None
+        keyword = st.first_keyword(payload, 1) if payload[0] == C.COM_QUERY else b""
+        tracker = ResponseTracker(expect_for(payload[0]), self.deprecate_eof, self.tracking.wants_fingerprint(keyword))
+        inflight = Inflight(cmd, tracker, statement, trio.current_time(), keyword, internal=True, done=trio.Event())
+        inflight.held = capture
+        self.inflight = inflight
+        if self.backend_ok:
+            await self.send_inflight(inflight)
+        await inflight.done.wait()
+        return None if inflight.answered else inflight.tracker
+
+    async def send_inflight(self, inflight: Inflight) -> None:
+        """Send (or resend) the in-flight command to the current backend."""
+        backend = self.backend
+        assert backend is not None
+        cmd = inflight.command
+        inflight.state = SENDING
+        try:
+            if cmd.complete:
+                await backend.channel.send(self.backend_bytes(cmd.payload, cmd.raw, inflight.statement))
+            elif inflight.statement is not None:  # a huge execute that needs rewriting
+                await backend.channel.send(self.backend_bytes(cmd.full_payload(), None, inflight.statement))
+            else:
+                for chunk in cmd.frames():
+                    await backend.channel.send(chunk)
+            inflight.state = SENT
+        except (PeerClosed, trio.ClosedResourceError):
+            inflight.state = SEND_FAILED  # the backend task notices the loss and recovers
+        finally:
+            if self._send_settled is not None:
+                self._send_settled.set()
+        if inflight.state == SENT and inflight.tracker.done:  # no response expected
+            await self._complete(inflight, b"")
+
+    async def send_settled(self) -> None:
+        """Recovery: wait until the client task's send of the in-flight command has finished."""
+        self._send_settled = trio.Event()
+        await self._send_settled.wait()
+        self._send_settled = None
+
+    def backend_bytes(self, payload: bytes, raw: bytes | None, stmt: PreparedStatement | None) -> bytes:
+        """The command as this backend must see it: statement ids renumbered, parameter types
+        bound again for a statement that was re-prepared."""
+        if stmt is None:
+            return raw if raw is not None else encode_packet(payload, 0)[0]
+        new = payload
+        if payload[0] == C.COM_STMT_EXECUTE and stmt.num_params:
+            flag_pos = 10 + (stmt.num_params + 7) // 8
+            if len(payload) > flag_pos:
+                if payload[flag_pos]:
+                    stmt.param_types = payload[flag_pos + 1 : flag_pos + 1 + 2 * stmt.num_params]
+                    stmt.types_bound_on_backend = True
+                elif not stmt.types_bound_on_backend and stmt.param_types is not None:
+                    new = payload[:flag_pos] + b"\x01" + stmt.param_types + payload[flag_pos + 1 :]
+                    stmt.types_bound_on_backend = True
+        if stmt.backend_id != stmt.client_id:
+            new = new[:1] + struct.pack("<I", stmt.backend_id) + new[5:]
+        if new is payload and raw is not None:
+            return raw
+        return encode_packet(new, 0)[0]
+
+    # ------------------------------------------------------------------ backend task
+
+    async def _backend_task(self) -> None:
+        try:
+            while True:
+                backend = self.backend
+                assert backend is not None
+                inflight = self.inflight
+                try:
+                    # Nothing arrives between responses, nor before the server has worked on a
+                    # command: wait for readability first, except mid-response.
+                    data = await backend.channel.recv(wait_first=inflight is None or inflight.tracker.nbytes == 0)
+                except PeerClosed as exc:
+                    if self.backend is not backend:  # replaced on purpose (COM_CHANGE_USER)
+                        await self.backend_replaced.wait()
+                        continue
+                    await self._recover(str(exc))
+                    continue
+                inflight = self.inflight
+                if inflight is None or inflight.state == NOT_SENT:
+                    await self._recover(f"backend sent {_describe_unsolicited(data)} while idle")
+                    continue
+                await self._on_response_data(inflight, data)
+        except ConnectionFailed as failed:
+            if self.inflight is not None:
+                await self.answer_inflight(failed.payload)
+                raise SessionClosed(str(failed)) from None
+            self.failed = failed.payload  # an idle client hears it at its next command
+
+    async def _recover(self, reason: str, rejected: bool = False) -> None:
+        resend = await reconnect.recover(self, reason, rejected)
+        if resend is not None:
+            await self.send_inflight(resend)
+
+    async def _on_response_data(self, inflight: Inflight, data: bytes) -> None:
+        tracker = inflight.tracker
+        try:
+            end = tracker.feed(data)
+        except ProtocolError as exc:
+            raise reconnect.failure(self, f"protocol error in backend response: {exc}") from None
+        if end < 0:
+            if inflight.held is not None or inflight.refuse_infile or inflight.internal:
+                if inflight.held is not None:
+                    inflight.held += data
+                return
+            inflight.forwarded = True
+            await self.client.send(data)
+            return
+        extra = data[end:]
+        if extra:
+            data = data[:end]
+        error = tracker.error
+        if error is not None and error.code in SERVER_GOING_AWAY and not inflight.forwarded:
+            if inflight.keyword == b"KILL":
+                # The client killed its own connection (KILL CONNECTION_ID()): pass the answer
+                # on and end the session, as the server does, instead of bringing it back.
+                await self._complete(inflight, data)
+                raise SessionClosed("the client killed its own backend connection")
+            await self._recover(f"backend answered {error}", rejected=True)
+            return
+        if tracker.local_infile and not inflight.refuse_infile:
+            await self._refuse_local_infile(inflight)
+            return
+        await self._complete(inflight, data)
+        if extra:
+            await self._recover(f"backend sent {_describe_unsolicited(extra)} after a response")
+
+    async def _refuse_local_infile(self, inflight: Inflight) -> None:
+        """The server asked for a client file (LOAD DATA LOCAL). Send it an empty one; the
+        client gets an ERR instead of the request."""
+        assert self.backend is not None
+        seq = inflight.tracker.last_seq + 1
+        inflight.refuse_infile = True
+        inflight.tracker = ResponseTracker(Expect.SINGLE, self.deprecate_eof)
+        await self.backend.channel.send(encode_packet(b"", seq)[0])
+
+    async def _complete(self, inflight: Inflight, last: bytes) -> None:
+        """The response is complete: update session and transaction state, then let the
+        client have the rest of it."""
+        tracker = inflight.tracker
+        captures = self.tracking.completed(inflight)
+        if captures:
+            # Read the values back before the client hears "OK": a loss now is a loss with the
+            # SET still in flight, and recovery simply sends it again.
+            try:
+                await self._capture_variables(captures)
+            except (PeerClosed, ProtocolError) as exc:
+                await self._recover(f"connection lost while reading back session variables: {exc}")
+                return
+        if inflight.internal:
+            if inflight.held is not None:
+                inflight.held += last
+            out = b""
+        elif inflight.refuse_infile:
+            out = encode_packet(
+                make_err(*Err.NOT_ALLOWED_COMMAND, "LOAD DATA LOCAL INFILE is not supported through replay-proxy"),
+                inflight.command.seq_end + 1,
+            )[0]
+        elif inflight.held is not None:
+            inflight.held += last
+            out = self._rewrite_prepare_ok(inflight)
+        else:
+            out = last
+        self.inflight = None
+        self.losses_in_a_row = 0
+        inflight.command.release()
+        if out:
+            await self.client.send(out)
+        if inflight.done is not None:
+            inflight.done.set()
+        if self._result_hooks:
+            error = tracker.error
+            result = ResultInfo(
+                ok=error is None,
+                error_code=error.code if error else None,
+                error_message=error.message if error else None,
+                affected_rows=tracker.ok.affected_rows if tracker.ok else 0,
+                rows=tracker.rows,
+                bytes=tracker.nbytes,
+                latency=trio.current_time() - inflight.arrived,
+                in_transaction=self.tracking.tx.active,
+            )
+            command = inflight.command
+            await self.hooks.notify(self.hooks.result_received, self.info, CommandInfo(command.code, command.payload, command.complete), result)
+
+    def _rewrite_prepare_ok(self, inflight: Inflight) -> bytes:
+        """The client sees the statement id the proxy gave it, not the backend's."""
+        held = inflight.held
+        assert held is not None
+        stmt = inflight.statement
+        if stmt is not None and stmt.client_id != stmt.backend_id:
+            held[5:9] = struct.pack("<I", stmt.client_id)  # frame header (4) + OK byte (1)
+        return bytes(held)
+
+    async def _capture_variables(self, names: list[str]) -> None:
+        """Read back session variables that were set from an expression, so a restore can set
+        the value itself."""
+        from proxy.backend import BackendError
+
+        assert self.backend is not None
+        for name in names:
+            try:
+                rows = await self.backend.query(f"SELECT @@session.{name}")
+            except BackendError as exc:  # the server refused to tell: nothing to restore it from
+                self.tracking.state.mark_unrestorable(f"could not read back session variable {name}: {exc}")
+                continue
+            self.tracking.captured(name, rows[0][0] if rows else None)
+
+    # ------------------------------------------------------------------ answering locally
+
+    async def send_client(self, payload: bytes, seq: int) -> None:
+        await self.client.send(encode_packet(payload, seq)[0])
+
+    async def answer_error(self, cmd: Command, code: int, sqlstate: str, message: str) -> None:
+        await self.send_client(make_err(code, sqlstate, message), cmd.seq_end + 1)
+
+    def take_pending_error(self) -> bytes:
+        payload = self.pending_error
+        assert payload is not None
+        self.pending_error = None
+        return payload
+
+    async def answer_inflight(self, err: bytes | None) -> None:
+        """Answer the in-flight command in the server's place: with ``err``, or OK (a COMMIT that
+        a commit marker proved committed)."""
+        inflight = self.inflight
+        assert inflight is not None
+        self.inflight = None
+        inflight.answered = True
+        payload = err if err is not None else make_ok(self.tracking.status_word())
+        try:
+            await self.send_client(payload, inflight.answer_seq())
+        finally:
+            inflight.finish()
+
+
+def _first_cause(group: BaseExceptionGroup) -> BaseException:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            exc = _first_cause(exc)
+        if not isinstance(exc, trio.Cancelled):
+            return exc
+    return group.exceptions[0]
+
+
+def _describe_unsolicited(data: bytes) -> str:
+    if len(data) > 5 and data[4] == ERR_HEADER:
+        try:
+            return str(parse_err(data[4 : 4 + (data[0] | data[1] << 8 | data[2] << 16)]))
+        except ProtocolError:
+            pass
+    return f"{len(data)} unexpected byte(s)"
