@@ -9,18 +9,19 @@ Options (``[plugins.firewall]``):
 
 A statement class is one to four keywords: ``"DROP"`` matches every ``DROP ...``,
 ``"DROP DATABASE"`` only that, ``"LOAD DATA"`` ... Matching compares a class with the first
-keywords of the statement, case-insensitively, after skipping whitespace and comments and
-reading inside executable comments (``/*!50001 DROP */ TABLE t`` is a DROP), as
-``proxy.protocol.sql.leading_keywords`` reads them. Deny wins over allow. A statement that does
+keywords of each statement, case-insensitively, as the connected server reads the text
+(``proxy.sqltext``): comments skipped, executable comments read when they run on that server's
+version and skipped when they do not (``/*!50001 DROP */ TABLE t`` is a DROP on MariaDB,
+``/*!999999 SELECT */ DROP TABLE t`` is a DROP too). Deny wins over allow. A statement that does
 not start with a keyword (``(SELECT 1)``) matches no class, so an allow list rejects it.
 
 What is checked: the text of COM_QUERY and COM_STMT_PREPARE (a prepared statement cannot be
-executed without being prepared through the firewall first). When the session allows
-multi-statement queries, every statement of one is checked (statements are split as the
-server reads them, with or without NO_BACKSLASH_ESCAPES as the session's status says), and
-``PREPARE s FROM '<text>'`` is checked on its text too (``PREPARE s FROM @var`` cannot be seen
-through: deny ``"PREPARE"`` to close that door). ``deny_patterns`` are searched through the
-whole text, which costs time in proportion to the statement's size (Python's ``re`` scans
+executed without being prepared through the firewall first), every statement of a
+multi-statement query, and the text of ``PREPARE s FROM '<text>'`` and ``EXECUTE IMMEDIATE
+'<text>'``. Text the proxy cannot judge (an executable comment whose fate it cannot tell, an
+unterminated string, dynamic SQL from a variable: ``PREPARE s FROM @sql``) is rejected whenever
+a rule is configured: what cannot be read cannot pass. ``deny_patterns`` are searched through
+the whole text, which costs time in proportion to the statement's size (Python's ``re`` scans
 about 10 MB/s): prefer classes, and anchored or literal-led patterns.
 
 A rejected statement gets ERR 1142 (SQLSTATE 42000), like the server's own privilege errors:
@@ -37,9 +38,10 @@ import attrs
 
 from proxy.hooks import CommandInfo, Reject, SessionInfo
 from proxy.plugin_loader import Check, PluginContext
-from proxy.protocol import sql
+from proxy import sqltext
+from proxy.sqltext.tokens import unquote
 
-__all__ = ["Plugin", "statement_starts"]
+__all__ = ["Plugin"]
 
 # Words that can start a MySQL/MariaDB statement: a class must start with one, so a typo such
 # as "DORP" is a config error instead of a rule that never matches.
@@ -62,81 +64,25 @@ StatementClass = Annotated[
 ]
 
 
-def _next_statement_regex(no_backslash_escapes: bool) -> re.Pattern[str]:
-    """From a statement start, consume code (literals, identifiers and comments whole) up to and
-    including the next top-level ';'. Built from the sql module's lexer fragments."""
-    code = "|".join(
-        [
-            r"[^'\"`#/;\-]++",
-            sql.quoted_string("'", not no_backslash_escapes),
-            sql.quoted_string('"', not no_backslash_escapes),
-            sql.BACKTICK_IDENT,
-            sql.HASH_COMMENT,
-            sql.DASH_COMMENT,
-            sql.BLOCK_COMMENT,
-            sql.EXEC_COMMENT_OPEN,  # its content is code: a ';' in it separates statements
-            r"[-/]",  # a lone '-' or '/' (comments were tried first)
-        ]
-    )
-    return re.compile(rf"(?:{code})*+;")
-
-
-_NEXT_STATEMENT = {False: _next_statement_regex(False), True: _next_statement_regex(True)}  # by NO_BACKSLASH_ESCAPES
-
-
-def statement_starts(text: str, *, no_backslash_escapes: bool = False) -> list[int]:
-    """Offsets where the statements of a multi-statement query start (``[0]`` for one)."""
-    if ";" not in text:
-        return [0]
-    regex = _NEXT_STATEMENT[no_backslash_escapes]
-    starts, pos = [0], 0
-    while (m := regex.match(text, pos)) is not None:
-        pos = m.end()
-        starts.append(pos)
-    return starts
-
-
-def _keywords_at(text: str, start: int, end: int, n: int) -> tuple[str, ...]:
-    """``leading_keywords`` of the statement ``text[start:end]``, reading a window of it first so
-    that a huge statement is not copied: the window's answer is final unless the window holds
-    nothing but keywords and comments (a giant comment before the keywords)."""
-    if end - start <= _WINDOW:
-        return sql.leading_keywords(text[start:end], n)
-    window = text[start : start + _WINDOW]
-    keywords = sql.leading_keywords(window, n)
-    if len(keywords) < n and _ONLY_KEYWORDS.match(window):
-        keywords = sql.leading_keywords(text[start:end], n)
-    return keywords
-
-
-_WINDOW = 4096
-_ONLY_KEYWORDS = re.compile(
-    rf"(?:{sql.WS}++|{sql.HASH_COMMENT}|{sql.DASH_COMMENT}|{sql.BLOCK_COMMENT}|{sql.EXEC_COMMENT_OPEN}|\*/|[0-9A-Za-z_$]++)*+"
-    r"(?:/\*[\s\S]*+)?\Z"  # a comment cut by the window's end
-)
-
-_BLANK = re.compile(rf"(?:{sql.WS}++|{sql.HASH_COMMENT}|{sql.DASH_COMMENT}|{sql.BLOCK_COMMENT}|;)*+\Z")
-
-
-def _is_blank(text: str, start: int, end: int) -> bool:
-    """Nothing but whitespace, comments and ';' in ``text[start:end]`` (e.g. after the last ';')."""
-    return _BLANK.match(text, start, end) is not None
-
-
-def _prepared_text(text: str) -> str | None:
-    """The statement of ``PREPARE name FROM '<text>'``, None for any other shape."""
+def _dynamic_text(text: str, session: SessionInfo) -> str | None:
+    """The statement of ``PREPARE name FROM '<text>'`` / ``EXECUTE IMMEDIATE '<text>'``; None
+    when it is not a string literal (a variable, an expression)."""
     try:
-        tokens = [t for t in sql.iter_tokens(text) if t.kind is not sql.TokenKind.PUNCT or t.text != ";"]
-    except sql.SqlLexError:
+        tokens = sqltext.tokenize(text, dialect=session.dialect, no_backslash_escapes=session.no_backslash_escapes)
+    except sqltext.SqlParseError:
         return None
-    if len(tokens) == 4 and tokens[2].kind is sql.TokenKind.WORD and tokens[2].text.upper() == "FROM":
-        literal = tokens[3]
-        if literal.kind is sql.TokenKind.STRING:
-            body = literal.text[2:-1] if literal.text[0] in "Nn" else literal.text[1:-1]
-            quote = literal.text[-1]
-            # Only escaped quotes matter to reading the statement's keywords and ';' separators.
-            return body.replace(quote + quote, quote).replace("\\" + quote, quote)
-    return None
+    words = [t.text.upper() if t.kind is sqltext.TokenKind.WORD else None for t in tokens[:3]]
+    if words[:2] == ["EXECUTE", "IMMEDIATE"]:
+        rest = tokens[2:]
+    elif words[:1] == ["PREPARE"] and words[2:3] == ["FROM"]:
+        rest = tokens[3:]
+    else:
+        return None
+    if rest and rest[-1].kind is sqltext.TokenKind.PUNCT and rest[-1].text == ";":
+        rest = rest[:-1]
+    if len(rest) != 1 or rest[0].kind is not sqltext.TokenKind.STRING:
+        return None
+    return unquote(rest[0].text, session.no_backslash_escapes)
 
 
 class Plugin:
@@ -165,34 +111,40 @@ class Plugin:
             if pattern.search(text):
                 first = command.keywords(1)
                 return self._reject(session, first[0] if first else "Statement", f"deny_patterns[{i}]")
-        return self._judge_all(session, text)
+        return self._judge_all(session, command.analysis, lambda i, n: command.keywords(n, i))
 
-    def _judge_all(self, session: SessionInfo, text: str) -> Reject | None:
-        # Without multi-statements the server refuses "SELECT 1; DROP TABLE t" as a whole, so
-        # only the first statement can run: no need to look for more.
-        if not session.multi_statements:
-            return self._judge(session, text, 0, len(text))
-        starts = statement_starts(text, no_backslash_escapes=session.no_backslash_escapes)
-        for start, end in zip(starts, [*starts[1:], len(text)]):
-            verdict = self._judge(session, text, start, end)
+    @property
+    def _reading(self) -> int:
+        return max(self.depth, 2)  # EXECUTE IMMEDIATE is two words
+
+    def _judge_all(self, session: SessionInfo, analysis: sqltext.Analysis, keywords) -> Reject | None:
+        if analysis.unknown is not None:
+            return self._reject(session, "Statement", f"cannot be judged: {analysis.unknown}")
+        for i, st in enumerate(analysis.statements):
+            if st.kind is sqltext.Kind.EMPTY:
+                continue
+            verdict = self._judge(session, analysis, i, keywords(i, self._reading))
             if verdict is not None:
                 return verdict
         return None
 
-    def _judge(self, session: SessionInfo, text: str, start: int, end: int) -> Reject | None:
-        keywords = _keywords_at(text, start, end, self.depth)
-        if not keywords and _is_blank(text, start, end):
-            return None  # what follows a final ';'
+    def _judge(self, session: SessionInfo, analysis: sqltext.Analysis, i: int, read: tuple[str, ...]) -> Reject | None:
+        keywords = read[: self.depth]
         for n in range(1, len(keywords) + 1):
             denied = self.deny.get(keywords[:n])
             if denied is not None:
                 return self._reject(session, denied, "deny")
         if self.allow is not None and not any(keywords[:n] in self.allow for n in range(1, len(keywords) + 1)):
             return self._reject(session, keywords[0] if keywords else "Statement", "not in allow")
-        if keywords[:1] == ("PREPARE",):
-            inner = _prepared_text(text[start:end])
-            if inner is not None:
-                return self._judge_all(session, inner)
+        if read[:1] == ("PREPARE",) or read[:2] == ("EXECUTE", "IMMEDIATE"):
+            start, end = analysis.spans[i]
+            inner = _dynamic_text(analysis.text[start:end], session)
+            if inner is None:
+                return self._reject(session, keywords[0], "dynamic SQL that is not a string literal cannot be judged")
+            inner_analysis = sqltext.analyze(
+                inner, dialect=session.dialect, no_backslash_escapes=session.no_backslash_escapes, multi=False
+            )
+            return self._judge_all(session, inner_analysis, lambda j, n: inner_analysis.keywords(j, n))
         return None
 
     def _reject(self, session: SessionInfo, what: str, rule: str) -> Reject:

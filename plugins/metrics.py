@@ -3,7 +3,7 @@
 Options (``[plugins.metrics]``):
 
 - ``statement_kinds`` (default true): label statements with their kind (insert, select,
-  commit, ... from ``proxy.protocol.sql``); false labels by command only, which skips
+  commit, ... from ``proxy.sqltext``); false labels by command only, which skips
   classifying each statement's text.
 - ``latency_buckets``: histogram buckets in seconds for the statement latency (default from
   0.5 ms to 60 s).

@@ -35,7 +35,7 @@ import attrs
 
 from proxy.hooks import CommandInfo, ResultInfo, SessionInfo
 from proxy.plugin_loader import PluginContext, at_least, between
-from proxy.protocol import sql
+from proxy import sqltext as sql
 
 __all__ = ["Plugin", "redact"]
 
@@ -44,14 +44,16 @@ _LITERALS = frozenset({sql.TokenKind.STRING, sql.TokenKind.NUMBER, sql.TokenKind
 _VALUE_AFTER_INTRODUCER = frozenset({sql.TokenKind.STRING, sql.TokenKind.HEX, sql.TokenKind.BIT})
 
 
-def redact(text: str) -> str:
-    """``text`` with every literal replaced by ``?`` (``_utf8mb4'x'`` too, introducer and all).
-    Text the lexer cannot read to the end (an unterminated string, e.g. cut by max_sql_length)
-    ends in ``?`` from that point: nothing after it can leak."""
+def redact(text: str, dialect: sql.Dialect = sql.UNKNOWN, no_backslash_escapes: bool = False) -> str:
+    """``text`` with every literal replaced by ``?`` (``_utf8mb4'x'`` too, introducer and all),
+    lexed as the session's server reads it (NO_BACKSLASH_ESCAPES, executable comments). Text
+    the lexer cannot read to the end (an unterminated string, e.g. cut by max_sql_length; an
+    executable comment whose fate is unknown) ends in ``?`` from that point: nothing after it
+    can leak."""
     out: list[str] = []
     introducer = -1  # index in out of a pending "_charset" word
     try:
-        for tok in sql.iter_tokens(text, trivia=True):
+        for tok in sql.iter_tokens(text, dialect=dialect, no_backslash_escapes=no_backslash_escapes, trivia=True):
             kind = tok.kind
             if kind in _LITERALS:
                 if introducer >= 0 and kind in _VALUE_AFTER_INTRODUCER:
@@ -65,7 +67,7 @@ def redact(text: str) -> str:
                 if kind is not sql.TokenKind.WHITESPACE:
                     introducer = -1
                 out.append(tok.text)
-    except sql.SqlLexError:
+    except sql.SqlParseError:
         # The tokens before the unreadable one are already out; the rest is dropped.
         out.append("?")
     return "".join(out)
@@ -132,7 +134,7 @@ class Plugin:
         # Decode only what will be shown: a 50 MB statement is not decoded whole.
         head = command.payload[1 : 1 + self.max_length].decode("utf-8", "replace")
         cut = len(command.payload) - 1 > self.max_length or not command.complete
-        text = redact(head) if self.redact else head
+        text = redact(head, command.dialect, command.no_backslash_escapes) if self.redact else head
         return text + "..." if cut else text
 
     def close(self) -> None:

@@ -38,7 +38,7 @@ import attrs
 from proxy.config import Size
 from proxy.hooks import COM_QUERY, COM_STMT_PREPARE, CommandInfo, Rewrite, SessionInfo
 from proxy.plugin_loader import PluginContext
-from proxy.protocol import sql
+from proxy import sqltext as sql
 
 __all__ = ["Plugin", "statement_table"]
 
@@ -94,7 +94,7 @@ _PLAIN_HEAD = re.compile(
 )
 
 
-def statement_table(text: str) -> tuple[str | None, str] | None:
+def statement_table(text: str, dialect: sql.Dialect = sql.UNKNOWN, nbe: bool = False) -> tuple[str | None, str] | None:
     """(database or None, table) written to by an INSERT / REPLACE / UPDATE / DELETE statement
     (its first table), None for other statements. Reads only the statement's head."""
     m = _PLAIN_HEAD.match(text)
@@ -106,7 +106,7 @@ def statement_table(text: str) -> tuple[str | None, str] | None:
                 return None, first
             return first, second[1:-1].replace("``", "`") if second[0] == "`" else second
     try:
-        tokens = sql.iter_tokens(text)  # lazy: a 50 MB INSERT is not tokenized past its head
+        tokens = sql.iter_tokens(text, dialect=dialect, no_backslash_escapes=nbe)  # lazy: a 50 MB INSERT is not tokenized past its head
         verb = next(tokens, None)
         if verb is None or verb.kind is not sql.TokenKind.WORD:
             return None
@@ -126,7 +126,7 @@ def statement_table(text: str) -> tuple[str | None, str] | None:
                 return None
             return first, _unquote(second)
         return None, first
-    except sql.SqlLexError:
+    except sql.SqlParseError:
         return None
 
 
@@ -172,7 +172,7 @@ class Plugin:
                 continue  # most statements stop here: an anchored pattern fails at once
             if tables is not None:
                 if target is False:
-                    target = statement_table(text)
+                    target = statement_table(text, command.dialect, command.no_backslash_escapes)
                 if not _listed(target, tables, session.database):
                     continue
             if unless is not None and unless.search(text) is not None:  # last: it may scan it all

@@ -41,15 +41,13 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import re
 import traceback
 from typing import Any, Callable
 
 import attrs
 import trio
 
-from proxy.protocol import sql as sqltext
-from proxy.protocol.constants import Commands
+from proxy.info import COM_QUERY, COM_STMT_PREPARE, CommandInfo, ResultInfo, Rewrite, SessionInfo
 
 __all__ = [
     "HOOK_NAMES",
@@ -79,28 +77,6 @@ HOOK_NAMES = (
     "oversized_packet",
     "is_idempotent",
 )
-
-COM_QUERY = 0x03
-COM_STMT_PREPARE = 0x16
-_TEXT_COMMANDS = frozenset({COM_QUERY, COM_STMT_PREPARE})
-# Names by command byte, computed once: plugins label metrics and log lines with them.
-_COMMAND_NAMES = {c.value: c.name for c in Commands}
-_CLASSIFY_HEAD = 4096
-_DML_KINDS = {k.name: k for k in (sqltext.Kind.INSERT, sqltext.Kind.REPLACE, sqltext.Kind.UPDATE, sqltext.Kind.DELETE)}
-_DML_AT_START = re.compile(r"(?i:INSERT|REPLACE|UPDATE|DELETE)(?![0-9A-Za-z_$\x80-\U0010ffff])")
-
-
-@attrs.frozen
-class Rewrite:
-    """Replace the command. ``payload`` is the whole command payload (command byte first)."""
-
-    payload: bytes
-
-    @classmethod
-    def query(cls, sql: str) -> "Rewrite":
-        # surrogateescape: text taken from CommandInfo.sql goes back to the exact original bytes.
-        return cls(b"\x03" + sql.encode("utf-8", "surrogateescape"))
-
 
 @attrs.frozen
 class Reject:
@@ -142,102 +118,6 @@ def _where(exc: BaseException) -> str:
     frame = frames[-1]
     path = os.path.join(*frame.filename.split(os.sep)[-2:])
     return f" (at {path}:{frame.lineno} in {frame.name})"
-
-
-@attrs.define(slots=True, eq=False)
-class SessionInfo:
-    """What plugins may see of a session (a live view, updated by the proxy)."""
-
-    id: int
-    target: str
-    user: str
-    client_address: str
-    backend_address: str = ""
-    database: str | None = None
-    in_transaction: bool = False
-    opened_at: float = 0.0
-    # Free for plugins to keep per-session data, keyed by plugin name.
-    data: dict[str, Any] = attrs.Factory(dict)
-    # How the server reads this session's statements: NO_BACKSLASH_ESCAPES (from the status
-    # flags) and whether one COM_QUERY may hold several statements (CLIENT_MULTI_STATEMENTS or
-    # COM_SET_OPTION). The defaults are the cautious reading for a plugin that inspects text.
-    no_backslash_escapes: bool = False
-    multi_statements: bool = True
-
-    @property
-    def client_host(self) -> str:
-        """The client's address without the port (what MySQL error messages call the host)."""
-        host, sep, _port = self.client_address.rpartition(":")
-        return host.strip("[]") if sep else self.client_address
-
-
-@attrs.define(slots=True, eq=False)
-class CommandInfo:
-    """One client command. Text and classification are computed on first use and cached, so
-    plugins of one chain share the work."""
-
-    code: int  # COM_* byte
-    payload: bytes  # command byte first; only the first 64 KiB when ``complete`` is False
-    # False for a command too big to keep in memory (spooled): ``payload`` is its head only, and
-    # it cannot be rewritten.
-    complete: bool = True
-    _sql: str | None = attrs.field(default=None, init=False, repr=False)
-    _kind: Any = attrs.field(default=None, init=False, repr=False)
-
-    @property
-    def sql(self) -> str | None:
-        """Statement text of COM_QUERY / COM_STMT_PREPARE, else None. Lossless: bytes that are
-        not UTF-8 appear as lone surrogates and ``rewrite`` turns them back into the same bytes."""
-        if self._sql is None and self.code in _TEXT_COMMANDS:
-            self._sql = self.payload[1:].decode("utf-8", "surrogateescape")
-        return self._sql
-
-    @property
-    def kind(self) -> sqltext.Kind | None:
-        """``proxy.protocol.sql.Kind`` of the statement (COM_QUERY / COM_STMT_PREPARE), else None.
-        Judged from the first 4 KiB of the text, which is enough for the kind and keeps a 50 MB
-        INSERT as cheap as a short one."""
-        if self._kind is None and self.code in _TEXT_COMMANDS:
-            if self._sql is not None:
-                head = self._sql[:_CLASSIFY_HEAD]
-            else:
-                head = self.payload[1 : 1 + _CLASSIFY_HEAD].decode("utf-8", "surrogateescape")
-            # A DML statement (most of a replicator's traffic) is of the kind of its first keyword,
-            # as classify() says too; skipping classify() spares its lock-function scan, which
-            # only matters for its flags. DM's statements start right with the verb.
-            m = _DML_AT_START.match(head)
-            self._kind = _DML_KINDS[m.group().upper()] if m else sqltext.classify(head).kind
-        return self._kind
-
-    def keywords(self, n: int = 2) -> tuple[str, ...]:
-        """The first ``n`` keywords, upper-cased, skipping comments and reading inside ``/*! */``
-        (``proxy.protocol.sql.leading_keywords``); () for commands without text."""
-        text = self.sql
-        return sqltext.leading_keywords(text, n) if text is not None else ()
-
-    def rewrite(self, sql: str) -> Rewrite:
-        """A Rewrite of this command (same command byte) to ``sql``."""
-        return Rewrite(bytes((self.code,)) + sql.encode("utf-8", "surrogateescape"))
-
-    @property
-    def name(self) -> str:
-        name = _COMMAND_NAMES.get(self.code)
-        return name if name is not None else f"COM_0x{self.code:02x}"
-
-
-@attrs.frozen
-class ResultInfo:
-    ok: bool
-    error_code: int | None
-    error_message: str | None
-    affected_rows: int
-    rows: int
-    bytes: int  # response bytes sent to the client
-    latency: float  # seconds from command received to response complete
-    in_transaction: bool
-    # The plugin that answered the command itself (Reject / AnswerOk / its failure); None when
-    # the server answered.
-    answered_by: str | None = None
 
 
 class _Hook:
@@ -330,7 +210,7 @@ class Hooks:
                     problem = ValueError(f"cannot rewrite {command.name}: it is too large to be held in memory")
                     raise await self._failed(session, command, started, pname, problem)
                 rewritten = verdict
-                command = CommandInfo(verdict.payload[0], verdict.payload)
+                command = CommandInfo.for_session(session, verdict.payload[0], verdict.payload)
                 continue
             if isinstance(verdict, Reject):
                 if observed:

@@ -39,6 +39,7 @@ from proxy.config import Config, parse_config
 from proxy.hooks import AnswerOk, CommandInfo, Hooks, Reject, ResultInfo, Rewrite, SessionInfo, Veto
 from proxy.plugin_loader import PluginContext, instantiate, load_chain
 from proxy.recovery import Outcome, Plan
+from proxy.sqltext import MARIADB, Dialect
 
 __all__ = [
     "Harness",
@@ -67,13 +68,17 @@ _session_ids = itertools.count(1)
 def session(
     user: str = "app", *, target: str = "test", client_address: str = "127.0.0.1:50000", database: str | None = "test",
     in_transaction: bool = False, id: int | None = None, backend_address: str = "127.0.0.1:3306",
-    no_backslash_escapes: bool = False, multi_statements: bool = True,
+    no_backslash_escapes: bool = False, multi_statements: bool = True, dialect: Dialect = MARIADB,
 ) -> SessionInfo:  # fmt: skip
-    """A fake session as plugins see it."""
+    """A fake session as plugins see it (its backend: the lab's MariaDB, by default)."""
     return SessionInfo(
         next(_session_ids) if id is None else id, target, user, client_address, backend_address, database,
-        in_transaction, no_backslash_escapes=no_backslash_escapes, multi_statements=multi_statements,
+        in_transaction, no_backslash_escapes=no_backslash_escapes, multi_statements=multi_statements, dialect=dialect,
     )  # fmt: skip
+
+
+# How query() and prepare() read text without a session: as the lab's MariaDB does.
+_DEFAULT_READER = SessionInfo(0, "test", "app", "127.0.0.1:50000", dialect=MARIADB)
 
 
 def command(code: int, payload: bytes = b"") -> CommandInfo:
@@ -81,14 +86,15 @@ def command(code: int, payload: bytes = b"") -> CommandInfo:
     return CommandInfo(code, bytes((code,)) + payload)
 
 
-def query(sql: str) -> CommandInfo:
-    """COM_QUERY with ``sql``."""
-    return CommandInfo(0x03, b"\x03" + sql.encode("utf-8", "surrogateescape"))
+def query(sql: str, session: SessionInfo | None = None) -> CommandInfo:
+    """COM_QUERY with ``sql``, read as ``session``'s server reads it (default: the lab's
+    MariaDB, backslash escapes, multi-statements allowed)."""
+    return CommandInfo.for_session(session or _DEFAULT_READER, 0x03, b"\x03" + sql.encode("utf-8", "surrogateescape"))
 
 
-def prepare(sql: str) -> CommandInfo:
-    """COM_STMT_PREPARE of ``sql``."""
-    return CommandInfo(0x16, b"\x16" + sql.encode("utf-8", "surrogateescape"))
+def prepare(sql: str, session: SessionInfo | None = None) -> CommandInfo:
+    """COM_STMT_PREPARE of ``sql`` (read as for ``query``)."""
+    return CommandInfo.for_session(session or _DEFAULT_READER, 0x16, b"\x16" + sql.encode("utf-8", "surrogateescape"))
 
 
 def execute(statement_id: int = 1) -> CommandInfo:
@@ -212,29 +218,31 @@ class Harness:
         return session(user, target=self.config.name, **kwargs)
 
     @staticmethod
-    def _command(cmd: str | CommandInfo) -> CommandInfo:
-        return query(cmd) if isinstance(cmd, str) else cmd
+    def _command(cmd: str | CommandInfo, session: SessionInfo) -> CommandInfo:
+        return query(cmd, session) if isinstance(cmd, str) else cmd
 
     async def command(self, cmd: str | CommandInfo, session: SessionInfo | None = None) -> Any:
         """Run ``command_received`` along the chain: None (pass), Rewrite, Reject or AnswerOk.
         A plugin that raises gives ``PluginError``."""
-        return await self.hooks.run_command_chain(session or self.session, self._command(cmd))
+        sess = session or self.session
+        return await self.hooks.run_command_chain(sess, self._command(cmd, sess))
 
     async def result(self, cmd: str | CommandInfo, res: ResultInfo | None = None, session: SessionInfo | None = None) -> None:
         """Report a command's result to ``result_received``."""
-        await self.hooks.notify(self.hooks.result_received, session or self.session, self._command(cmd), res or result())
+        sess = session or self.session
+        await self.hooks.notify(self.hooks.result_received, sess, self._command(cmd, sess), res or result())
 
     async def roundtrip(self, cmd: str | CommandInfo, res: ResultInfo | None = None, session: SessionInfo | None = None) -> Any:
         """A command through the chain and, unless a plugin answered it, its result (``res``,
         default a quick OK) reported as the server's answer to the command as sent. Returns the
         chain's verdict."""
         sess = session or self.session
-        sent = self._command(cmd)
+        sent = self._command(cmd, sess)
         verdict = await self.hooks.run_command_chain(sess, sent)
         if isinstance(verdict, (Reject, AnswerOk)):
             return verdict  # the chain already reported the plugin's answer
         if isinstance(verdict, Rewrite):
-            sent = CommandInfo(verdict.payload[0], verdict.payload)
+            sent = CommandInfo.for_session(sess, verdict.payload[0], verdict.payload)
         await self.hooks.notify(self.hooks.result_received, sess, sent, res or result())
         return verdict
 

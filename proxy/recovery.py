@@ -11,6 +11,8 @@ configuration; it encodes GUIDE §4:
    error.
 4. What cannot be replayed becomes 1213 only when the transaction is known not to have
    committed; otherwise a connection error.
+5. What the proxy cannot judge (a statement it does not understand, a stored routine, a
+   transaction part of which may have committed) is never replayed or resent.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class StatementFacts:
     writes: bool = True  # may change data (anything not known to be read-only)
     idempotent: bool = False  # safe to apply again after it may have been applied (safe mode)
     session_only: bool = False  # changes only session state (SET, USE, PREPARE, PING, ...)
+    unknown: str | None = None  # why the proxy cannot judge it (then it may commit and write)
 
 
 @attrs.frozen
@@ -68,16 +71,29 @@ def plan_recovery(
     autocommit: bool,
     safe_mode: bool,
     commit_marker: bool = False,
+    in_doubt: str | None = None,
+    maybe_rolled_back: str | None = None,
 ) -> Plan:
     """Decide what happens to the session. ``sent``/``inflight`` are None when the client was
     idle; ``journal`` describes the statements of the open transaction; ``commit_marker``: the
-    in-flight COMMIT wrote a marker row that tells afterwards whether it committed."""
+    in-flight COMMIT wrote a marker row that tells afterwards whether it committed.
+    ``in_doubt``: part of the open transaction may have committed already. ``maybe_rolled_back``:
+    an error may have rolled the transaction back (no status word said yet)."""
     if sent is Sent.PARTIAL_RESPONSE:
         return Plan(Outcome.FAIL_CONNECTION, "connection lost while the response was being relayed")
     if unrestorable is not None:
         return Plan(Outcome.FAIL_CONNECTION, f"session cannot be restored on a new connection: {unrestorable}")
+    if in_doubt is not None:
+        return Plan(Outcome.FAIL_CONNECTION, f"part of the transaction may have committed: {in_doubt}")
     resend = sent is not None
     maybe_ran = sent is Sent.MAYBE_EXECUTED
+    if maybe_ran and inflight is not None and inflight.unknown is not None:
+        return Plan(Outcome.FAIL_CONNECTION, f"the command in flight cannot be judged ({inflight.unknown}); its outcome is unknown")
+    if maybe_rolled_back is not None:
+        # The transaction is over either way; a write in flight may have run in autocommit.
+        if maybe_ran and inflight is not None and inflight.writes:
+            return Plan(Outcome.FAIL_CONNECTION, f"a write was in flight after {maybe_rolled_back}; its outcome is unknown")
+        return Plan(Outcome.FAIL_RETRYABLE, f"transaction rolled back or about to be: {maybe_rolled_back}")
 
     if not in_transaction:
         if not maybe_ran or inflight is None:

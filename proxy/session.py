@@ -10,9 +10,9 @@ import re
 
 import attrs
 
-from proxy.protocol import sql
+from proxy import sqltext as sql
 
-__all__ = ["PreparedStatement", "SessionState", "parse_use"]
+__all__ = ["PreparedStatement", "SessionState"]
 
 
 @attrs.define(slots=True, eq=False)
@@ -32,7 +32,7 @@ class PreparedStatement:
     long_data: list[bytes] = attrs.Factory(list)
     long_data_bytes: int = 0
     generation: int = 0  # which backend connection (Session.generation) backend_id belongs to
-    ends_transaction: bool | None = None  # a COMMIT / BEGIN / DDL statement (decided on first execute)
+    analysis: "sql.Analysis | None" = None  # what the statement does (judged at PREPARE)
 
 
 @attrs.define(slots=True)
@@ -124,17 +124,3 @@ def _same_characteristic(a: str, b: str) -> bool:
 
 def _ident(name: str) -> str:
     return name if _PLAIN_IDENT.fullmatch(name) else "`" + name.replace("`", "``") + "`"
-
-
-_USE = re.compile(r"\s*(?:/\*.*?\*/\s*)*USE\s+(`(?:[^`]|``)+`|[A-Za-z0-9_$\u0080-\uffff]+)\s*;?\s*$", re.I | re.S)
-
-
-def parse_use(text: str) -> str | None:
-    """Database named by a ``USE db`` statement, or None if it is not one."""
-    m = _USE.match(text)
-    if not m:
-        return None
-    name = m.group(1)
-    if name.startswith("`"):
-        name = name[1:-1].replace("``", "`")
-    return name

@@ -4,10 +4,17 @@
 response tracker that read the answer), and it keeps
 
 - the open transaction and its journal (``tx``),
-- the replayable session state (``state``: database, SET variables, ...),
+- the replayable session state (``state``: database, SET variables, LAST_INSERT_ID, ...),
 - the prepared statements and how their ids map to the backend's,
-- autocommit and NO_BACKSLASH_ESCAPES from the status words,
+- autocommit and NO_BACKSLASH_ESCAPES from the status words, the server's SQL dialect,
 - ``info``, what plugins see of the session: the tracker is its only writer.
+
+Transaction state comes from the IN_TRANS bit of every status word plus what each statement
+does (``proxy.sqltext.analyze``, every statement of the text). An ERR has no status word: when
+the failed statement may have ended the transaction (an implicit commit happens before a DDL
+fails; an error may roll the transaction back), the tracker waits for the next status word
+(``pending``) and, where even that cannot tell, keeps the transaction "in doubt" -- a loss
+then is a connection error, never a replay or a "retry".
 
 It also answers the questions recovery asks about statements (``facts``).
 """
@@ -16,13 +23,17 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from proxy import statements as st
-from proxy.hooks import SessionInfo
-from proxy.protocol import sql
+import attrs
+
+from proxy.info import SessionInfo
 from proxy.protocol.constants import Commands, ServerStatus
 from proxy.protocol.response import ResponseTracker
 from proxy.recovery import StatementFacts
-from proxy.session import PreparedStatement, SessionState, parse_use
+from proxy.session import PreparedStatement, SessionState
+from proxy.sqltext import Analysis, Dialect, Kind, SqlParseError, Statement, analyze, classify, parse_set, quote_string
+from proxy.sqltext.idempotence import changes_no_rows, claim
+from proxy.sqltext.triage import FAST_VERBS, fast_verb, may_pin_session
+from proxy.sqltext.dialect import UNKNOWN
 from proxy.transaction import JournalEntry, Transaction
 
 __all__ = ["SessionTracker", "IN_TRANS", "AUTOCOMMIT", "SESSION_ONLY_COMMANDS", "CONNECTION_FATAL"]
@@ -35,6 +46,19 @@ NO_BACKSLASH_ESCAPES = int(ServerStatus.SERVER_STATUS_NO_BACKSLASH_ESCAPES)
 
 # Errors after which the server closes the connection (1153: packet too large; going away).
 CONNECTION_FATAL = frozenset({1153, 1053, 1927})
+# Errors that roll the whole transaction back: deadlock, XA branch rolled back.
+ROLLS_BACK = frozenset({1213, 1402, 1614})
+# Errors of a statement that failed without touching the transaction (parsing, names, data,
+# privileges): the open transaction goes on. Any other error may have ended it.
+STATEMENT_ERRORS = frozenset(
+    {
+        1044, 1045, 1046, 1048, 1049, 1051, 1054, 1062, 1064, 1065, 1091, 1110, 1136, 1142, 1143, 1146,
+        1166, 1264, 1265, 1292, 1305, 1364, 1365, 1366, 1406, 1451, 1452, 1644, 1690, 3140, 4025,
+    }
+)  # fmt: skip
+_PARSE_ERRORS = frozenset({1064, 1065})  # nothing of the statement ran
+_NO_TRANSACTION_EFFECT = frozenset({Kind.INSERT, Kind.REPLACE, Kind.UPDATE, Kind.DELETE, Kind.SELECT})
+_FAST_STATEMENTS = {verb: Statement(Kind[verb.decode()]) for verb in FAST_VERBS}
 
 # Commands that change nothing but session-level state (never data).
 SESSION_ONLY_COMMANDS = frozenset(
@@ -51,22 +75,28 @@ class Completed(Protocol):
     command: object  # intake.Command
     tracker: ResponseTracker
     statement: PreparedStatement | None
-    keyword: bytes
+    verb: bytes | None  # fast-path verb, or None
+    analysis: Analysis | None  # the text judged, when the fast path did not apply
+
+
+@attrs.frozen
+class Pending:
+    """An ERR left the transaction's fate open; the next status word settles it."""
+
+    may_have_committed: bool  # the failed statement commits before it runs (or runs code)
+    reason: str
 
 
 class SessionTracker:
-    def __init__(
-        self,
-        info: SessionInfo,
-        journal_max_bytes: int,
-        journal_max_statements: int,
-        safe_mode: bool = False,
-    ) -> None:
+    def __init__(self, info: SessionInfo, journal_max_bytes: int, journal_max_statements: int, safe_mode: bool = False) -> None:
         self.info = info
         self.tx = Transaction(journal_max_bytes, journal_max_statements)
         self.state: SessionState | None = None
         self.autocommit = True
         self.nbe = False  # sql_mode NO_BACKSLASH_ESCAPES, from the status word: changes how SQL lexes
+        self.dialect: Dialect = UNKNOWN  # the backend's, from its greeting
+        self.pending: Pending | None = None
+        self.xa: str | None = None  # XA state: ACTIVE / IDLE / PREPARED (None: no XA transaction)
         self.prepared: dict[int, PreparedStatement] = {}
         self.remap_ids = False  # once a reconnect renumbered statements, the proxy numbers them
         self.next_stmt_id = 1
@@ -84,9 +114,10 @@ class SessionTracker:
         self.prepared.clear()
         self._end_transaction()
 
-    def backend_changed(self, address: str) -> None:
+    def backend_changed(self, address: str, server_version: str) -> None:
         self.generation += 1
         self.info.backend_address = address
+        self.dialect = self.info.dialect = Dialect.from_server_version(server_version)
 
     def set_multi_statements(self, on: bool) -> None:
         self.info.multi_statements = on
@@ -95,26 +126,63 @@ class SessionTracker:
         """The status word for an answer the proxy gives itself, as the server would set it."""
         return (IN_TRANS if self.tx.active else 0) | (AUTOCOMMIT if self.autocommit else 0)
 
-    def wants_fingerprint(self, keyword: bytes) -> bool:
-        """Is the response to this command journaled (and so worth fingerprinting)?"""
-        return self.tx.active or not self.autocommit or keyword in st.TX_CONTROL
-
     def transaction_lost(self) -> None:
         """The open transaction died with the backend connection (and will not be replayed)."""
         self._end_transaction()
 
     def _end_transaction(self) -> None:
         self.tx.reset()
+        self.pending = None
+        self.xa = None
         self.info.in_transaction = False
+
+    # ------------------------------------------------------------------ judging commands
+
+    def triage(self, payload: bytes) -> tuple[bytes | None, Analysis | None]:
+        """(fast-path verb, None) for a COM_QUERY that needs no analysis, else (None, analysis)."""
+        verb = fast_verb(payload, self.info.multi_statements)
+        if verb is not None:
+            return verb, None
+        return None, self.analyze(payload)
+
+    def analyze(self, payload: bytes, multi: bool | None = None) -> Analysis:
+        """Judge a COM_QUERY / COM_STMT_PREPARE text as this session's server will run it."""
+        text = payload[1:].decode("utf-8", "surrogateescape")
+        multi = self.info.multi_statements if multi is None else multi
+        return analyze(text, dialect=self.dialect, no_backslash_escapes=self.nbe, multi=multi)
+
+    def wants_fingerprint(self, analysis: Analysis | None) -> bool:
+        """Is the response to this command journaled (and so worth fingerprinting)?"""
+        return self.tx.active or not self.autocommit or analysis is not None
 
     # ------------------------------------------------------------------ completed commands
 
     def completed(self, done: Completed) -> list[str]:
         """Record what a completed command did to the session and the transaction. Returns the
         session variables whose new values must be read back from the server."""
+        tracker = done.tracker
+        if tracker.saw_status:
+            self.autocommit = bool(tracker.status & AUTOCOMMIT)
+            self.nbe = self.info.no_backslash_escapes = bool(tracker.status & NO_BACKSLASH_ESCAPES)
+            if self.pending is not None:
+                self._settle(bool(tracker.status & IN_TRANS))
         captures = self._bookkeep(done)
         self.info.in_transaction = self.tx.active
         return captures
+
+    def _settle(self, in_trans: bool) -> None:
+        """The first status word after an ERR that left the transaction open to question."""
+        pending, self.pending = self.pending, None
+        if not in_trans:
+            self.tx.reset()  # it ended (committed or rolled back): nothing left to replay
+        elif not self.autocommit:
+            # Still open, or a new one began (autocommit off): the old journal cannot be trusted.
+            if pending.may_have_committed:
+                self.tx.mark_in_doubt(pending.reason)
+            else:
+                self.tx.mark_not_replayable(pending.reason)
+        # autocommit on and IN_TRANS: nothing but an explicit BEGIN (a boundary of its own)
+        # opens a transaction, so the old one is still open and its journal intact.
 
     def _bookkeep(self, done: Completed) -> list[str]:
         cmd = done.command
@@ -123,83 +191,162 @@ class SessionTracker:
         ok = tracker.error is None
         state = self.state
         assert state is not None
-        captures: list[str] = []
-        ends_tx = False
-        if tracker.saw_status:
-            self.autocommit = bool(tracker.status & AUTOCOMMIT)
-            self.nbe = self.info.no_backslash_escapes = bool(tracker.status & NO_BACKSLASH_ESCAPES)
         if code == C.COM_QUERY:
-            keyword = done.keyword
-            if tracker.results > 1 or (tracker.error is not None and tracker.results):
-                captures = self._note_multi_statement(cmd, tracker.results)
-            else:
-                if keyword in st.TX_CONTROL or keyword in st.IMPLICIT_COMMIT:
-                    ends_tx = ok and self._ends_transaction(cmd.payload, keyword)
-                if ok and (keyword in st.SESSION_CHANGE or st.may_pin_session(keyword, cmd.payload)):
-                    captures = self._note_statement(cmd.text(), keyword, cmd.payload)
-        elif code == C.COM_STMT_EXECUTE:
+            if done.analysis is None:  # fast path: one DML or SELECT, no transaction effect
+                if ok and may_pin_session(done.verb, cmd.payload):
+                    self._note_pins(classify(cmd.text(), dialect=self.dialect, no_backslash_escapes=self.nbe))
+                elif not ok:
+                    self._failed(_FAST_STATEMENTS[done.verb], tracker.error.code)
+                self._journal_step(done, None, False)
+                return []
+            return self._apply(done, done.analysis)
+        if code == C.COM_STMT_EXECUTE:
             stmt = done.statement
             if stmt is not None:
                 long_data = stmt.long_data
                 stmt.long_data, stmt.long_data_bytes = [], 0
                 if len(cmd.payload) > 5 and cmd.payload[5] & 0x07:
                     state.mark_unrestorable("a server-side cursor was opened")
-                if self.tx.active or (tracker.saw_status and tracker.status & IN_TRANS):
-                    ends_tx = self._statement_ends_transaction(stmt)
-                self._journal(done, ends_tx, long_data)
-            return captures
-        elif code == C.COM_STMT_PREPARE:
+                a = stmt.analysis
+                if a is not None and a.unknown is None and a.first.kind in _NO_TRANSACTION_EFFECT:
+                    if tracker.error is None and a.first.session_unrestorable:
+                        self._note_pins(a.first)
+                    elif tracker.error is not None:
+                        self._failed(a.first, tracker.error.code)
+                    self._journal_step(done, None, False, long_data)
+                else:
+                    self._apply(done, a, long_data)
+            return []
+        if code == C.COM_STMT_PREPARE:
             if ok and tracker.prepare_ok is not None:
                 done.statement = self._register_prepared(cmd.payload, tracker)
-            return captures
-        elif code == C.COM_STMT_CLOSE:
+            return []
+        if code == C.COM_STMT_CLOSE:
             if done.statement is not None:
                 self.prepared.pop(done.statement.client_id, None)
-            return captures
-        elif code == C.COM_STMT_RESET:
+            return []
+        if code == C.COM_STMT_RESET:
             if ok and done.statement is not None:
                 done.statement.long_data, done.statement.long_data_bytes = [], 0
-            return captures
-        elif code == C.COM_STMT_FETCH:
+            return []
+        if code == C.COM_STMT_FETCH:
             self.tx.mark_not_replayable("server-side cursor fetch")
-            return captures
-        elif code == C.COM_INIT_DB:
+            return []
+        if code == C.COM_INIT_DB:
             if ok:
                 self.tx.note_session_change(state)
                 self._use(cmd.payload[1:].decode("utf-8", "surrogateescape"))
-        elif code == C.COM_RESET_CONNECTION:
+            self._journal_step(done, None, False)
+            return []
+        if code == C.COM_RESET_CONNECTION:
             if ok:
                 state.reset()
                 self.prepared.clear()
-                self.tx.reset()
-            return captures
-        elif code == C.COM_SET_OPTION:
+                self._end_transaction()
+            return []
+        if code == C.COM_SET_OPTION:
             if ok and len(cmd.payload) >= 3:
                 # 0: MYSQL_OPTION_MULTI_STATEMENTS_ON, 1: ..._OFF. A new connection starts with
                 # what the handshake negotiated, so the session is not restorable any more.
                 self.info.multi_statements = cmd.payload[1] == 0
                 state.mark_unrestorable("COM_SET_OPTION changed multi-statement mode")
-            return captures
-        elif code in SESSION_ONLY_COMMANDS or code == C.COM_STMT_SEND_LONG_DATA:
-            return captures
-        self._journal(done, ends_tx, None)
+            return []
+        if code in SESSION_ONLY_COMMANDS or code == C.COM_STMT_SEND_LONG_DATA:
+            return []
+        self._journal_step(done, None, False)
+        return []
+
+    def _apply(self, done: Completed, analysis: Analysis | None, long_data: list[bytes] | None = None) -> list[str]:
+        """The effects of a judged text: session changes of the statements that ran, where the
+        transaction ended or began, what is now in doubt."""
+        tracker = done.tracker
+        err = tracker.error
+        state = self.state
+        if analysis is None:  # a prepared statement the proxy could not judge at PREPARE
+            analysis = Analysis("", (Statement(Kind.OTHER, unknown="unknown prepared statement"),), ((0, 0),), "unknown prepared statement")
+        statements = analysis.statements
+        if err is not None and err.code in _PARSE_ERRORS and tracker.results == 0:
+            return []  # rejected before anything ran
+        ran = len(statements) if err is None else min(tracker.results, len(statements))
+        failed = statements[ran] if err is not None and ran < len(statements) else None
+        if analysis.unknown is None and not analysis.single and any(st.runs_code for st in statements):
+            # A routine's own result sets make the count of results say nothing about which
+            # statement failed: judge the text as a whole.
+            analysis = attrs.evolve(analysis, unknown="a stored routine inside a multi-statement query")
+        if analysis.unknown is not None:
+            why = f"a statement the proxy cannot judge ran ({analysis.unknown})"
+            state.mark_unrestorable(why)
+            self._journal_step(done, None, False, long_data, in_doubt=why)
+            return []
+        captures: list[str] = []
+        boundary: int | None = None  # the last statement that ended the transaction known so far
+        in_doubt: str | None = None
+        for i, st in enumerate(statements[:ran]):
+            if st.runs_code:
+                in_doubt = in_doubt or "a stored routine ran (it may commit)"
+                state.mark_unrestorable("a stored routine ran: it may change the session")
+            if st.xa is not None:
+                in_doubt = self._xa(st.xa) or in_doubt
+            if st.implicit_commit or st.kind in (Kind.COMMIT, Kind.ROLLBACK):
+                boundary = i
+            captures += self._note_statement(analysis, i, st)
+        if failed is not None:
+            self._failed(failed, err.code)
+        # A failed statement that may have committed is never journaled: if it did nothing, the
+        # transaction goes on without it; if it committed, there is nothing left to replay.
+        record = failed is None or not failed.may_end_transaction
+        self._journal_step(done, boundary, analysis.single, long_data, in_doubt=in_doubt, record=record,
+                           begins=boundary is not None and statements[boundary].kind is Kind.BEGIN)
         return captures
 
-    def _use(self, database: str) -> None:
-        assert self.state is not None
-        self.state.database = database
-        self.info.database = database
+    def _failed(self, st: Statement, code: int) -> None:
+        """A statement failed: what that means for the open transaction (no status word)."""
+        if code in ROLLS_BACK:
+            self.tx.reset()  # the server rolled the whole transaction back
+            self.xa = None
+            return
+        if code in CONNECTION_FATAL:
+            return
+        ends = st.may_end_transaction
+        if not ends and code in STATEMENT_ERRORS:
+            return  # only the statement failed
+        if not (self.tx.active or st.runs_code):
+            return
+        reason = f"{st.kind.value} failed with error {code}"
+        self.pending = Pending(st.may_commit, reason)
 
-    def _journal(self, done: Completed, ends_tx: bool, long_data: list[bytes] | None) -> None:
+    def _xa(self, verb: str) -> str | None:
+        """Track the XA state; returns why the transaction is in doubt (a prepared branch
+        survives the connection)."""
+        if verb == "START":
+            self.xa = "ACTIVE"
+        elif verb == "END":
+            self.xa = "IDLE"
+        elif verb == "PREPARE":
+            self.xa = "PREPARED"
+            return "an XA transaction is prepared"
+        elif verb in ("COMMIT", "ROLLBACK"):
+            self.xa = None
+        return None
+
+    def _journal_step(
+        self,
+        done: Completed,
+        boundary: int | None,
+        single: bool,
+        long_data: list[bytes] | None = None,
+        *,
+        in_doubt: str | None = None,
+        begins: bool = False,
+        record: bool = True,
+    ) -> None:
+        """Move the transaction on by one command: ``boundary`` is the index of the last of its
+        statements that ended the transaction (None: none did)."""
         tracker = done.tracker
         tx = self.tx
-        if tracker.error is not None:
-            if tracker.error.code == 1213:
-                tx.reset()  # deadlock: the server rolled the whole transaction back
-                return
-            if tracker.error.code in CONNECTION_FATAL:
-                return  # the server closes the connection after it: replaying it would loop
-        if ends_tx:
+        if tracker.error is not None and tracker.error.code in CONNECTION_FATAL:
+            return  # the server closes the connection after it: replaying it would loop
+        if boundary is not None:
             tx.reset()
         in_tx_after = bool(tracker.status & IN_TRANS) if tracker.saw_status else tx.active
         if not in_tx_after:
@@ -211,92 +358,60 @@ class SessionTracker:
             tx.start(state.next_transaction if state else None)
             if state is not None:
                 state.next_transaction = None
-            if ends_tx and done.keyword in (b"COMMIT", b"ROLLBACK"):
-                return  # ... AND CHAIN: the new transaction starts empty
+            if boundary is not None and not begins:
+                if single:
+                    return  # COMMIT|ROLLBACK AND CHAIN, ...: the new transaction starts empty
+                # Part of this command belongs to the new transaction: it cannot be replayed alone.
+                tx.mark_not_replayable("a transaction began inside a multi-statement query")
+        if in_doubt is not None:
+            tx.mark_in_doubt(in_doubt)
+        if self.xa is not None:
+            tx.mark_not_replayable(f"XA transaction ({self.xa})")
         cmd = done.command
+        if not record:
+            return
         if not cmd.complete:
             tx.mark_not_replayable(f"a statement of {cmd.size} bytes is larger than the journal keeps")
             return
         fingerprint = tracker.fingerprint if tracker.hashing else None
         tx.record(JournalEntry(cmd.payload, tracker.expect, fingerprint, done.statement, long_data or None))
 
-    def _ends_transaction(self, payload: bytes, keyword: bytes) -> bool:
-        """Does this accepted statement end the open transaction (commit, rollback, implicit
-        commit) even if IN_TRANS stays set afterwards (a new transaction began)?"""
-        if keyword in st.IMPLICIT_COMMIT:
-            # CREATE TEMPORARY TABLE and a few others do not commit; the classifier knows.
-            return self._classify(payload).implicit_commit
-        if keyword in (b"BEGIN", b"COMMIT") or (keyword == b"START" and b"TRANSACTION" in payload[:64].upper()):
-            return True
-        if keyword == b"ROLLBACK":
-            return self._classify(payload).kind == sql.Kind.ROLLBACK
-        if keyword == b"XA":
-            self.tx.mark_not_replayable("XA transaction")
-        return False
+    # ------------------------------------------------------------------ session state
 
-    def _classify(self, payload: bytes) -> sql.Statement:
-        return sql.classify(payload[1:].decode("utf-8", "surrogateescape"), no_backslash_escapes=self.nbe)
+    def _use(self, database: str) -> None:
+        assert self.state is not None
+        self.state.database = database
+        self.info.database = database
 
-    def _statement_ends_transaction(self, stmt: PreparedStatement) -> bool:
-        if stmt.ends_transaction is None:  # decided once per statement, not per execute
-            keyword = st.first_keyword(stmt.prepare_payload, 1)
-            stmt.ends_transaction = (keyword in st.TX_CONTROL or keyword in st.IMPLICIT_COMMIT) and self._ends_transaction(
-                stmt.prepare_payload, keyword
-            )
-        return stmt.ends_transaction
-
-    def _note_statement(self, text: str, keyword: bytes, raw: bytes) -> list[str]:
-        """Session effects of one accepted statement; returns variables to read back."""
-        captures: list[str] = []
-        if keyword in st.SESSION_CHANGE:
-            captures = self._note_session_change(text, keyword)
-        if st.may_pin_session(keyword, raw):
-            reason = sql.classify(text, no_backslash_escapes=self.nbe).session_unrestorable
-            if reason:
-                self.state.mark_unrestorable(reason)
-        return captures
-
-    def _note_multi_statement(self, cmd, ran: int) -> list[str]:
-        """Several statements in one COM_QUERY (CLIENT_MULTI_STATEMENTS): apply the session
-        effects of the ``ran`` statements the server completed. Transaction control inside one
-        is not tracked statement by statement, so such a transaction is not replayable."""
+    def _note_statement(self, analysis: Analysis, i: int, st: Statement) -> list[str]:
+        """Session effects of one statement that completed; returns variables to read back."""
+        self._note_pins(st)
+        if st.kind is Kind.USE:
+            self.tx.note_session_change(self.state)
+            self._use(st.target)
+            return []
+        if st.kind not in (Kind.SET, Kind.SET_TRANSACTION):
+            return []
+        start, end = analysis.spans[i]
         try:
-            pieces = sql.split_statements(cmd.text(), no_backslash_escapes=self.nbe)
-        except sql.SqlLexError:
-            pieces = []
-        if len(pieces) < ran:  # e.g. a stored-program body: the proxy cannot follow it
-            self.state.mark_unrestorable("a multi-statement query the proxy could not follow")
-            self.tx.mark_not_replayable("multi-statement query")
+            assignments = parse_set(analysis.text[start:end], dialect=self.dialect, no_backslash_escapes=self.nbe)
+        except SqlParseError as exc:  # classify judged it; a parse failure here is a bug to survive
+            self.state.mark_unrestorable(f"SET statement not understood: {exc}")
             return []
-        captures: list[str] = []
-        for text in pieces[:ran]:
-            raw = text.encode("utf-8", "surrogateescape")
-            keyword = st.first_keyword(raw)
-            if keyword in st.TX_CONTROL or keyword in st.IMPLICIT_COMMIT:
-                self.tx.mark_not_replayable("transaction control inside a multi-statement query")
-            captures += self._note_statement(text, keyword, raw)
-        return captures
-
-    def _note_session_change(self, text: str, keyword: bytes) -> list[str]:
-        state = self.state
-        assert state is not None
-        if keyword == b"USE":
-            db = parse_use(text)
-            if db is not None:
-                self.tx.note_session_change(state)
-                self._use(db)
-            return []
-        assignments = sql.parse_set(text, no_backslash_escapes=self.nbe)
         if not assignments:
             return []
-        self.tx.note_session_change(state)
-        return state.apply_set(assignments)
+        self.tx.note_session_change(self.state)
+        return self.state.apply_set(assignments)
+
+    def _note_pins(self, st: Statement) -> None:
+        if st.session_unrestorable:
+            self.state.mark_unrestorable(st.session_unrestorable)
 
     def captured(self, name: str, value: bytes | None) -> None:
         """The server's value of a session variable that was set from an expression."""
         assert self.state is not None
         self.state.variables.pop(name, None)
-        self.state.variables[name] = "NULL" if value is None else sql.quote_string(value.decode("utf-8", "surrogateescape"))
+        self.state.variables[name] = "NULL" if value is None else quote_string(value.decode("utf-8", "surrogateescape"))
 
     # ------------------------------------------------------------------ prepared statements
 
@@ -313,6 +428,7 @@ class SessionTracker:
         self.next_stmt_id = max(self.next_stmt_id, client_id) + 1
         stmt = PreparedStatement(client_id, payload, prep.num_params, prep.num_columns, prep.statement_id)
         stmt.generation = self.generation
+        stmt.analysis = self.analyze(payload, multi=False)
         self.prepared[client_id] = stmt
         return stmt
 
@@ -326,8 +442,7 @@ class SessionTracker:
 
     # ------------------------------------------------------------------ recovery's questions
 
-    @staticmethod
-    def text_of(payload: bytes, stmt: PreparedStatement | None) -> str | None:
+    def text_of(self, payload: bytes, stmt: PreparedStatement | None) -> str | None:
         """The SQL text a COM_QUERY runs, or a COM_STMT_EXECUTE (of ``stmt``); else None."""
         code = payload[0]
         if code == C.COM_QUERY:
@@ -336,33 +451,44 @@ class SessionTracker:
             return stmt.prepare_payload[1:].decode("utf-8", "surrogateescape")
         return None
 
-    def facts(
-        self, payload: bytes, stmt: PreparedStatement | None, complete: bool = True, idempotent: bool | None = None
-    ) -> StatementFacts:
+    def facts(self, payload: bytes, stmt: PreparedStatement | None, complete: bool = True, idempotent: bool | None = None) -> StatementFacts:
         """What recovery needs to know about one command of the session. ``idempotent``: a
         plugin's answer to the safe-mode question (None: the built-in rules decide)."""
-        if payload[0] in SESSION_ONLY_COMMANDS:
+        code = payload[0]
+        if code in SESSION_ONLY_COMMANDS:
             return StatementFacts(writes=False, idempotent=True, session_only=True)
-        text = self.text_of(payload, stmt)
-        if text is None:
+        if code == C.COM_QUERY:
+            analysis = self.analyze(payload)
+        elif code == C.COM_STMT_EXECUTE and stmt is not None and stmt.analysis is not None:
+            analysis = stmt.analysis
+        else:
             return StatementFacts()
-        c = sql.classify(text, no_backslash_escapes=self.nbe)
-        kind = c.kind
-        session_only = kind in (sql.Kind.SET, sql.Kind.USE)
-        writes = not (c.read_only or session_only or kind in (sql.Kind.BEGIN, sql.Kind.COMMIT, sql.Kind.ROLLBACK))
-        # Idempotency only matters in safe mode (and is slow on huge statements); the head of a
-        # spooled statement says nothing about its rows.
-        if not (self.safe_mode and complete):
-            idempotent = False
-        elif not writes:
-            idempotent = True
-        elif idempotent is None:
-            idempotent = sql.is_idempotent(text, no_backslash_escapes=self.nbe)
+        first = analysis.first
+        if analysis.unknown is not None:
+            return StatementFacts(commits=True, writes=True, unknown=analysis.unknown)
+        ended = False
+        commits = False
+        for st in analysis.statements:
+            # A write after a statement that ended the transaction runs in autocommit mode.
+            commits |= st.may_commit or (ended and st.writes)
+            ended |= st.may_end_transaction
+        plain_rollback = analysis.single and first.kind is Kind.ROLLBACK and not first.release
+        text = analysis.text
+        if not (self.safe_mode and complete) or first.xa is not None:
+            idem = False
+        elif not analysis.writes:
+            idem = True
+        elif idempotent is not None:
+            idem = idempotent
+        else:
+            idem = all(
+                changes_no_rows(text[a:b], self.dialect, self.nbe) or claim(text[a:b], self.dialect, self.nbe) is not None
+                for a, b in analysis.spans
+            )
         return StatementFacts(
-            commits=kind == sql.Kind.COMMIT or c.implicit_commit,
-            rollback=kind == sql.Kind.ROLLBACK,
-            writes=writes,
-            idempotent=idempotent,
-            session_only=session_only,
+            commits=commits,
+            rollback=plain_rollback,
+            writes=analysis.writes,
+            idempotent=idem,
+            session_only=analysis.session_only,
         )
-

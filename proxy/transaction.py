@@ -38,8 +38,12 @@ class Transaction:
     active: bool = False
     entries: list[JournalEntry] = attrs.Factory(list)
     size: int = 0
-    # Why this transaction cannot be replayed (journal overflow, cursor, XA...), or None.
+    # Why this transaction cannot be replayed (journal overflow, cursor, XA...), or None. It is
+    # still known not to have committed: a loss is a 1213 "retry".
     not_replayable: str | None = None
+    # Why part of it may have committed already (a stored routine, a statement the proxy cannot
+    # judge, a prepared XA branch), or None: a loss is a connection error, never a replay.
+    in_doubt: str | None = None
     # Session state as it was when the transaction began, taken only when the session changes
     # (USE, SET) inside the transaction, so replay starts from the right database and variables.
     session_before: SessionState | None = None
@@ -51,6 +55,7 @@ class Transaction:
         self.entries.clear()
         self.size = 0
         self.not_replayable = None
+        self.in_doubt = None
         self.session_before = None
         self.prefix = None
 
@@ -76,6 +81,11 @@ class Transaction:
             self.not_replayable = reason
         self.entries.clear()  # nothing will replay them; give the memory back
         self.size = 0
+
+    def mark_in_doubt(self, reason: str) -> None:
+        if self.in_doubt is None:
+            self.in_doubt = reason
+        self.mark_not_replayable(reason)
 
     def note_session_change(self, session: SessionState) -> None:
         """Call before applying a session change while the transaction is open."""

@@ -13,6 +13,7 @@ import trio
 from proxy.intake import Command
 from proxy.protocol.response import ResponseTracker
 from proxy.session import PreparedStatement
+from proxy.sqltext import Analysis
 
 __all__ = ["Inflight", "NOT_SENT", "SENDING", "SENT", "SEND_FAILED", "SessionClosed", "ConnectionFailed"]
 
@@ -27,7 +28,8 @@ class Inflight:
     tracker: ResponseTracker
     statement: PreparedStatement | None
     arrived: float
-    keyword: bytes = b""  # first keyword of a COM_QUERY
+    verb: bytes | None = None  # COM_QUERY on the fast path: its verb (sqltext.triage)
+    analysis: Analysis | None = None  # COM_QUERY off the fast path: the text judged
     state: int = NOT_SENT
     forwarded: bool = False  # part of the response already reached the client
     held: bytearray | None = None  # PREPARE responses are held whole (statement ids get rewritten)
@@ -55,11 +57,13 @@ class Inflight:
         return (self.tracker.last_seq if self.forwarded else self.command.seq_end) + 1
 
     def describe(self, name: str) -> str:
-        """For log lines: ``COM_QUERY 'UPDATE t ...' (sent, partly answered)``."""
-        cmd = self.command
+        """For log lines: ``COM_QUERY UPDATE (sent, partly answered)`` -- the statement's kind,
+        never its text (it may hold secrets)."""
         what = name
-        if cmd.code == 0x03:
-            what += " " + repr(cmd.payload[1:61].decode("utf-8", "replace"))
+        if self.verb is not None:
+            what += " " + self.verb.decode()
+        elif self.analysis is not None:
+            what += " " + " ".join(st.kind.value.upper() for st in self.analysis.statements[:5])
         return f"{what} ({_STATE_NAMES[self.state]}{', partly answered' if self.forwarded else ''})"
 
 

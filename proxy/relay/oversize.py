@@ -15,7 +15,7 @@ from proxy.protocol.constants import Commands, Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import make_err, make_ok
 from proxy.protocol.resultset import build_text_result, read_text_result
-from proxy.protocol.split import CannotSplit, count_rows, split_values_statement
+from proxy.sqltext.split import CannotSplit, count_rows, split_values_statement
 from proxy.session import PreparedStatement
 
 if TYPE_CHECKING:

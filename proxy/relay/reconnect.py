@@ -15,8 +15,6 @@ import trio
 from proxy.backend import Backend, BackendError, backoff_delays, restarted_since
 from proxy.hooks import CommandInfo
 from proxy.netio import PeerClosed
-from proxy.protocol import sql
-from proxy import statements as st
 from proxy.protocol.constants import Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ProtocolError, make_err
@@ -24,6 +22,7 @@ from proxy.protocol.response import Expect
 from proxy.recovery import Outcome, Plan, Sent, StatementFacts, plan_recovery
 from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, ConnectionFailed, Inflight
 from proxy.session import PreparedStatement, SessionState
+from proxy.sqltext import Kind
 
 if TYPE_CHECKING:
     from proxy.relay.tasks import Session
@@ -175,7 +174,15 @@ async def _plan(s: Session, inflight: Inflight | None, sent: Sent | None) -> Pla
         return Plan(Outcome.FAIL_CONNECTION, "recovery is disabled for this target")
     tx = tracking.tx
     journal = [await _facts(s, e.payload, e.statement) for e in tx.entries] if tx.active else []
+    pending = tracking.pending
+    in_doubt = tx.in_doubt
+    if tracking.xa == "PREPARED":
+        in_doubt = "an XA transaction is prepared (it survives the connection)"
+    elif pending is not None and pending.may_have_committed:
+        in_doubt = in_doubt or pending.reason
     return plan_recovery(
+        in_doubt=in_doubt,
+        maybe_rolled_back=pending.reason if pending is not None and not pending.may_have_committed else None,
         sent=sent,
         inflight=await _facts(s, inflight.command.payload, inflight.statement, inflight.command.complete) if inflight else None,
         in_transaction=tx.active,
@@ -283,7 +290,7 @@ async def _replay(s: Session, backend: Backend, verify: bool) -> tuple[int, str 
     if tx.prefix:
         await backend.query(tx.prefix)
     first = entries[0].payload if entries else b""
-    if not (first[:1] == b"\x03" and st.first_keyword(first, 1) in (b"BEGIN", b"START")):
+    if not (first[:1] == b"\x03" and s.tracking.analyze(first).first.kind is Kind.BEGIN):
         await backend.query("START TRANSACTION")
     temporary: list[PreparedStatement] = []
     count = 0

@@ -22,7 +22,6 @@ import struct
 
 import trio
 
-from proxy import statements as st
 from proxy.backend import Backend
 from proxy.hooks import AnswerOk, CommandInfo, PluginError, Reject, ResultInfo, Rewrite, SessionInfo
 from proxy.intake import Command, Oversized, read_command
@@ -35,6 +34,7 @@ from proxy.relay import login, oversize, reconnect
 from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, SENT, ConnectionFailed, Inflight, SessionClosed
 from proxy.relay.markers import CommitMarkers
 from proxy.session import PreparedStatement
+from proxy.sqltext import Analysis, Kind
 from proxy.target import Target
 from proxy.tracking import SessionTracker
 
@@ -142,7 +142,7 @@ class Session:
         self.backend = backend
         if backend is not None:
             self.limit = oversize.effective_limit(self.config.limits.max_allowed_packet, backend)
-            self.tracking.backend_changed(str(backend.address))
+            self.tracking.backend_changed(str(backend.address), backend.handshake.server_version)
 
     # ------------------------------------------------------------------ client task
 
@@ -206,7 +206,7 @@ class Session:
             await self.send_client(payload, cmd.seq_end + 1)
             raise SessionClosed(parse_err(payload).message)
         payload = self.take_pending_error()
-        if cmd.code == C.COM_QUERY and st.first_keyword(cmd.payload, 1) == b"ROLLBACK":
+        if cmd.code == C.COM_QUERY and _is_rollback(self.tracking.triage(cmd.payload)[1]):
             # The client wants to roll back a transaction that is already gone: that is fine.
             await self.send_client(make_ok(self.tracking.status_word()), cmd.seq_end + 1)
             return
@@ -214,7 +214,7 @@ class Session:
 
     async def _run_command_hooks(self, cmd: Command) -> Command | None:
         try:
-            verdict = await self.hooks.run_command_chain(self.info, CommandInfo(cmd.code, cmd.payload, cmd.complete))
+            verdict = await self.hooks.run_command_chain(self.info, CommandInfo.for_session(self.info, cmd.code, cmd.payload, cmd.complete))
         except PluginError as exc:
             log.error("session %d: %s", self.id, exc)
             await self.answer_error(cmd, *Err.UNKNOWN_ERROR, str(exc))
@@ -245,12 +245,12 @@ class Session:
             if statement is not None and statement.long_data_bytes >= self.limit and code == C.COM_STMT_EXECUTE:
                 await oversize.refuse_long_data(self, cmd, statement)
                 return
-        keyword = st.first_keyword(cmd.payload, 1) if code == C.COM_QUERY else b""
-        if keyword == b"COMMIT" and self.markers is not None and tracking.tx.active:
+        verb, analysis = tracking.triage(cmd.payload) if code == C.COM_QUERY else (None, None)
+        if self.markers is not None and tracking.tx.active and _is_commit(analysis):
             if not await self._write_commit_marker(cmd):
                 return
-        inflight = Inflight(cmd, ResponseTracker(expect_for(code), self.deprecate_eof, tracking.wants_fingerprint(keyword)),
-                            statement, trio.current_time(), keyword)
+        tracker = ResponseTracker(expect_for(code), self.deprecate_eof, tracking.wants_fingerprint(analysis))
+        inflight = Inflight(cmd, tracker, statement, trio.current_time(), verb, analysis)
         if self._next_marker:
             inflight.marker, self._next_marker = self._next_marker, 0
         if code == C.COM_STMT_PREPARE:
@@ -260,9 +260,9 @@ class Session:
             if statement.long_data_bytes >= self.limit:
                 return  # kept from the server; the execute that would use it gets 1153
             statement.long_data.append(cmd.payload)
-        elif keyword == b"SELECT" and oversize.asks_max_packet(cmd):
+        elif (verb == b"SELECT" or (analysis is not None and analysis.single and analysis.first.kind is Kind.SELECT)) and oversize.asks_max_packet(cmd):
             cmd = inflight.command = oversize.tell_effective_limit(cmd, self.limit, self.backend)
-        elif keyword == b"KILL":
+        elif analysis is not None and analysis.keywords(0, 1) == ("KILL",):
             cmd = inflight.command = self._translate_kill(cmd)
         self.inflight = inflight
         if self.backend_ok:
@@ -302,9 +302,9 @@ class Session:
         answered the client with an error instead, and the caller must stop."""
         cmd = Command(payload, encode_packet(payload, 0)[0], seq_end, len(payload))
         statement = self.tracking.statement_of(payload) if payload[0] in _STMT_COMMANDS else None
-        keyword = st.first_keyword(payload, 1) if payload[0] == C.COM_QUERY else b""
-        tracker = ResponseTracker(expect_for(payload[0]), self.deprecate_eof, self.tracking.wants_fingerprint(keyword))
-        inflight = Inflight(cmd, tracker, statement, trio.current_time(), keyword, internal=True, done=trio.Event())
+        verb, analysis = self.tracking.triage(payload) if payload[0] == C.COM_QUERY else (None, None)
+        tracker = ResponseTracker(expect_for(payload[0]), self.deprecate_eof, self.tracking.wants_fingerprint(analysis))
+        inflight = Inflight(cmd, tracker, statement, trio.current_time(), verb, analysis, internal=True, done=trio.Event())
         inflight.held = capture
         self.inflight = inflight
         if self.backend_ok:
@@ -415,7 +415,7 @@ class Session:
             data = data[:end]
         error = tracker.error
         if error is not None and error.code in SERVER_GOING_AWAY and not inflight.forwarded:
-            if inflight.keyword == b"KILL":
+            if inflight.analysis is not None and inflight.analysis.keywords(0, 1) == ("KILL",):
                 # The client killed its own connection (KILL CONNECTION_ID()): pass the answer
                 # on and end the session, as the server does, instead of bringing it back.
                 await self._complete(inflight, data)
@@ -485,7 +485,8 @@ class Session:
                 in_transaction=self.tracking.tx.active,
             )
             command = inflight.command
-            await self.hooks.notify(self.hooks.result_received, self.info, CommandInfo(command.code, command.payload, command.complete), result)
+            info = CommandInfo.for_session(self.info, command.code, command.payload, command.complete)
+            await self.hooks.notify(self.hooks.result_received, self.info, info, result)
 
     def _rewrite_prepare_ok(self, inflight: Inflight) -> bytes:
         """The client sees the statement id the proxy gave it, not the backend's."""
@@ -536,6 +537,15 @@ class Session:
             await self.send_client(payload, inflight.answer_seq())
         finally:
             inflight.finish()
+
+
+def _is_commit(analysis: Analysis | None) -> bool:
+    """One COMMIT [AND CHAIN] (what a commit marker can protect)."""
+    return analysis is not None and analysis.unknown is None and analysis.single and analysis.first.kind is Kind.COMMIT and not analysis.first.release
+
+
+def _is_rollback(analysis: Analysis | None) -> bool:
+    return analysis is not None and analysis.unknown is None and analysis.single and analysis.first.kind is Kind.ROLLBACK
 
 
 def _first_cause(group: BaseExceptionGroup) -> BaseException:

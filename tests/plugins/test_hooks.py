@@ -133,7 +133,7 @@ def test_command_info_text_is_lossless_and_cached():
      "INSERT$x = 1", "insert_log", "SELECT 1", "COMMIT", "WITH x AS (SELECT 1) DELETE FROM t", "", "(SELECT 1)"],
 )  # fmt: skip
 def test_command_kind_agrees_with_classify(sql):
-    from proxy.protocol.sql import classify
+    from proxy.sqltext import classify
 
     assert pt.query(sql).kind is classify(sql).kind
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import subprocess
+import sys
 import struct
 
 import pytest
@@ -35,11 +37,29 @@ C = Capabilities
 # ---------------------------------------------------------------- sans-IO guarantee
 
 
-def test_protocol_package_never_imports_trio():
-    root = pathlib.Path(__file__).resolve().parents[2] / "proxy" / "protocol"
-    for path in root.glob("*.py"):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
+SANS_IO = ["proxy.protocol", "proxy.sqltext", "proxy.tracking", "proxy.recovery", "proxy.session", "proxy.transaction", "proxy.info"]
+
+
+def test_sans_io_modules_never_import_trio():
+    """The codec, the SQL text package and the trackers are sans-IO: importing them and all
+    they import loads no trio, and none of them imports trio, socket or asyncio itself
+    (mysql-mimic, a dependency, imports asyncio for its own server half)."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    modules = list(SANS_IO)
+    for package in ("protocol", "sqltext"):
+        modules += [f"proxy.{package}.{p.stem}" for p in (root / "proxy" / package).glob("*.py") if p.stem != "__init__"]
+    probe = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "print('trio' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", "a sans-IO module pulls in trio"
+    for module in modules:
+        path = root / (module.replace(".", "/") + ".py")
+        if not path.exists():
+            path = root / module.replace(".", "/") / "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text())):
             names = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.protocol.resultset import build_text_result, read_text_result
-from proxy.protocol.split import count_rows, split_values_statement
+from proxy.sqltext.split import count_rows, split_values_statement
 from tests.unit.golden_mariadb import RESPONSES
 
 

@@ -27,7 +27,7 @@ from tests.lab import (
 from tests.lab.chaos import corrupt_tables
 from tests.lab.fixtures import APP_PASSWORD, APP_USER
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _pid_exists(pid: int) -> bool:

@@ -21,16 +21,21 @@ from __future__ import annotations
 
 import re
 
-from proxy.protocol import sql as sqltext
-from proxy.protocol.sql import (
+from proxy.sqltext import tokens as tk
+from proxy.sqltext.inserts import insert_head
+from proxy.sqltext.lexer import (
     BACKTICK_IDENT,
     BLOCK_COMMENT,
     DASH_COMMENT,
     HASH_COMMENT,
+    TRIVIA,
     WS,
-    SqlLexError,
+    SqlParseError,
+    Token,
     TokenKind,
+    iter_tokens,
     quoted_string,
+    tokenize,
 )
 
 __all__ = ["CannotSplit", "MAX_NESTING", "count_rows", "split_values_statement"]
@@ -201,8 +206,8 @@ def _rows_start(sql: bytes, nbe: bool) -> int:
 
 def _parse_head(data: bytes, nbe: bool) -> int | str:
     try:
-        head = sqltext._parse_insert_head(data.decode("latin-1"), nbe)
-    except SqlLexError as exc:
+        head = insert_head(data.decode("latin-1"), nbe)
+    except SqlParseError as exc:
         return f"{exc.reason} at byte {exc.offset} before the VALUES rows"
     return head if isinstance(head, str) else head.rows_start
 
@@ -212,10 +217,10 @@ def _suffix(sql: bytes, rows_end: int, nbe: bool) -> bytes:
     empty, ``AS alias [(cols)]`` and/or ``ON DUPLICATE KEY UPDATE ...``."""
     text = sql[rows_end:].decode("latin-1")
     try:
-        tokens = sqltext.tokenize(text, no_backslash_escapes=nbe, trivia=True)
-    except SqlLexError as exc:
+        tokens = tokenize(text, no_backslash_escapes=nbe, trivia=True)
+    except SqlParseError as exc:
         raise CannotSplit(f"{exc.reason} at byte {rows_end + (exc.offset or 0)}, after the VALUES rows") from None
-    significant = [t for t in tokens if t.kind not in sqltext.TRIVIA]
+    significant = [t for t in tokens if t.kind not in TRIVIA]
     if any(t.kind in (TokenKind.EXEC_OPEN, TokenKind.EXEC_CLOSE) for t in tokens):
         raise CannotSplit("executable comment after the VALUES rows")
     end = len(text)
@@ -229,7 +234,7 @@ def _suffix(sql: bytes, rows_end: int, nbe: bool) -> bytes:
     return sql[rows_end : rows_end + end].rstrip(_TRAILING_WS)
 
 
-def _check_suffix(tokens: list[sqltext.Token]) -> None:
+def _check_suffix(tokens: list[Token]) -> None:
     words = [t.text.upper() if t.kind is TokenKind.WORD else None for t in tokens]
     i = 0
     if words[0] == "AS":  # MySQL 8 row alias: AS new [(a, b)]
@@ -237,7 +242,7 @@ def _check_suffix(tokens: list[sqltext.Token]) -> None:
             raise CannotSplit("expected an alias after AS")
         i = 2
         if i < len(tokens) and tokens[i].text == "(":
-            i = sqltext._closing_paren(tokens, i) + 1
+            i = tk.closing_paren(tokens, i) + 1
             if i == 0:
                 raise CannotSplit("unbalanced parentheses after the VALUES rows")
         if i == len(tokens):
@@ -263,11 +268,11 @@ def _diagnose_row(sql: bytes, pos: int, nbe: bool) -> str:
     truncated = pos + len(window) < len(sql)
     depth = deepest = 0
     try:
-        for tok in sqltext.iter_tokens(window.decode("latin-1"), no_backslash_escapes=nbe, trivia=True):
+        for tok in iter_tokens(window.decode("latin-1"), no_backslash_escapes=nbe, trivia=True):
             at = pos + tok.start
             if tok.kind in (TokenKind.EXEC_OPEN, TokenKind.EXEC_CLOSE):
                 return f"executable comment inside the VALUES rows at byte {at}"
-            if tok.kind in sqltext.TRIVIA:
+            if tok.kind in TRIVIA:
                 continue
             if depth == 0 and tok.text != "(":
                 return f"expected '(' starting a row at byte {at}, found {tok.text!r}"
@@ -278,7 +283,7 @@ def _diagnose_row(sql: bytes, pos: int, nbe: bool) -> str:
                     if deepest > MAX_NESTING:
                         return f"the row at byte {pos} nests parentheses deeper than {MAX_NESTING}"
                     return f"the row at byte {pos} could not be scanned"
-    except SqlLexError as exc:
+    except SqlParseError as exc:
         if not truncated:
             return f"{exc.reason} at byte {pos + (exc.offset or 0)}"
     if truncated:

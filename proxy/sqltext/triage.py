@@ -1,0 +1,47 @@
+"""The hot path: which statements need no analysis at all.
+
+Most statements a replicator sends are one INSERT / REPLACE / UPDATE / DELETE / SELECT that
+starts right with its verb. Such a statement cannot end or begin a transaction, and when the
+session cannot send several statements at once (or there is no ``;`` in it) it is exactly one
+statement. Everything else (a leading comment or space, any other verb, a possible
+multi-statement) goes through ``classify.analyze``, so the two never disagree: the fast path
+only answers when the answer is certain.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["fast_verb", "FAST_VERBS", "may_pin_session"]
+
+FAST_VERBS = frozenset({b"INSERT", b"REPLACE", b"UPDATE", b"DELETE", b"SELECT"})
+_LETTERS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+_WORD_END = frozenset(b" \t\n\r\f\v(")  # after the verb: whitespace, or "(" (SELECT(1))
+
+
+def fast_verb(payload: bytes, multi: bool) -> bytes | None:
+    """The upper-cased verb of a COM_QUERY ``payload`` (command byte first) that needs no
+    analysis, or None. ``multi``: the session may send several statements per command."""
+    if len(payload) < 8 or payload[1] not in _LETTERS:
+        return None
+    end, limit = 2, min(9, len(payload))
+    while end < limit and payload[end] in _LETTERS:
+        end += 1
+    verb = payload[1:end].upper()
+    if verb not in FAST_VERBS or end >= len(payload) or payload[end] not in _WORD_END:
+        return None
+    if multi and b";" in payload:
+        return None
+    return verb
+
+
+# Bytes a statement must contain to make its session impossible to restore (a named lock, a
+# user variable assigned in a query): one C-level scan before the classifier is asked.
+_SELECT_HINT = re.compile(rb"@|_[Ll][Oo][Cc][Kk]")
+_DML_HINT = re.compile(rb":=|_[Ll][Oo][Cc][Kk]")
+
+
+def may_pin_session(verb: bytes, payload: bytes) -> bool:
+    """Could this fast-path statement pin the session (GET_LOCK(), @v := ..., INTO @v)?"""
+    hint = _SELECT_HINT if verb == b"SELECT" else _DML_HINT
+    return hint.search(payload) is not None

@@ -1,0 +1,63 @@
+"""proxy.recovery.plan_recovery as a table: what was happening -> what the proxy does."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.recovery import Outcome, Sent, StatementFacts, plan_recovery
+
+R, RESOLVE, RETRY, FAIL = Outcome.RESUME, Outcome.RESOLVE, Outcome.FAIL_RETRYABLE, Outcome.FAIL_CONNECTION
+MAYBE, NOT, PARTIAL = Sent.MAYBE_EXECUTED, Sent.NOT_EXECUTED, Sent.PARTIAL_RESPONSE
+
+READ = StatementFacts(writes=False)
+WRITE = StatementFacts()
+IDEMPOTENT_WRITE = StatementFacts(idempotent=True)
+SESSION = StatementFacts(writes=False, idempotent=True, session_only=True)
+COMMIT = StatementFacts(commits=True, writes=False, idempotent=True)
+ROLLBACK = StatementFacts(rollback=True, writes=False, idempotent=True)
+DDL = StatementFacts(commits=True)
+UNKNOWN = StatementFacts(commits=True, unknown="not understood")
+
+# (what, overrides, outcome, replay, resend)
+TABLE = [
+    ("idle, no transaction", dict(), R, False, False),
+    ("read in flight", dict(sent=MAYBE, inflight=READ), R, False, True),
+    ("SET in flight", dict(sent=MAYBE, inflight=SESSION), R, False, True),
+    ("autocommit write in flight", dict(sent=MAYBE, inflight=WRITE), FAIL, False, False),
+    ("autocommit write not sent", dict(sent=NOT, inflight=WRITE), R, False, True),
+    ("autocommit write in flight, safe mode, idempotent", dict(sent=MAYBE, inflight=IDEMPOTENT_WRITE, safe_mode=True), R, False, True),
+    ("write in flight, autocommit off: only opened a transaction", dict(sent=MAYBE, inflight=WRITE, autocommit=False), R, False, True),
+    ("DDL in flight, autocommit off", dict(sent=MAYBE, inflight=DDL, autocommit=False), FAIL, False, False),
+    ("unknown text in flight", dict(sent=MAYBE, inflight=UNKNOWN), FAIL, False, False),
+    ("unknown text never sent", dict(sent=NOT, inflight=UNKNOWN), R, False, True),
+    ("part of a result relayed", dict(sent=PARTIAL, inflight=READ), FAIL, False, False),
+    ("session not restorable", dict(unrestorable="GET_LOCK"), FAIL, False, False),
+    ("in a transaction, idle", dict(in_transaction=True, journal=[WRITE]), R, True, False),
+    ("in a transaction, write in flight", dict(in_transaction=True, journal=[WRITE], sent=MAYBE, inflight=WRITE), R, True, True),
+    ("in a transaction, not replayable", dict(in_transaction=True, not_replayable="journal full"), RETRY, False, False),
+    ("in a transaction, in doubt", dict(in_transaction=True, journal=[WRITE], in_doubt="CALL p()"), FAIL, False, False),
+    ("idle, in doubt", dict(in_doubt="XA PREPARE"), FAIL, False, False),
+    ("ROLLBACK in flight", dict(in_transaction=True, journal=[WRITE], sent=MAYBE, inflight=ROLLBACK), R, False, True),
+    ("COMMIT in flight", dict(in_transaction=True, journal=[WRITE], sent=MAYBE, inflight=COMMIT), FAIL, False, False),
+    ("COMMIT in flight, nothing written", dict(in_transaction=True, journal=[READ], sent=MAYBE, inflight=COMMIT), R, True, True),
+    ("COMMIT in flight, safe mode, idempotent", dict(in_transaction=True, journal=[IDEMPOTENT_WRITE], sent=MAYBE, inflight=COMMIT, safe_mode=True), R, True, True),
+    ("COMMIT in flight, safe mode, one write not idempotent", dict(in_transaction=True, journal=[IDEMPOTENT_WRITE, WRITE], sent=MAYBE, inflight=COMMIT, safe_mode=True), FAIL, False, False),
+    ("COMMIT in flight, commit marker", dict(in_transaction=True, journal=[WRITE], sent=MAYBE, inflight=COMMIT, commit_marker=True), RESOLVE, True, True),
+    ("COMMIT in flight, marker, not replayable", dict(in_transaction=True, not_replayable="cursor", sent=MAYBE, inflight=COMMIT, commit_marker=True), RESOLVE, False, True),
+    ("COMMIT in flight, marker, in doubt", dict(in_transaction=True, in_doubt="CALL", sent=MAYBE, inflight=COMMIT, commit_marker=True), FAIL, False, False),
+    ("COMMIT not sent", dict(in_transaction=True, journal=[WRITE], sent=NOT, inflight=COMMIT), R, True, True),
+    ("maybe rolled back, idle", dict(in_transaction=True, journal=[WRITE], maybe_rolled_back="error 1205"), RETRY, False, False),
+    ("maybe rolled back, read in flight", dict(in_transaction=True, journal=[WRITE], maybe_rolled_back="error 1205", sent=MAYBE, inflight=READ), RETRY, False, False),
+    ("maybe rolled back, write in flight", dict(in_transaction=True, journal=[WRITE], maybe_rolled_back="error 1205", sent=MAYBE, inflight=WRITE), FAIL, False, False),
+]
+
+
+@pytest.mark.parametrize("what, overrides, outcome, replay, resend", TABLE, ids=[row[0] for row in TABLE])
+def test_plan(what, overrides, outcome, replay, resend):
+    args = dict(sent=None, inflight=None, in_transaction=False, journal=[], not_replayable=None, unrestorable=None,
+                autocommit=True, safe_mode=False)  # fmt: skip
+    args.update(overrides)
+    plan = plan_recovery(**args)
+    assert (plan.outcome, plan.replay, plan.resend) == (outcome, replay, resend), plan.reason
+    if plan.outcome is R and plan.replay and (overrides.get("safe_mode") and overrides.get("inflight") is COMMIT):
+        assert not plan.verify  # an idempotent replay after a possible commit legitimately differs

@@ -1,0 +1,218 @@
+"""proxy.tracking.SessionTracker, sans-IO: commands completed with real response bytes, and
+what the tracker then believes about the transaction, the session and recovery's questions."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from proxy.info import SessionInfo
+from proxy.intake import Command
+from proxy.protocol.framing import encode_packet
+from proxy.protocol.packets import make_err, make_ok
+from proxy.protocol.response import ResponseTracker, expect_for
+from proxy.tracking import AUTOCOMMIT, IN_TRANS, SessionTracker
+
+MARIADB_VERSION = "10.11.19-MariaDB-0+deb12u1"
+OK = "ok"
+
+
+@attrs.define
+class Done:
+    """What the relay hands the tracker (relay.inflight.Inflight's fields)."""
+
+    command: Command
+    tracker: ResponseTracker
+    statement: object = None
+    verb: bytes | None = None
+    analysis: object = None
+
+
+def tracker(autocommit: bool = True, multi: bool = True, safe_mode: bool = False) -> SessionTracker:
+    t = SessionTracker(SessionInfo(1, "test", "app", "127.0.0.1:1", multi_statements=multi), 1 << 20, 1000, safe_mode)
+    t.logged_in("app", "test", 45, AUTOCOMMIT if autocommit else 0)
+    t.backend_changed("127.0.0.1:3306", MARIADB_VERSION)
+    return t
+
+
+def run(t: SessionTracker, sql: str, *answers, in_trans: bool | None = None) -> Done:
+    """Complete ``sql`` with ``answers`` ("ok" or an error code per statement, in order); the
+    status word of OKs: IN_TRANS as given (default: what the tracker believes), autocommit as
+    the tracker believes."""
+    payload = b"\x03" + sql.encode()
+    verb, analysis = t.triage(payload)
+    in_trans = t.tx.active if in_trans is None else in_trans
+    status = (IN_TRANS if in_trans else 0) | (AUTOCOMMIT if t.autocommit else 0)
+    answers = answers or (OK,)
+    raw = b""
+    for i, answer in enumerate(answers):
+        more = 0x0008 if i < len(answers) - 1 and answer == OK else 0
+        payload_ = make_ok(status | more) if answer == OK else make_err(answer, "HY000", "error")
+        raw += encode_packet(payload_, 1)[0]
+    rt = ResponseTracker(expect_for(3), False, t.wants_fingerprint(analysis))
+    assert rt.feed(raw) == len(raw)
+    done = Done(Command(payload, encode_packet(payload, 0)[0], 0, len(payload)), rt, None, verb, analysis)
+    t.completed(done)
+    return done
+
+
+def test_in_transaction_is_what_plugins_see_after_every_command():
+    t = tracker()
+    run(t, "BEGIN", in_trans=True)
+    run(t, "INSERT INTO t VALUES (1)", in_trans=True)
+    assert t.info.in_transaction
+    run(t, "COMMIT", in_trans=False)
+    assert not t.info.in_transaction  # was left True before: plugins saw autocommit statements "in a transaction"
+    run(t, "INSERT INTO t VALUES (2)", in_trans=False)
+    assert not t.info.in_transaction and not t.tx.active
+
+
+def test_journal_of_a_transaction():
+    t = tracker()
+    run(t, "BEGIN", in_trans=True)
+    run(t, "INSERT INTO t VALUES (1)")
+    run(t, "UPDATE t SET v = 2 WHERE id = 1")
+    assert [e.payload[1:7] for e in t.tx.entries] == [b"BEGIN", b"INSERT", b"UPDATE"]
+    run(t, "COMMIT", in_trans=False)
+    assert not t.tx.active and not t.tx.entries
+
+
+@pytest.mark.parametrize("begin", ["/*Mx*/ BEGIN", "--\f x\nBEGIN", "/*!100000 BEGIN */", "begin work", "START TRANSACTION READ WRITE"])
+def test_every_spelling_of_begin_ends_the_open_transaction(begin):
+    t = tracker()
+    run(t, "BEGIN", in_trans=True)
+    run(t, "INSERT INTO t VALUES (1)")
+    run(t, begin, in_trans=True)  # implicit commit of the first transaction, a new one
+    assert len(t.tx.entries) == 1 and t.tx.not_replayable is None
+
+
+def test_a_skipped_executable_comment_is_no_statement():
+    t = tracker()
+    run(t, "BEGIN", in_trans=True)
+    run(t, "INSERT INTO t VALUES (1)")
+    run(t, "/*!999999 COMMIT */ INSERT INTO t VALUES (2)")  # MariaDB skips the comment
+    assert len(t.tx.entries) == 3
+
+
+def test_commit_inside_a_multi_statement_query():
+    t = tracker()
+    run(t, "BEGIN", in_trans=True)
+    run(t, "UPDATE t SET v = 1; COMMIT", OK, OK, in_trans=False)
+    assert not t.tx.active
+    t = tracker(autocommit=False)
+    run(t, "INSERT INTO t VALUES (1)", in_trans=True)
+    run(t, "COMMIT; UPDATE t SET v = 1", OK, OK, in_trans=True)
+    assert t.tx.active and t.tx.not_replayable == "a transaction began inside a multi-statement query"
+    assert t.tx.in_doubt is None  # the part that committed was acknowledged to the client
+
+
+def test_a_ddl_that_fails_after_its_implicit_commit_leaves_the_transaction_pending():
+    t = tracker()
+    run(t, "BEGIN", in_trans=True)
+    run(t, "INSERT INTO t VALUES (1)")
+    run(t, "CREATE TABLE t (a INT)", 1050)  # MariaDB committed the INSERT, then refused the table
+    assert t.pending is not None and t.pending.may_have_committed
+    run(t, "INSERT INTO t VALUES (2)", in_trans=False)  # the status word settles it
+    assert t.pending is None and not t.tx.active
+
+
+def test_a_ddl_refused_before_its_commit_keeps_the_journal():
+    t = tracker()
+    run(t, "BEGIN", in_trans=True)
+    run(t, "INSERT INTO t VALUES (1)")
+    run(t, "CREATE TABLE t (a INT", 1064)  # a parse error: nothing ran
+    assert t.pending is None
+    run(t, "DROP TABLE x", 1146)  # no commit?  MariaDB commits before checking the table
+    assert t.pending is not None
+    run(t, "INSERT INTO t VALUES (2)", in_trans=True)  # autocommit on: still the same transaction
+    assert t.pending is None and t.tx.in_doubt is None
+    assert [e.payload[1:7] for e in t.tx.entries] == [b"BEGIN", b"INSERT", b"INSERT"]  # not the failed DROP
+
+
+def test_with_autocommit_off_a_failed_ddl_leaves_the_transaction_in_doubt():
+    t = tracker(autocommit=False)
+    run(t, "INSERT INTO t VALUES (1)", in_trans=True)
+    run(t, "CREATE TABLE t (a INT)", 1050)
+    run(t, "INSERT INTO t VALUES (2)", in_trans=True)  # a new transaction, or the old one?
+    assert t.tx.in_doubt == "ddl failed with error 1050"
+
+
+def test_statement_errors_leave_the_transaction_alone():
+    t = tracker()
+    run(t, "BEGIN", in_trans=True)
+    run(t, "INSERT INTO t VALUES (1)", 1062)
+    assert t.pending is None and t.tx.active and len(t.tx.entries) == 2
+    run(t, "INSERT INTO t VALUES (1)", 1213)
+    assert not t.tx.active  # a deadlock rolled it back
+    run(t, "BEGIN", in_trans=True)
+    run(t, "UPDATE t SET v = 1", 1205)  # lock wait timeout: rolled back or not, by server setting
+    assert t.pending is not None and not t.pending.may_have_committed
+
+
+@pytest.mark.parametrize("sql", ["CALL p()", "EXECUTE IMMEDIATE 'COMMIT'", "EXECUTE s"])
+def test_stored_code_in_a_transaction_puts_it_in_doubt(sql):
+    t = tracker()
+    run(t, "BEGIN", in_trans=True)
+    run(t, "INSERT INTO t VALUES (1)")
+    run(t, sql)
+    assert t.tx.in_doubt and t.state.unrestorable
+
+
+def test_xa_states():
+    t = tracker()
+    run(t, "XA START 'x'", in_trans=True)
+    assert t.xa == "ACTIVE" and t.tx.not_replayable
+    run(t, "XA END 'x'")
+    run(t, "XA PREPARE 'x'")
+    assert t.xa == "PREPARED" and t.tx.in_doubt
+    run(t, "XA COMMIT 'x'", in_trans=False)
+    assert t.xa is None and not t.tx.active
+
+
+def test_unknown_text_makes_the_session_unrestorable_and_the_transaction_doubtful():
+    t = tracker()
+    run(t, "BEGIN", in_trans=True)
+    run(t, "FROBNICATE t")
+    assert t.tx.in_doubt and t.state.unrestorable
+    t = tracker()
+    run(t, "SELEC 1", 1064)  # refused at parse time: no effect
+    assert t.state.unrestorable is None
+
+
+def test_session_changes_of_every_statement_that_ran():
+    t = tracker()
+    run(t, "SET @a = 1; USE shop; SET sql_mode = ''", OK, OK, OK)
+    assert t.state.user_variables == {"a": "1"} and t.state.database == "shop" and t.info.database == "shop"
+    assert t.state.variables == {"sql_mode": "''"}
+    run(t, "SET @b = 2; SET @c = (", OK, 1064)  # the second failed: only the first counts
+    assert t.state.user_variables == {"a": "1", "b": "2"}
+
+
+FACTS = [
+    # (sql, commits, writes, rollback, session_only, unknown)
+    ("UPDATE t SET a = 1; COMMIT", True, True, False, False, False),
+    ("ROLLBACK; INSERT INTO t VALUES (1)", True, True, False, False, False),  # the INSERT autocommits
+    ("SET @x = 1; INSERT INTO t VALUES (1)", False, True, False, False, False),
+    ("SET autocommit = 0; UPDATE t SET a = 1", False, True, False, False, False),
+    ("SELECT f()", False, True, False, False, False),  # a stored function may write
+    ("DO f()", False, True, False, False, False),
+    ("SET @x = f()", False, True, False, False, False),
+    ("SELECT 1", False, False, False, False, False),
+    ("SET @x = 1", False, False, False, True, False),
+    ("ROLLBACK", False, False, True, False, False),
+    ("CALL p()", True, True, False, False, False),
+    ("XA COMMIT 'x'", True, True, False, False, False),
+    ("/*!999999 SHOW */ INSERT INTO t VALUES (1)", False, True, False, False, False),
+    ("FROBNICATE", True, True, False, False, True),
+]
+
+
+@pytest.mark.parametrize("sql, commits, writes, rollback, session_only, unknown", FACTS)
+def test_facts_judge_the_whole_text(sql, commits, writes, rollback, session_only, unknown):
+    f = tracker().facts(b"\x03" + sql.encode(), None)
+    assert (f.commits, f.writes, f.rollback, f.session_only, f.unknown is not None) == (commits, writes, rollback, session_only, unknown)
+
+
+def test_without_multi_statements_two_statements_are_unknown():
+    f = tracker(multi=False).facts(b"\x03UPDATE t SET a = 1; COMMIT", None)
+    assert f.unknown is not None
