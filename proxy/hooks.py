@@ -18,7 +18,7 @@ Hooks (``session`` is a ``SessionInfo``, ``command`` a ``CommandInfo``):
 - ``backend_lost(session, reason)``: observe; the backend connection went away.
 - ``replay_decided(session, plan)``: the proxy is about to restore the session and replay or
   resend (``plan`` is a ``proxy.recovery.Plan``); return ``Veto(reason)`` to forbid it (the
-  client then gets 1213 or 2013 instead).
+  client then gets 1213 or 1158 instead).
 - ``backend_recovered(session, info)``: observe; ``info`` is a dict with ``reason`` (why it was
   lost), ``plan`` (the outcome: "resume", "fail-retryable", "fail-connection"), ``replayed``
   (statements replayed) and ``waited`` (seconds the client was held).

@@ -36,7 +36,7 @@ class Outcome(enum.Enum):
     RESUME = "resume"  # reconnect, restore, replay the journal (if any), resend the command
     RESOLVE = "resolve"  # COMMIT in doubt: look up its commit marker; committed → OK, else replay
     FAIL_RETRYABLE = "fail-retryable"  # 1213: known not committed, cannot be made transparent
-    FAIL_CONNECTION = "fail-connection"  # 2013 and close: outcome unknown or state unrecoverable
+    FAIL_CONNECTION = "fail-connection"  # 1158 and close: outcome unknown or state unrecoverable
 
 
 @attrs.frozen
@@ -58,6 +58,7 @@ class Plan:
     replay: bool = False  # replay the journal of the open transaction
     verify: bool = True  # compare replayed results with what the client saw
     resend: bool = False  # send the in-flight command again on the new connection
+    proof: bool = False  # safe mode: the tables' keys must prove idempotence before anything runs
 
 
 def plan_recovery(
@@ -103,7 +104,7 @@ def plan_recovery(
             # opened a transaction that died with the old connection.
             return Plan(Outcome.RESUME, "in-flight command is safe to repeat", resend=True)
         if safe_mode and inflight.idempotent:
-            return Plan(Outcome.RESUME, "in-flight autocommit write is idempotent (safe mode)", resend=True)
+            return Plan(Outcome.RESUME, "in-flight autocommit write is idempotent (safe mode)", resend=True, proof=True)
         return Plan(Outcome.FAIL_CONNECTION, "an autocommit write was in flight; its outcome is unknown")
 
     if maybe_ran and inflight is not None and inflight.rollback:
@@ -120,7 +121,7 @@ def plan_recovery(
         if safe_mode and inflight.idempotent and all(s.idempotent for s in journal):
             # It may have committed already; applying it again leaves the same rows. Results of
             # the replay legitimately differ (e.g. REPLACE counts 2 rows), so don't compare them.
-            return Plan(Outcome.RESUME, "COMMIT in flight, transaction idempotent (safe mode)", replay=True, verify=False, resend=True)
+            return Plan(Outcome.RESUME, "COMMIT in flight, transaction idempotent (safe mode)", replay=True, verify=False, resend=True, proof=True)
         if commit_marker:
             return Plan(Outcome.RESOLVE, "COMMIT in flight; its commit marker will tell", replay=not_replayable is None, resend=True)
         why = "not all statements are idempotent" if safe_mode else "recovery.idempotent is not safe-mode"

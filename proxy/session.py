@@ -45,9 +45,16 @@ class SessionState:
     user_variables: dict[str, str] = attrs.Factory(dict)  # user variable -> SQL constant
     next_transaction: str | None = None  # SET TRANSACTION ... for the next transaction only
     unrestorable: str | None = None  # why a new backend cannot take over this session
+    # LAST_INSERT_ID(): the last value known for sure, then the INSERTs since whose OK carried
+    # an id -- generated (the new LAST_INSERT_ID()) or given explicitly (no change): the
+    # table's AUTO_INCREMENT column decides, at restore (relay.proofs.last_insert_id).
+    last_insert_id: int = 0
+    insert_ids: list[tuple[int, str | None]] = attrs.Factory(list)  # (id, INSERT text or None)
+    insert_id_unknown: bool = False  # set by an expression the proxy cannot evaluate
 
     def snapshot(self) -> "SessionState":
-        return attrs.evolve(self, variables=dict(self.variables), user_variables=dict(self.user_variables))
+        return attrs.evolve(self, variables=dict(self.variables), user_variables=dict(self.user_variables),
+                            insert_ids=list(self.insert_ids))  # fmt: skip
 
     def mark_unrestorable(self, reason: str) -> None:
         if self.unrestorable is None:
@@ -60,6 +67,23 @@ class SessionState:
         self.user_variables.clear()
         self.next_transaction = None
         self.unrestorable = None
+        self.known_insert_id(0)
+
+    _MAX_INSERT_IDS = 64
+    _MAX_INSERT_TEXT = 256 * 1024  # bytes of INSERT text kept per session
+
+    def known_insert_id(self, value: int) -> None:
+        """LAST_INSERT_ID() is ``value`` for sure."""
+        self.last_insert_id = value
+        self.insert_ids.clear()
+        self.insert_id_unknown = False
+
+    def insert_id(self, value: int, text: str | None) -> None:
+        """An INSERT/REPLACE answered with id ``value``: generated, or given by the statement."""
+        self.insert_ids.append((value, text if text is None or len(text) <= self._MAX_INSERT_TEXT else None))
+        while len(self.insert_ids) > self._MAX_INSERT_IDS or sum(len(t or "") for _, t in self.insert_ids) > self._MAX_INSERT_TEXT:
+            del self.insert_ids[0]
+            self.insert_id_unknown = True  # the one dropped may have been the last generated id
 
     def apply_set(self, assignments: list[sql.SetAssignment]) -> list[str]:
         """Record an accepted SET; returns the names of session variables whose value must be

@@ -10,6 +10,7 @@ import trio
 from proxy.backend import Backend, BackendError, Login, connect_backend, open_backend_socket, read_greeting
 from proxy.config import Address, Config
 from proxy.relay.markers import MarkerTable
+from proxy.relay.proofs import KeyCache
 
 __all__ = ["Target", "BackendProfile"]
 
@@ -39,6 +40,7 @@ class Target:
         self._preferred = 0  # index of the address that worked last
         self._max_packet: dict[Address, int] = {}  # @@max_allowed_packet per address
         self.markers = MarkerTable(config.recovery.marker_table, config.name)
+        self.keys = KeyCache()  # safe mode's table keys
         self.sessions: set = set()
 
     def session_by_id(self, session_id: int):

@@ -21,6 +21,7 @@ It also answers the questions recovery asks about statements (``facts``).
 
 from __future__ import annotations
 
+import re
 from typing import Protocol
 
 import attrs
@@ -57,6 +58,9 @@ STATEMENT_ERRORS = frozenset(
     }
 )  # fmt: skip
 _PARSE_ERRORS = frozenset({1064, 1065})  # nothing of the statement ran
+_SETS_INSERT_ID = re.compile(rb"LAST_INSERT_ID\s*\(\s*(?!\))", re.I)  # LAST_INSERT_ID(expr)
+_DO_INSERT_ID = re.compile(rb"\s*(?:DO|SELECT)\s+LAST_INSERT_ID\s*\(\s*(\d+)\s*\)\s*;?\s*", re.I)
+_INSERT_TEXT = 64 * 1024  # an INSERT whose OK carried an id is kept up to this size, to tell "generated" later
 _NO_TRANSACTION_EFFECT = frozenset({Kind.INSERT, Kind.REPLACE, Kind.UPDATE, Kind.DELETE, Kind.SELECT})
 _FAST_STATEMENTS = {verb: Statement(Kind[verb.decode()]) for verb in FAST_VERBS}
 
@@ -168,7 +172,40 @@ class SessionTracker:
                 self._settle(bool(tracker.status & IN_TRANS))
         captures = self._bookkeep(done)
         self.info.in_transaction = self.tx.active
+        if tracker.ok is not None and (done.command.code == C.COM_QUERY or done.command.code == C.COM_STMT_EXECUTE):
+            self._note_insert_id(done)
         return captures
+
+    def _note_insert_id(self, done: Completed) -> None:
+        """Follow LAST_INSERT_ID() (restored after a reconnect)."""
+        state = self.state
+        value = done.tracker.ok.last_insert_id
+        cmd = done.command
+        if done.analysis is not None:
+            a = done.analysis
+            kind = a.first.kind if a.single and a.unknown is None else None
+        elif done.verb is not None:
+            kind = Kind[done.verb.decode()]
+        else:  # COM_STMT_EXECUTE
+            a = done.statement.analysis if done.statement is not None else None
+            kind = a.first.kind if a is not None and a.single and a.unknown is None else None
+        if kind in (Kind.INSERT, Kind.REPLACE):
+            if value:
+                text = cmd.text() if cmd.code == C.COM_QUERY and cmd.complete and cmd.size <= _INSERT_TEXT else None
+                state.insert_id(value, text)
+            return
+        if value:  # UPDATE ... SET id = LAST_INSERT_ID(expr): the OK carries the new value
+            state.known_insert_id(value)
+            return
+        if kind is Kind.SELECT or done.analysis is not None:
+            m = _SETS_INSERT_ID.search(cmd.payload, 1)
+            if m is not None:
+                constant = _DO_INSERT_ID.fullmatch(cmd.payload, 1)
+                if constant is not None:
+                    state.known_insert_id(int(constant.group(1)))
+                else:
+                    state.insert_id_unknown = True
+                    state.insert_ids.clear()
 
     def _settle(self, in_trans: bool) -> None:
         """The first status word after an ERR that left the transaction open to question."""

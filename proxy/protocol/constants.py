@@ -62,5 +62,7 @@ class Err:
     NOT_SUPPORTED_YET = (1235, "42000")
     TABLEACCESS_DENIED = (1142, "42000")
     SPECIFIC_ACCESS_DENIED = (1227, "42000")
-    CONN_HOST_ERROR = (2003, "HY000")  # can't connect to the backend
-    SERVER_LOST = (2013, "HY000")  # lost connection during query
+    # Server-range codes only: libmariadb clients (mariadb CLI, mysqlclient) refuse client-range
+    # codes (2003, 2013) in an ERR packet as "2027 Malformed packet" and never show the message.
+    BACKEND_UNAVAILABLE = (1105, "HY000")  # can't connect to the backend (DM does not retry it)
+    CONNECTION_LOST = (1158, "08S01")  # lost the backend mid-command, outcome unknown: session ends

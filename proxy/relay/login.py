@@ -66,7 +66,7 @@ async def _client_login(s: Session) -> tuple[HandshakeResponse | None, str | Non
     try:
         profile = await s.target.profile()
     except BackendError as exc:
-        await s.send_client(make_err(*Err.CONN_HOST_ERROR, f"Can't connect to backend: {exc}"), 0)
+        await s.send_client(make_err(*Err.BACKEND_UNAVAILABLE, f"Can't connect to backend: {exc}"), 0)
         s.close_reason = f"backend unreachable: {exc}"
         return None, None, 0
     s.scramble = new_scramble()
@@ -139,7 +139,7 @@ async def _send_backend_error(s: Session, exc: BackendError, seq: int) -> None:
     if exc.err is not None and not exc.retryable:
         payload = make_err(exc.err.code, exc.err.sqlstate, exc.err.message)
     else:
-        payload = make_err(*Err.CONN_HOST_ERROR, f"Can't connect to backend through replay-proxy: {exc}")
+        payload = make_err(*Err.BACKEND_UNAVAILABLE, f"Can't connect to backend through replay-proxy: {exc}")
     await s.send_client(payload, seq)
 
 

@@ -21,6 +21,7 @@ from proxy.protocol.packets import ProtocolError, make_err
 from proxy.protocol.response import Expect
 from proxy.recovery import Outcome, Plan, Sent, StatementFacts, plan_recovery
 from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, ConnectionFailed, Inflight
+from proxy.relay.proofs import last_insert_id, unproven
 from proxy.session import PreparedStatement, SessionState
 from proxy.sqltext import Kind
 
@@ -38,7 +39,32 @@ def failure(s: Session, reason: str) -> ConnectionFailed:
     address = s.backend.address if s.backend else "-"
     msg = f"Lost connection to backend {address} during query (replay-proxy: {reason})"
     log.error("session %d: %s", s.id, msg)
-    return ConnectionFailed(make_err(*Err.SERVER_LOST, msg), msg)
+    return ConnectionFailed(make_err(*Err.CONNECTION_LOST, msg), msg)
+
+
+async def killed_by_operator(s: Session) -> bool:
+    """The backend answered ER_CONNECTION_KILLED: an operator's KILL, or a server shutting down
+    (which kills every session)? A new connection to the same, running instance says KILL;
+    a refused connection or a restarted server says shutdown. When it cannot tell, the
+    proxy takes it for a KILL: an error is never as wrong as undoing one."""
+    old = s.backend
+    if old is None or s.login is None:
+        return False
+    try:
+        with trio.fail_after(s.config.backend.io_timeout):
+            probe = await s.target.connect(s.login, fresh=True)
+    except (BackendError, trio.TooSlowError):
+        return False  # not accepting connections: going down
+    try:
+        with trio.fail_after(s.config.backend.io_timeout):
+            restarted = await restarted_since(probe, old)
+    except (trio.TooSlowError, PeerClosed, ProtocolError):
+        restarted = None
+    finally:
+        probe.close()
+    log.warning("session %d: backend connection %d killed; server %s", s.id, old.connection_id,
+                "restarted: recovering" if restarted else "still up: an operator's KILL, the client is told")
+    return not restarted
 
 
 def _fail_retryable_later(s: Session, reason: str) -> None:
@@ -106,20 +132,36 @@ async def recover(s: Session, reason: str, rejected: bool = False) -> Inflight |
         try:
             if not resolved:
                 assert inflight is not None and s.markers is not None
-                committed = await s.markers.committed(backend, old, inflight.marker, s.config.backend.io_timeout)
+                try:
+                    with trio.fail_after(s.config.backend.io_timeout):
+                        committed = await s.markers.committed(backend, old, inflight.marker, s.config.backend.io_timeout)
+                except trio.TooSlowError:
+                    committed = None
                 resolved = True
                 if committed is None:
                     raise failure(s, "COMMIT was in flight and its commit marker could not be checked")
                 log.warning("session %d: commit marker %d says the COMMIT %s", s.id, inflight.marker,
                             "committed" if committed else "did not commit")
                 if committed:
+                    chain = inflight.analysis is not None and inflight.analysis.first.chain
+                    begin = _chained_begin(s) if chain else None
                     s.tracking.transaction_lost()
+                    if begin is not None:  # COMMIT AND CHAIN: the client is in a new transaction
+                        with trio.fail_after(s.config.backend.io_timeout):
+                            for statement in begin:
+                                await backend.query(statement)
+                        s.tracking.tx.start(None)
                     s.backend_ok = True
                     await s.answer_inflight(None)
                     return None
                 if not plan.replay:
                     _fail_retryable_later(s, f"transaction did not commit and cannot be replayed: {tx.not_replayable}")
                     break
+            if plan.proof:
+                with trio.fail_after(s.config.backend.io_timeout):
+                    why = await unproven(s, backend, _proof_commands(s, inflight))
+                if why is not None:
+                    raise failure(s, f"safe mode cannot prove the replay idempotent: {why}")
             if not (plan.replay and tx.active):
                 break
             replayed, mismatch = await _replay(s, backend, plan.verify)
@@ -127,11 +169,12 @@ async def recover(s: Session, reason: str, rejected: bool = False) -> Inflight |
                 log.warning("session %d: replay stopped: %s; transaction rolled back", s.id, mismatch)
                 if not plan.verify:
                     raise failure(s, f"idempotent replay failed: {mismatch}")
-                await backend.query("ROLLBACK")
+                with trio.fail_after(s.config.backend.io_timeout):
+                    await backend.query("ROLLBACK")
                 _fail_retryable_later(s, f"replay did not reproduce what the client saw: {mismatch}")
             break
-        except (PeerClosed, BackendError, ProtocolError) as exc:
-            log.warning("session %d: new backend connection lost during replay (%s); reconnecting", s.id, exc)
+        except (PeerClosed, BackendError, ProtocolError, trio.TooSlowError) as exc:
+            log.warning("session %d: new backend connection failed during replay (%s); reconnecting", s.id, exc or "no answer within io_timeout")
             backend.close()
     s.backend_ok = True
     waited = trio.current_time() - lost_at
@@ -152,6 +195,14 @@ async def recover(s: Session, reason: str, rejected: bool = False) -> Inflight |
             return None
         return current
     return None
+
+
+def _proof_commands(s: Session, inflight: Inflight | None) -> list[tuple[bytes, PreparedStatement | None]]:
+    """What a safe-mode replay runs again: the journal, and the command in flight."""
+    commands = [(e.payload, e.statement) for e in s.tracking.tx.entries] if s.tracking.tx.active else []
+    if inflight is not None:
+        commands.append((inflight.command.payload, inflight.statement))
+    return commands
 
 
 async def _sent(s: Session, inflight: Inflight | None, rejected: bool) -> Sent | None:
@@ -226,13 +277,23 @@ async def _reestablish(s: Session, may_have_run: Inflight | None) -> Backend:
     delays = backoff_delays(rec.backoff_initial, rec.backoff_max)
     attempts = 0
     old = s.backend
+    error: BackendError | None = None
     while True:
+        inflight = s.inflight
+        if inflight is not None and trio.current_time() - inflight.arrived >= rec.buffer_window:
+            why = f"backend unavailable for {rec.buffer_window:g}s (last error: {error or 'replay failed'})"
+            if inflight is may_have_run:
+                raise failure(s, why)
+            _fail_retryable_later(s, why)
+            await s.answer_inflight(s.take_pending_error())
         attempts += 1
         login = attrs.evolve(s.login, database=state.database, collation=state.collation)
+        backend = None
         try:
             backend = await s.target.connect(login, fresh=True)
             s.use_backend(backend)
-            await _restore(s, backend, state, old)
+            with trio.fail_after(s.config.backend.io_timeout):  # a server that accepts, then stalls
+                await _restore(s, backend, state, old)
             return backend
         except BackendError as exc:
             if not exc.retryable:
@@ -240,15 +301,12 @@ async def _reestablish(s: Session, may_have_run: Inflight | None) -> Backend:
             error = exc
         except (PeerClosed, ProtocolError, OSError) as exc:
             error = BackendError(str(exc), retryable=True)
+        except trio.TooSlowError:
+            error = BackendError(f"restoring the session took longer than {s.config.backend.io_timeout:g}s", retryable=True)
+        if backend is not None:
+            backend.close()
         if attempts == 1 or attempts % 20 == 0:
             log.warning("session %d: reconnect attempt %d failed: %s", s.id, attempts, error)
-        inflight = s.inflight
-        if inflight is not None and trio.current_time() - inflight.arrived >= rec.buffer_window:
-            why = f"backend unavailable for {rec.buffer_window:g}s (last error: {error})"
-            if inflight is may_have_run:
-                raise failure(s, why)
-            _fail_retryable_later(s, why)
-            await s.answer_inflight(s.take_pending_error())
         await trio.sleep(next(delays))
 
 
@@ -259,6 +317,11 @@ async def _restore(s: Session, backend: Backend, state: SessionState, old: Backe
         await _kill_if_alive(s, backend, old)
     for statement in state.restore_statements():
         await backend.query(statement)
+    insert_id = await last_insert_id(s, backend, state)
+    if insert_id is None:
+        log.warning("session %d: LAST_INSERT_ID() cannot be restored (set by an expression, or an INSERT the proxy cannot follow)", s.id)
+    elif insert_id:
+        await backend.query(f"DO LAST_INSERT_ID({int(insert_id)})")
     for stmt in list(s.tracking.prepared.values()):
         await _prepare_on(s, backend, stmt)
 
@@ -283,15 +346,29 @@ async def _prepare_on(s: Session, backend: Backend, stmt: PreparedStatement) -> 
         await backend.channel.send(s.backend_bytes(payload, None, stmt))
 
 
+def _chained_begin(s: Session) -> list[str]:
+    """What opens a transaction like the open one (COMMIT AND CHAIN keeps its characteristics):
+    its SET TRANSACTION, and its own BEGIN / START TRANSACTION ... or a plain one."""
+    tx = s.tracking.tx
+    out = [tx.prefix] if tx.prefix else []
+    first = tx.entries[0].payload if tx.entries else b""
+    if first[:1] == b"\x03" and s.tracking.analyze(first).first.kind is Kind.BEGIN:
+        out.append(first[1:].decode("utf-8", "surrogateescape"))
+    else:
+        out.append("START TRANSACTION")
+    return out
+
+
 async def _replay(s: Session, backend: Backend, verify: bool) -> tuple[int, str | None]:
     """Run the journal of the open transaction on the new connection."""
     tx = s.tracking.tx
     entries = list(tx.entries)
-    if tx.prefix:
-        await backend.query(tx.prefix)
-    first = entries[0].payload if entries else b""
-    if not (first[:1] == b"\x03" and s.tracking.analyze(first).first.kind is Kind.BEGIN):
-        await backend.query("START TRANSACTION")
+    with trio.fail_after(s.config.backend.io_timeout):
+        if tx.prefix:
+            await backend.query(tx.prefix)
+        first = entries[0].payload if entries else b""
+        if not (first[:1] == b"\x03" and s.tracking.analyze(first).first.kind is Kind.BEGIN):
+            await backend.query("START TRANSACTION")
     temporary: list[PreparedStatement] = []
     count = 0
     try:
@@ -302,7 +379,8 @@ async def _replay(s: Session, backend: Backend, verify: bool) -> tuple[int, str 
                 temporary.append(stmt)
             for payload in entry.long_data or ():
                 await backend.channel.send(s.backend_bytes(payload, None, stmt))
-            tracker = await backend.exchange(s.backend_bytes(entry.payload, None, stmt), entry.expect, True)
+            with trio.fail_after(s.config.backend.io_timeout):
+                tracker = await backend.exchange(s.backend_bytes(entry.payload, None, stmt), entry.expect, True)
             count += 1
             if verify and entry.fingerprint is not None and tracker.fingerprint != entry.fingerprint:
                 return count, f"statement {count} of {len(entries)} returned a different result"

@@ -28,7 +28,7 @@ from proxy.intake import Command, Oversized, read_command
 from proxy.netio import Channel, PeerClosed
 from proxy.protocol.constants import Commands, Err
 from proxy.protocol.framing import encode_packet
-from proxy.protocol.packets import ERR_HEADER, ProtocolError, make_err, make_ok, parse_err
+from proxy.protocol.packets import ERR_HEADER, ErrPacket, ProtocolError, make_err, make_ok, parse_err
 from proxy.protocol.response import Expect, ResponseTracker, expect_for
 from proxy.relay import login, oversize, reconnect
 from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, SENT, ConnectionFailed, Inflight, SessionClosed
@@ -45,7 +45,8 @@ log = logging.getLogger("replay_proxy.session")
 C = Commands
 
 # Errors with which a server says "I am going away" in answer to a command it did not run.
-SERVER_GOING_AWAY = frozenset({1053, 1927})
+KILLED = 1927  # ER_CONNECTION_KILLED: a shutdown, or an operator's KILL
+SERVER_GOING_AWAY = frozenset({1053, KILLED})
 
 _STMT_COMMANDS = frozenset(
     {C.COM_STMT_EXECUTE, C.COM_STMT_SEND_LONG_DATA, C.COM_STMT_CLOSE, C.COM_STMT_RESET, C.COM_STMT_FETCH}
@@ -291,8 +292,12 @@ class Session:
         if tracker is None:
             return False
         if tracker.error is not None:
-            log.warning("session %d: commit marker not written (%s); this COMMIT is not protected", self.id, tracker.error)
-            return True
+            # The transaction may be gone (a deadlock victim is rolled back) or stuck: the client's
+            # COMMIT gets this error, and is not sent. An OK now could be a lie.
+            err = tracker.error
+            log.warning("session %d: commit marker not written (%s); the COMMIT gets this error and is not sent", self.id, err)
+            await self.send_client(make_err(err.code, err.sqlstate, err.message), commit.seq_end + 1)
+            return False
         self.markers.written = self._next_marker = number
         return True
 
@@ -382,11 +387,22 @@ class Session:
                     continue
                 inflight = self.inflight
                 if inflight is None or inflight.state == NOT_SENT:
+                    err = _unsolicited_err(data)
+                    if err is not None and err.code == KILLED and await reconnect.killed_by_operator(self):
+                        # An operator killed this session's connection: the client hears the
+                        # server's error at its next command, and the session ends, as direct.
+                        self.failed = make_err(err.code, err.sqlstate, err.message)
+                        return
                     await self._recover(f"backend sent {_describe_unsolicited(data)} while idle")
                     continue
                 await self._on_response_data(inflight, data)
         except ConnectionFailed as failed:
-            if self.inflight is not None:
+            inflight = self.inflight
+            if inflight is not None and inflight.forwarded:
+                # Part of the answer reached the client, maybe part of a packet: an ERR now
+                # would be read as the rest of a row. Closing is the only clear signal.
+                raise SessionClosed(f"{failed} (client connection closed mid-response)") from None
+            if inflight is not None:
                 await self.answer_inflight(failed.payload)
                 raise SessionClosed(str(failed)) from None
             self.failed = failed.payload  # an idle client hears it at its next command
@@ -420,6 +436,11 @@ class Session:
                 # on and end the session, as the server does, instead of bringing it back.
                 await self._complete(inflight, data)
                 raise SessionClosed("the client killed its own backend connection")
+            if error.code == KILLED and await reconnect.killed_by_operator(self):
+                # Not a shutdown: an operator's KILL. It is not undone by running the command
+                # again; the client gets the server's error and the session ends, as direct.
+                await self._complete(inflight, data)
+                raise SessionClosed(f"backend connection killed by an operator ({error})")
             await self._recover(f"backend answered {error}", rejected=True)
             return
         if tracker.local_infile and not inflight.refuse_infile:
@@ -443,6 +464,8 @@ class Session:
         client have the rest of it."""
         tracker = inflight.tracker
         captures = self.tracking.completed(inflight)
+        if inflight.analysis is not None and any(st.kind is Kind.DDL for st in inflight.analysis.statements):
+            self.target.keys.clear()  # safe mode reads table keys again
         if captures:
             # Read the values back before the client hears "OK": a loss now is a loss with the
             # SET still in flight, and recovery simply sends it again.
@@ -557,10 +580,16 @@ def _first_cause(group: BaseExceptionGroup) -> BaseException:
     return group.exceptions[0]
 
 
-def _describe_unsolicited(data: bytes) -> str:
+def _unsolicited_err(data: bytes) -> ErrPacket | None:
+    """The ERR packet a server sent on its own (a KILL, a shutdown), if ``data`` starts with one."""
     if len(data) > 5 and data[4] == ERR_HEADER:
         try:
-            return str(parse_err(data[4 : 4 + (data[0] | data[1] << 8 | data[2] << 16)]))
+            return parse_err(data[4 : 4 + (data[0] | data[1] << 8 | data[2] << 16)])
         except ProtocolError:
-            pass
-    return f"{len(data)} unexpected byte(s)"
+            return None
+    return None
+
+
+def _describe_unsolicited(data: bytes) -> str:
+    err = _unsolicited_err(data)
+    return str(err) if err is not None else f"{len(data)} unexpected byte(s)"

@@ -35,7 +35,7 @@ import attrs
 from proxy.sqltext import tokens as tk
 from proxy.sqltext.classify import TRANSACTION_KINDS, Kind, classify
 from proxy.sqltext.dialect import UNKNOWN, Dialect
-from proxy.sqltext.inserts import InsertHead, insert_head
+from proxy.sqltext.inserts import InsertHead, insert_head, insert_rows, insert_target, table_name, table_ref_end
 from proxy.sqltext.lexer import IDC, NAME_KINDS, WS, SqlParseError, Token, TokenKind, quoted_string
 from proxy.sqltext.setstmt import SetScope, parse_set
 
@@ -68,6 +68,7 @@ class TableKeys:
     columns: tuple[str, ...]  # in table order (for INSERTs without a column list)
     has_triggers: bool = False
     referenced: bool = False  # a foreign key of another table refers to it
+    auto_increment: str | None = None  # the AUTO_INCREMENT column
 
 
 def proves(c: Claim, keys: TableKeys, foreign_key_checks: bool = True) -> bool:
@@ -167,7 +168,7 @@ def _insert_claim(sql: str, dialect: Dialect, nbe: bool) -> Claim | None:
         if tail:
             return None
         assigned: frozenset[str] = frozenset()
-    table, columns = _insert_target(sql, head, dialect, nbe)
+    table, columns = insert_target(sql, head, dialect, nbe)
     if table is None:
         return None
     if head.verb == "INSERT":
@@ -175,48 +176,8 @@ def _insert_claim(sql: str, dialect: Dialect, nbe: bool) -> Claim | None:
         if updated is None:
             return None
         assigned = updated
-    fixed = tuple(_fixed_columns(row, columns) for row in _rows(sql, head.rows_start, rows.end(), dialect, nbe))
+    fixed = tuple(_fixed_columns(row, columns) for row in insert_rows(sql, head.rows_start, rows.end(), dialect, nbe))
     return Claim(table, fixed, assigned)
-
-
-def _insert_target(sql: str, head: InsertHead, dialect: Dialect, nbe: bool) -> tuple[tuple[str | None, str] | None, list[str] | None]:
-    """(table, listed columns or None) of an INSERT/REPLACE head."""
-    tokens = tk.statement_tokens(sql[: head.rows_start], nbe, dialect)
-    i = 1
-    while tk.word(tokens, i) in ("LOW_PRIORITY", "DELAYED", "HIGH_PRIORITY", "INTO"):
-        i += 1
-    end = _table_ref_end(tokens, i)
-    if end < 0:
-        return None, None
-    table = _table_name(tokens[i:end], nbe)
-    if tk.word(tokens, end) == "PARTITION":
-        end = tk.closing_paren(tokens, end + 1) + 1
-    if not tk.is_punct(tokens, end, "("):
-        return table, None
-    close = tk.closing_paren(tokens, end)
-    return table, [tk.name(t, nbe).lower() for t in tokens[end + 1 : close] if t.kind in NAME_KINDS]
-
-
-def _rows(sql: str, start: int, end: int, dialect: Dialect, nbe: bool) -> list[list[list[Token]]]:
-    """The values of each row of ``(v, ...), (v, ...)`` in ``sql[start:end]``."""
-    rows: list[list[list[Token]]] = []
-    depth = 0
-    for tok in tk.statement_tokens(sql[:end], nbe, dialect, start):
-        if tok.kind is TokenKind.PUNCT and tok.text == "(":
-            depth += 1
-            if depth == 1:
-                rows.append([[]])
-                continue
-        elif tok.kind is TokenKind.PUNCT and tok.text == ")":
-            depth -= 1
-            if depth == 0:
-                continue
-        elif depth == 1 and tok.kind is TokenKind.PUNCT and tok.text == ",":
-            rows[-1].append([])
-            continue
-        if depth >= 1:
-            rows[-1][-1].append(tok)
-    return rows
 
 
 def _fixed_columns(row: list[list[Token]], columns: list[str] | None) -> frozenset[str | int]:
@@ -312,21 +273,6 @@ def _literal_key(tokens: list[Token]) -> str | None:
     if any(t.kind is TokenKind.PLACEHOLDER for t in tokens):
         return None
     return " ".join(t.text.upper() if t.kind is TokenKind.WORD else t.text for t in tokens)
-
-
-def _table_ref_end(tokens: list[Token], i: int) -> int:
-    """Index after a single ``t`` / ``db.t`` table reference at i, or -1."""
-    if i >= len(tokens) or tokens[i].kind not in NAME_KINDS:
-        return -1
-    if tk.is_punct(tokens, i + 1, "."):
-        return i + 3 if i + 2 < len(tokens) and tokens[i + 2].kind in NAME_KINDS else -1
-    return i + 1
-
-
-def _table_name(ref: list[Token], nbe: bool) -> tuple[str | None, str]:
-    if len(ref) == 3:
-        return tk.name(ref[0], nbe).lower(), tk.name(ref[2], nbe).lower()
-    return None, tk.name(ref[0], nbe).lower()
 
 
 def _strip_limit_one(tokens: list[Token]) -> tuple[list[Token], bool]:
@@ -437,7 +383,7 @@ def _delete_claim(tokens: list[Token], nbe: bool) -> Claim | None:
     if tk.word(tokens, i) != "FROM":
         return None
     start = i + 1
-    i = _table_ref_end(tokens, start)
+    i = table_ref_end(tokens, start)
     if i < 0 or tk.word(tokens, i) != "WHERE":
         return None
     condition, limited = _strip_limit_one(tokens[i + 1 :])
@@ -445,14 +391,14 @@ def _delete_claim(tokens: list[Token], nbe: bool) -> Claim | None:
     if alternatives is None or (limited and len(alternatives) > 1):
         return None  # LIMIT 1 of several keys deletes "one of them": another one the second time
     fixed = tuple(frozenset(a) for a in alternatives)
-    return Claim(_table_name(tokens[start:i], nbe), fixed, where=frozenset().union(*fixed))
+    return Claim(table_name(tokens[start:i], nbe), fixed, where=frozenset().union(*fixed))
 
 
 def _update_claim(tokens: list[Token], nbe: bool) -> Claim | None:
     """UPDATE [LOW_PRIORITY] t SET c = lit, ... WHERE <keyed conjunction> [LIMIT 1], where a key
     column may only be "assigned" its own WHERE value (DM sets every column, key included)."""
     start = 2 if tk.word(tokens, 1) == "LOW_PRIORITY" else 1
-    i = _table_ref_end(tokens, start)
+    i = table_ref_end(tokens, start)
     if i < 0 or tk.word(tokens, i) != "SET":
         return None
     where = next((j for j in range(i + 1, len(tokens)) if tk.word(tokens, j) == "WHERE"), -1)
@@ -474,4 +420,4 @@ def _update_claim(tokens: list[Token], nbe: bool) -> Claim | None:
         if column in keys:
             return None  # moves the row out of its own WHERE
         assigned.add(column)
-    return Claim(_table_name(tokens[start:i], nbe), (frozenset(keys),), frozenset(assigned), frozenset(keys))
+    return Claim(table_name(tokens[start:i], nbe), (frozenset(keys),), frozenset(assigned), frozenset(keys))

@@ -7,10 +7,11 @@ import re
 
 import attrs
 
+from proxy.sqltext import tokens as tk
 from proxy.sqltext.dialect import UNKNOWN, Dialect
 from proxy.sqltext.lexer import IDC, NAME_KINDS, TRIVIA, WS, Token, TokenKind, iter_tokens
 
-__all__ = ["InsertHead", "insert_head", "parse_insert_head"]
+__all__ = ["InsertHead", "insert_head", "parse_insert_head", "insert_target", "insert_rows", "table_ref_end", "table_name"]
 
 
 
@@ -146,3 +147,64 @@ def parse_insert_head(sql: str, *, dialect: Dialect = UNKNOWN, no_backslash_esca
     before the rows."""
     head = insert_head(sql, no_backslash_escapes, dialect)
     return head if isinstance(head, InsertHead) else None
+
+
+def insert_target(sql: str, head: InsertHead, dialect: Dialect, nbe: bool) -> tuple[tuple[str | None, str] | None, list[str] | None]:
+    """(table, listed columns or None) of an INSERT/REPLACE head; table is (database or None,
+    name), lower-cased; None when the head cannot be read."""
+    tokens = tk.statement_tokens(sql[: head.rows_start], nbe, dialect)
+    i = 1
+    while tk.word(tokens, i) in ("LOW_PRIORITY", "DELAYED", "HIGH_PRIORITY", "INTO"):
+        i += 1
+    end = table_ref_end(tokens, i)
+    if end < 0:
+        return None, None
+    table = table_name(tokens[i:end], nbe)
+    if tk.word(tokens, end) == "PARTITION":
+        end = tk.closing_paren(tokens, end + 1) + 1
+    if not tk.is_punct(tokens, end, "("):
+        return table, None
+    close = tk.closing_paren(tokens, end)
+    return table, [tk.name(t, nbe).lower() for t in tokens[end + 1 : close] if t.kind in NAME_KINDS]
+
+
+def insert_rows(sql: str, start: int, end: int, dialect: Dialect, nbe: bool) -> list[list[list[Token]]]:
+    """The values of each row of ``(v, ...), (v, ...)`` starting at ``start`` (up to ``end``):
+    a list of rows, each a list of value token lists. Stops after the last row."""
+    rows: list[list[list[Token]]] = []
+    depth = 0
+    for tok in tk.statement_tokens(sql[:end], nbe, dialect, start):
+        punct = tok.text if tok.kind is TokenKind.PUNCT else None
+        if depth == 0:
+            if punct == "(":
+                depth = 1
+                rows.append([[]])
+            elif punct != ",":
+                break  # ON DUPLICATE KEY UPDATE, AS alias, ...
+            continue
+        if punct == "(":
+            depth += 1
+        elif punct == ")":
+            depth -= 1
+            if depth == 0:
+                continue
+        elif punct == "," and depth == 1:
+            rows[-1].append([])
+            continue
+        rows[-1][-1].append(tok)
+    return rows
+
+
+def table_ref_end(tokens: list[Token], i: int) -> int:
+    """Index after a single ``t`` / ``db.t`` table reference at i, or -1."""
+    if i >= len(tokens) or tokens[i].kind not in NAME_KINDS:
+        return -1
+    if tk.is_punct(tokens, i + 1, "."):
+        return i + 3 if i + 2 < len(tokens) and tokens[i + 2].kind in NAME_KINDS else -1
+    return i + 1
+
+
+def table_name(ref: list[Token], nbe: bool) -> tuple[str | None, str]:
+    if len(ref) == 3:
+        return tk.name(ref[0], nbe).lower(), tk.name(ref[2], nbe).lower()
+    return None, tk.name(ref[0], nbe).lower()

@@ -200,6 +200,9 @@ class FakeConnection:
         if action == "error_1053":
             await self._send([make_err(1053, "08S01", "Server shutdown in progress")], 1)
             return self.close()
+        if action == "killed":  # KILL <this connection> while the command ran: not executed
+            await self._send([make_err(1927, "70100", "Connection was killed")], 1)
+            return self.close()
         answer = self._execute(payload)
         if action == "run_then_drop":
             return self.close()
@@ -264,6 +267,14 @@ class FakeConnection:
         if not self.deprecate_eof:
             out.append(make_eof(self.status()))
         out += [b"\xfb" if r is None else lenenc_str(r.encode()) for r in rows]
+        out.append(make_ok(self.status(), header=0xFE) if self.deprecate_eof else make_eof(self.status()))
+        return out
+
+    def _table(self, columns: list[str], rows: list[list[str]]) -> list[bytes]:
+        out = [bytes([len(columns)])] + [_coldef(c) for c in columns]
+        if not self.deprecate_eof:
+            out.append(make_eof(self.status()))
+        out += [b"".join(lenenc_str(v.encode()) for v in row) for row in rows]
         out.append(make_ok(self.status(), header=0xFE) if self.deprecate_eof else make_eof(self.status()))
         return out
 
@@ -336,6 +347,13 @@ class FakeConnection:
         if m := re.fullmatch(r"SELECT COUNT\(\*\) FROM INFORMATION_SCHEMA.PROCESSLIST WHERE ID = (\d+)", up):
             alive = sum(1 for c in self.server.connections if c.id == int(m.group(1)) and not c.closed)
             return self._result("COUNT(*)", [str(alive)])
+        # information_schema as safe mode reads it: t (k PRIMARY KEY, v), no triggers, no FKs.
+        if "FROM INFORMATION_SCHEMA.COLUMNS" in up and "TABLE_NAME = 'T'" in up:
+            return self._table(["COLUMN_NAME", "IS_NULLABLE", "EXTRA"], [["k", "NO", ""], ["v", "YES", ""]])
+        if "FROM INFORMATION_SCHEMA.STATISTICS" in up and "TABLE_NAME = 'T'" in up:
+            return self._table(["INDEX_NAME", "COLUMN_NAME"], [["PRIMARY", "k"]])
+        if "FROM INFORMATION_SCHEMA.TRIGGERS" in up or "FROM INFORMATION_SCHEMA.REFERENTIAL_CONSTRAINTS" in up:
+            return self._result("COUNT(*)", ["0"])
         if up == "SELECT COUNT(*) FROM T":
             self._touch()
             return self._result("COUNT(*)", [str(len(db.rows))])

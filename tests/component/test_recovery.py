@@ -142,7 +142,7 @@ async def test_commit_in_flight_without_safe_mode_is_a_connection_error(nursery,
     await c.must("INSERT INTO t VALUES (1, 'a')")
     lab.server.intercept = drop_once("COMMIT", "run_then_drop")  # committed, answer lost
     result = await c.query("COMMIT")
-    assert result.code == 2013 and "outcome is unknown" in result.message
+    assert result.code == 1158 and "outcome is unknown" in result.message
     with pytest.raises(EOFError):
         await c.query("SELECT 1")
     assert lab.server.db.rows == {1: "a"} and lab.server.db.commits == 1  # applied once, not twice
@@ -168,7 +168,7 @@ async def test_commit_in_flight_safe_mode_refuses_non_idempotent(nursery, autoju
     await c.must("REPLACE INTO t VALUES (1, 'a')")
     await c.must("UPDATE c SET n = n + 1")
     lab.server.intercept = drop_once("COMMIT", "run_then_drop")
-    assert (await c.query("COMMIT")).code == 2013
+    assert (await c.query("COMMIT")).code == 1158
     assert lab.server.db.counter == 1
 
 
@@ -185,7 +185,7 @@ async def test_autocommit_write_in_flight(nursery, autojump):
     lab = Lab(nursery)
     c = await lab.client()
     lab.server.intercept = drop_once("INSERT", "run_then_drop")
-    assert (await c.query("INSERT INTO t VALUES (1, 'a')")).code == 2013
+    assert (await c.query("INSERT INTO t VALUES (1, 'a')")).code == 1158
     lab = Lab(nursery, make_config(recovery={"idempotent": "safe-mode"}))
     c = await lab.client()
     lab.server.intercept = drop_once("REPLACE", "run_then_drop")
@@ -216,14 +216,43 @@ async def test_server_going_away_error_is_hidden_and_statement_resent(nursery, a
     assert lab.server.db.rows == {1: "a", 2: "b"}
 
 
-async def test_unsolicited_error_while_idle_triggers_recovery(nursery, autojump):
+KILLED = b"\xff\x87\x07#70100Connection was killed"
+
+
+async def test_unsolicited_kill_from_a_restarting_server_triggers_recovery(nursery, autojump):
     lab = Lab(nursery)
     c = await lab.client()
+    await trio.sleep(10)
     conn = lab.backend_of()
-    await conn._send([b"\xff\x87\x07#70100Connection was killed"], 0)
+    lab.server.restart()  # the kill is part of a shutdown: the new instance's uptime tells
+    await conn._send([KILLED], 0)
     await trio.sleep(0.01)
     assert conn.closed or len(lab.server.connections) == 2
     assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]
+
+
+async def test_an_operators_kill_of_an_idle_session_reaches_the_client(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    await trio.sleep(10)  # the server has been up long before this session: the same instance
+    await lab.backend_of()._send([KILLED], 0)
+    await trio.sleep(0.01)
+    result = await c.query("SELECT COUNT(*) FROM t")
+    assert result.code == 1927  # not undone by a reconnect: the session ends, as direct
+    with pytest.raises(EOFError):
+        await c.query("SELECT 1")
+
+
+async def test_an_operators_kill_of_a_running_statement_is_not_undone(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    await trio.sleep(10)
+    lab.server.intercept = drop_once("INSERT", "killed")
+    result = await c.query("INSERT INTO t VALUES (1, 'a')")
+    assert result.code == 1927
+    with pytest.raises(EOFError):
+        await c.query("SELECT 1")
+    assert lab.server.db.rows == {}  # never run again
 
 
 async def test_backend_down_longer_than_buffer_window(nursery, autojump):
@@ -272,7 +301,7 @@ async def test_unrestorable_session_fails_at_next_command(nursery, autojump):
     lab.server.restart()
     await trio.sleep(0.01)
     result = await c.query("SELECT COUNT(*) FROM t")
-    assert result.code == 2013 and "GET_LOCK" in result.message
+    assert result.code == 1158 and "GET_LOCK" in result.message
     with pytest.raises(EOFError):
         await c.query("SELECT 1")
 
@@ -353,7 +382,7 @@ async def test_commit_marker_resolves_an_in_doubt_commit_exactly(nursery, autoju
     await c.must("INSERT INTO t VALUES (1, 'a')")
     await c.must("UPDATE c SET n = n + 1")
     lab.server.intercept = drop_once("COMMIT", "run_then_drop" if committed else "drop")
-    assert (await c.query("COMMIT")).ok  # no 2013: the marker says what happened
+    assert (await c.query("COMMIT")).ok  # no 1158: the marker says what happened
     db = lab.server.db
     assert db.rows == {1: "a"} and db.counter == 1 and db.commits == 1  # applied exactly once
     await c.must("BEGIN")

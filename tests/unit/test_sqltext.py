@@ -156,7 +156,7 @@ def test_lexer_fuzz_never_crashes(nbe, sql):
         return
     assert "".join(t.text for t in tokens) == sql
     assert all(t.text for t in tokens)
-    leading_keywords(sql, 3)
+    leading_keywords(sql, 3, nbe=nbe)
 
 
 @settings(max_examples=300, deadline=5000)

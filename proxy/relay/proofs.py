@@ -1,0 +1,199 @@
+"""What a table's keys prove, read from information_schema on the backend.
+
+Safe mode: before a statement that may already have run is applied again, the table's keys
+must show that doing so leaves the same rows (``proxy.sqltext.idempotence``). LAST_INSERT_ID():
+after a reconnect, whether the last INSERTs generated their ids (``last_insert_id``).
+
+The keys, triggers and foreign keys of a table are read from information_schema on the new
+backend connection and cached per target for a minute; a DDL seen through the proxy drops the
+cache. A statement the text alone cannot claim, a table the proxy cannot read, a USE inside
+the transaction (which database did the statement mean?) -- all make the proof fail, and the
+replay does not happen.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from proxy.backend import Backend, BackendError
+from proxy.session import PreparedStatement, SessionState
+from proxy.sqltext import TokenKind, quote_string
+from proxy.sqltext.idempotence import Claim, TableKeys, changes_no_rows, claim, proves
+from proxy.sqltext.inserts import InsertHead, insert_head, insert_rows, insert_target
+
+if TYPE_CHECKING:
+    from proxy.relay.tasks import Session
+
+__all__ = ["KeyCache", "unproven", "last_insert_id"]
+
+log = logging.getLogger("replay_proxy.session")
+
+_TTL = 60.0
+_FK_CHECKS_OFF = frozenset({"0", "OFF", "'OFF'", "FALSE", "'0'"})
+
+
+class KeyCache:
+    """TableKeys per (database, table) of one target, for ``_TTL`` seconds."""
+
+    def __init__(self) -> None:
+        self._keys: dict[tuple[str, str], tuple[float, TableKeys | None]] = {}
+
+    def clear(self) -> None:
+        self._keys.clear()
+
+    async def get(self, backend: Backend, database: str, table: str) -> TableKeys | None:
+        key = (database, table)
+        hit = self._keys.get(key)
+        if hit is not None and trio.current_time() - hit[0] < _TTL:
+            return hit[1]
+        keys = await _read_keys(backend, database, table)
+        self._keys[key] = (trio.current_time(), keys)
+        return keys
+
+
+async def _read_keys(backend: Backend, database: str, table: str) -> TableKeys | None:
+    """The table's unique keys, columns, triggers and referencing foreign keys (None: no such
+    table, or information_schema would not say)."""
+    where = f"TABLE_SCHEMA = {quote_string(database)} AND TABLE_NAME = {quote_string(table)}"
+    try:
+        columns = await backend.query(
+            f"SELECT COLUMN_NAME, IS_NULLABLE, EXTRA FROM information_schema.COLUMNS WHERE {where} ORDER BY ORDINAL_POSITION"
+        )
+        if not columns:
+            return None
+        index_rows = await backend.query(
+            f"SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS WHERE {where} AND NON_UNIQUE = 0 ORDER BY INDEX_NAME, SEQ_IN_INDEX"
+        )
+        triggers = await backend.query(
+            "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = "
+            f"{quote_string(database)} AND EVENT_OBJECT_TABLE = {quote_string(table)}"
+        )
+        referenced = await backend.query(
+            "SELECT COUNT(*) FROM information_schema.REFERENTIAL_CONSTRAINTS WHERE UNIQUE_CONSTRAINT_SCHEMA = "
+            f"{quote_string(database)} AND REFERENCED_TABLE_NAME = {quote_string(table)}"
+        )
+    except BackendError as exc:
+        log.warning("safe mode: cannot read the keys of %s.%s: %s", database, table, exc)
+        return None
+    names = [_text(row[0]) for row in columns]
+    nullable = {_text(row[0]) for row in columns if _text(row[1]).upper() == "YES"}
+    indexes: dict[str, list[str]] = {}
+    for index, column in index_rows:
+        indexes.setdefault(_text(index), []).append(_text(column))
+    unique = tuple(frozenset(cols) for cols in indexes.values() if not set(cols) & nullable)
+    return TableKeys(
+        unique_keys=unique,
+        key_columns=frozenset(c for cols in indexes.values() for c in cols),
+        columns=tuple(names),
+        has_triggers=_count(triggers) > 0,
+        referenced=_count(referenced) > 0,
+        auto_increment=next((_text(row[0]) for row in columns if "auto_increment" in _text(row[2])), None),
+    )
+
+
+def _text(value: bytes | None) -> str:
+    return "" if value is None else value.decode("utf-8", "surrogateescape").lower()
+
+
+def _count(rows: list) -> int:
+    return int(rows[0][0]) if rows and rows[0][0] is not None else 0
+
+
+async def unproven(s: Session, backend: Backend, commands: list[tuple[bytes, PreparedStatement | None]]) -> str | None:
+    """Why the idempotence of these commands (the journal, the command in flight) cannot be
+    proven on ``backend``; None when every one of them is proven."""
+    tracking = s.tracking
+    state = tracking.state
+    fk_checks = state is None or state.variables.get("foreign_key_checks", "1").upper() not in _FK_CHECKS_OFF
+    session_changed = tracking.tx.active and tracking.tx.session_before is not None
+    for payload, stmt in commands:
+        text = tracking.text_of(payload, stmt)
+        if text is None:
+            continue  # PING, USE by COM_INIT_DB, ...: no rows
+        analysis = tracking.analyze(payload) if payload[:1] == b"\x03" else stmt.analysis
+        if analysis is None or analysis.unknown is not None:
+            return "a statement the proxy cannot judge"
+        for start, end in analysis.spans:
+            part = text[start:end]
+            if changes_no_rows(part, tracking.dialect, tracking.nbe):
+                continue
+            if s.hooks.is_idempotent and await s.hooks.idempotent(s.info, part):
+                continue  # a plugin's policy vouches for it
+            found = claim(part, tracking.dialect, tracking.nbe)
+            if found is None:
+                return f"not a keyed write of constants: {analysis.statements[0].kind.value}"
+            why = await _disproof(s, backend, found, state.database if state else None, session_changed, fk_checks)
+            if why is not None:
+                return why
+    return None
+
+
+async def _disproof(s: Session, backend: Backend, c: Claim, current_db: str | None, session_changed: bool, fk_checks: bool) -> str | None:
+    database, table = c.table
+    if database is None:
+        if session_changed:
+            return "the session changed database inside the transaction"
+        database = current_db
+    if database is None:
+        return "no database selected"
+    keys = await s.target.keys.get(backend, database.lower(), table)
+    if keys is None:
+        return f"the keys of {database}.{table} are unknown"
+    if not proves(c, keys, fk_checks):
+        return f"{database}.{table}: the statement does not pin a unique key with constants (or the table has triggers / is referenced by foreign keys)"
+    return None
+
+
+# --- LAST_INSERT_ID() -------------------------------------------------------------------------------
+
+
+async def last_insert_id(s: Session, backend: Backend, state: SessionState) -> int | None:
+    """The session's LAST_INSERT_ID(), to set again on a new connection; None when it cannot be
+    known. An INSERT's OK carries an id both when the AUTO_INCREMENT column was generated (the
+    new LAST_INSERT_ID()) and when the statement gave it (LAST_INSERT_ID() unchanged): the
+    table's AUTO_INCREMENT column and the statement's values tell which, newest first."""
+    zero_is_value = "NO_AUTO_VALUE_ON_ZERO" in state.variables.get("sql_mode", "").upper()
+    for value, text in reversed(state.insert_ids):
+        generated = await _generated(s, backend, text, state.database, zero_is_value) if text is not None else None
+        if generated is None:
+            return None
+        if generated:
+            return value
+    return None if state.insert_id_unknown else state.last_insert_id
+
+
+async def _generated(s: Session, backend: Backend, text: str, current_db: str | None, zero_is_value: bool) -> bool | None:
+    """Did this INSERT/REPLACE generate its AUTO_INCREMENT value? None: cannot tell."""
+    tracking = s.tracking
+    head = insert_head(text, tracking.nbe, tracking.dialect)
+    if not isinstance(head, InsertHead):
+        return None  # INSERT ... SELECT / SET: not followed
+    table, columns = insert_target(text, head, tracking.dialect, tracking.nbe)
+    if table is None:
+        return None
+    database = table[0] or current_db
+    if database is None:
+        return None
+    keys = await s.target.keys.get(backend, database.lower(), table[1])
+    if keys is None or keys.auto_increment is None:
+        return None
+    order = columns if columns is not None else list(keys.columns)
+    if keys.auto_increment not in order:
+        return True  # not given: generated
+    i = order.index(keys.auto_increment)
+    for row in insert_rows(text, head.rows_start, len(text), tracking.dialect, tracking.nbe):
+        if i >= len(row):
+            return None
+        value = row[i]
+        if len(value) != 1:
+            return None  # an expression: not followed
+        token = value[0]
+        word = token.text.upper() if token.kind is TokenKind.WORD else None
+        if word in ("NULL", "DEFAULT") or (token.kind is TokenKind.NUMBER and not zero_is_value and float(token.text) == 0):
+            return True
+        if token.kind not in (TokenKind.NUMBER, TokenKind.STRING):
+            return None
+    return False  # every row gave the id
