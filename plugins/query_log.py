@@ -35,44 +35,11 @@ import attrs
 
 from proxy.hooks import CommandInfo, ResultInfo, SessionInfo
 from proxy.plugin_loader import PluginContext, at_least, between
-from proxy import sqltext as sql
+from proxy.sqltext.redact import redact
 
-__all__ = ["Plugin", "redact"]
+__all__ = ["Plugin", "redact"]  # redact: re-exported from proxy.sqltext.redact
 
 _STATEMENT_COMMANDS = frozenset({0x03, 0x16, 0x17})  # COM_QUERY, COM_STMT_PREPARE, COM_STMT_EXECUTE
-_LITERALS = frozenset({sql.TokenKind.STRING, sql.TokenKind.NUMBER, sql.TokenKind.HEX, sql.TokenKind.BIT})
-_VALUE_AFTER_INTRODUCER = frozenset({sql.TokenKind.STRING, sql.TokenKind.HEX, sql.TokenKind.BIT})
-
-
-def redact(text: str, dialect: sql.Dialect = sql.UNKNOWN, no_backslash_escapes: bool = False) -> str:
-    """``text`` with every literal replaced by ``?`` (``_utf8mb4'x'`` too, introducer and all),
-    lexed as the session's server reads it (NO_BACKSLASH_ESCAPES, executable comments). Text
-    the lexer cannot read to the end (an unterminated string, e.g. cut by max_sql_length; an
-    executable comment whose fate is unknown) ends in ``?`` from that point: nothing after it
-    can leak."""
-    out: list[str] = []
-    introducer = -1  # index in out of a pending "_charset" word
-    try:
-        for tok in sql.iter_tokens(text, dialect=dialect, no_backslash_escapes=no_backslash_escapes, trivia=True):
-            kind = tok.kind
-            if kind in _LITERALS:
-                if introducer >= 0 and kind in _VALUE_AFTER_INTRODUCER:
-                    del out[introducer:]  # "_utf8mb4 'x'" → "?"
-                out.append("?")
-                introducer = -1
-            elif kind is sql.TokenKind.WORD and tok.text[0] == "_":
-                introducer = len(out)
-                out.append(tok.text)
-            else:
-                if kind is not sql.TokenKind.WHITESPACE:
-                    introducer = -1
-                out.append(tok.text)
-    except sql.SqlParseError:
-        # The tokens before the unreadable one are already out; the rest is dropped.
-        out.append("?")
-    return "".join(out)
-
-
 class Plugin:
     @attrs.frozen
     class Options:

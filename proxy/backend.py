@@ -28,6 +28,7 @@ from proxy.protocol.packets import (
 )
 from proxy.protocol.response import Expect, ResponseTracker
 from proxy.protocol.resultset import decode_text_row
+from proxy.sqltext.redact import redact
 
 __all__ = ["Backend", "BackendError", "Login", "connect_backend", "restarted_since", "RETRYABLE_LOGIN_ERRORS"]
 
@@ -101,7 +102,7 @@ class Backend:
         first = (await self.channel.read_packet()).payload
         if first[0] == ERR_HEADER:
             err = parse_err(first)
-            raise BackendError(f"{self.address}: {sql[:60]!r} failed: {err}", retryable=False, err=err)
+            raise BackendError(f"{self.address}: {redact(sql)[:80]!r} failed: {err}", retryable=False, err=err)
         if first[0] == 0x00:
             ok = parse_ok(first, self.capabilities)
             self.status = ok.status
@@ -116,7 +117,7 @@ class Backend:
             payload = (await self.channel.read_packet()).payload
             if payload[0] == ERR_HEADER:
                 err = parse_err(payload)
-                raise BackendError(f"{self.address}: {sql[:60]!r} failed: {err}", retryable=False, err=err)
+                raise BackendError(f"{self.address}: {redact(sql)[:80]!r} failed: {err}", retryable=False, err=err)
             if payload[0] == 0xFE and len(payload) < 0xFFFFFF:
                 return rows
             rows.append(decode_text_row(payload, ncols))

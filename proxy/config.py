@@ -95,8 +95,16 @@ class ListenConfig:
     address: Address = Address("127.0.0.1", 4000)
     # A client that has not finished authenticating by then is disconnected.
     handshake_timeout: Duration = Duration(10)
-    # Connections beyond this are refused with ERR 1040 (too many connections).
+    # Logged-in sessions beyond this are refused with ERR 1040 (too many connections).
     max_connections: int = attrs.field(default=4096, validator=attrs.validators.gt(0))
+    # Connections that have not logged in yet, in total and per client host: beyond, refused at
+    # once with ERR 1040 (a flood of silent sockets cannot lock logged-in users out).
+    max_pending_logins: int = attrs.field(default=256, validator=attrs.validators.gt(0))
+    max_pending_per_host: int = attrs.field(default=64, validator=attrs.validators.gt(0))
+    # A host with this many failed logins within failed_login_window is refused (ERR 1129) until
+    # the oldest of them is that old.
+    failed_login_limit: int = attrs.field(default=20, validator=attrs.validators.gt(0))
+    failed_login_window: Duration = Duration(60)
     # Version string shown to clients before the backend's own is known.
     server_version: str = "8.0.11-replay-proxy"
     # On SIGTERM: stop accepting, close each session once it is between transactions, and

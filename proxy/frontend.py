@@ -8,10 +8,10 @@ import socket
 
 import trio
 
+from proxy.admission import Admission
 from proxy.config import Config
 from proxy.hooks import Hooks
 from proxy.netio import Channel, PeerClosed
-from proxy.protocol.constants import Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ProtocolError, make_err
 from proxy.relay.tasks import Session, SessionClosed
@@ -31,6 +31,7 @@ class Proxy:
         # Session ids double as the connection id of the greeting. Starting high keeps them apart
         # from the server's own connection ids, so a KILL can tell which one it was given.
         self._ids = itertools.count(1_000_000_001)
+        self.admission = Admission(config.listen)
         self.addresses: list[tuple[str, int]] = []
         self._accepting: trio.CancelScope | None = None
 
@@ -89,17 +90,25 @@ class Proxy:
         """Run one client connection to its end (component tests call this with memory streams)."""
         session_id = next(self._ids)
         target = self.target
-        if len(target.sessions) >= self.config.listen.max_connections:
-            await _refuse(channel, *Err.CON_COUNT, "Too many connections")
-            log.warning("refused client %s: %d sessions open", client_address, len(target.sessions))
+        host = client_address.rsplit(":", 1)[0]
+        refusal = self.admission.refusal(host)
+        if refusal is not None:
+            await _refuse(channel, *refusal)
+            log.warning("refused client %s: %s", client_address, refusal[2])
             return
         session = Session(target, channel, client_address, session_id)
-        target.sessions.add(session)
         started = trio.current_time()
         opened = False
         try:
-            opened = await session.handshake()
+            self.admission.enter(host)
+            try:
+                opened = await session.handshake()
+            finally:
+                self.admission.leave(host)
+            if not opened and session.login_refused:
+                self.admission.failed_login(host)
             if opened:
+                target.sessions.add(session)
                 log.info(
                     "session %d open: user=%s client=%s backend=%s backend_conn=%d",
                     session_id, session.info.user, client_address, session.info.backend_address,

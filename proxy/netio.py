@@ -16,6 +16,7 @@ import trio
 from trio.lowlevel import checkpoint, wait_readable, wait_writable
 
 from proxy.protocol.framing import Packet, PacketDecoder
+from proxy.protocol.packets import ProtocolError
 
 __all__ = ["Channel", "StreamChannel", "PeerClosed", "open_tcp"]
 
@@ -103,9 +104,14 @@ class Channel:
         except trio.ClosedResourceError:
             raise PeerClosed(f"{self.name}: closed") from None
 
-    async def read_packet(self) -> Packet:
-        """Next whole logical packet (for handshakes and the proxy's own exchanges)."""
+    async def read_packet(self, max_size: int | None = None) -> Packet:
+        """Next whole logical packet (for handshakes and the proxy's own exchanges). With
+        ``max_size``, a bigger one is a ProtocolError as soon as its header says so."""
         while True:
+            if max_size is not None:
+                header = self.decoder.peek_header()
+                if header is not None and header[0] > max_size:
+                    raise ProtocolError(f"{self.name}: a {header[0]}-byte packet where at most {max_size} are expected")
             packet = self.decoder.next_packet()
             if packet is not None:
                 return packet

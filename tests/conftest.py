@@ -8,3 +8,12 @@ from tests.lab.fixtures import (  # noqa: F401
     pytest_collection_modifyitems,
     pytest_runtest_setup,
 )
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def autojump(autojump_clock):
+    """Tests that sleep run on trio's autojump clock: timeouts pass in no real time."""
+    return autojump_clock

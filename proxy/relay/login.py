@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from proxy.admission import MAX_LOGIN_PACKET
 from proxy.backend import Backend, BackendError, Login, backoff_delays
 from proxy.intake import Command
 from proxy.protocol.auth import NATIVE, ServerAuth, new_scramble
@@ -44,6 +45,10 @@ async def handshake(s: Session) -> bool:
         return False
     if user is None:
         return False
+    if len(s.target.sessions) >= s.config.listen.max_connections:
+        await s.send_client(make_err(*Err.CON_COUNT, "Too many connections"), seq)
+        s.close_reason = f"{len(s.target.sessions)} sessions open (listen.max_connections)"
+        return False
     s.login = _login_for(s, user, resp.database, resp.charset, resp.connect_attrs)
     try:
         backend = await _connect_within_window(s)
@@ -77,7 +82,7 @@ async def _client_login(s: Session) -> tuple[HandshakeResponse | None, str | Non
         profile.server_version, s.id, s.scramble, offered, profile.collation, int(AUTOCOMMIT), NATIVE
     )
     await s.send_client(make_server_handshake(greeting), 0)
-    packet = await client.read_packet()
+    packet = await client.read_packet(MAX_LOGIN_PACKET)
     resp = parse_handshake_response(packet.payload)
     if resp.ssl_request:
         await s.send_client(make_err(*Err.HANDSHAKE, "replay-proxy does not support TLS yet"), packet.seq + 1)
@@ -97,6 +102,7 @@ async def _client_login(s: Session) -> tuple[HandshakeResponse | None, str | Non
     auth = ServerAuth(s.scramble, s.target.passwords, _host(s))
     user, seq = await _authenticate(s, auth, auth.start(resp), packet.seq + 1)
     if user is None:
+        s.login_refused = True
         s.close_reason = f"login refused for user {resp.username!r}"
         log.warning("session %d: login refused for user %r from %s", s.id, resp.username, s.client_address)
     return resp, user, seq
@@ -126,7 +132,7 @@ async def _authenticate(s: Session, auth: ServerAuth, result, seq: int) -> tuple
             seq += 1
         if result.done:
             break
-        packet = await s.client.read_packet()
+        packet = await s.client.read_packet(MAX_LOGIN_PACKET)
         seq = packet.seq + 1
         result = auth.on_packet(packet.payload)
     if result.error is not None:

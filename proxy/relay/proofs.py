@@ -94,6 +94,16 @@ async def _read_keys(backend: Backend, database: str, table: str) -> TableKeys |
     )
 
 
+def _null_params(payload: bytes, stmt: PreparedStatement | None) -> list[bool] | None:
+    """Which parameters a COM_STMT_EXECUTE binds to NULL (its NULL bitmap)."""
+    if stmt is None or not stmt.num_params:
+        return None
+    bitmap = payload[10 : 10 + (stmt.num_params + 7) // 8]
+    if len(bitmap) * 8 < stmt.num_params:
+        return None
+    return [bool(bitmap[i // 8] >> (i % 8) & 1) for i in range(stmt.num_params)]
+
+
 def _text(value: bytes | None) -> str:
     return "" if value is None else value.decode("utf-8", "surrogateescape").lower()
 
@@ -122,7 +132,8 @@ async def unproven(s: Session, backend: Backend, commands: list[tuple[bytes, Pre
                 continue
             if s.hooks.is_idempotent and await s.hooks.idempotent(s.info, part):
                 continue  # a plugin's policy vouches for it
-            found = claim(part, tracking.dialect, tracking.nbe)
+            nulls = _null_params(payload, stmt) if payload[:1] == b"\x17" else None
+            found = claim(part, tracking.dialect, tracking.nbe, nulls)
             if found is None:
                 return f"not a keyed write of constants: {analysis.statements[0].kind.value}"
             why = await _disproof(s, backend, found, state.database if state else None, session_changed, fk_checks)

@@ -96,6 +96,7 @@ class Session:
         self.split_warnings: oversize.MergedWarnings | None = None  # warnings of the last split statement
         self._next_marker = 0  # marker number written for the COMMIT about to be submitted
         self.close_reason = ""
+        self.login_refused = False  # wrong credentials (counted against the client's host)
 
     async def handshake(self) -> bool:
         return await login.handshake(self)
@@ -258,7 +259,9 @@ class Session:
             inflight.held = bytearray()
         elif code == C.COM_STMT_SEND_LONG_DATA and statement is not None:
             statement.long_data_bytes += len(cmd.payload) - 7
-            if statement.long_data_bytes >= self.limit:
+            held = sum(st.long_data_bytes for st in tracking.prepared.values())  # kept for replay: bounded per session
+            if statement.long_data_bytes >= self.limit or held >= self.limit:
+                statement.long_data_bytes = max(statement.long_data_bytes, self.limit)
                 return  # kept from the server; the execute that would use it gets 1153
             statement.long_data.append(cmd.payload)
         elif (verb == b"SELECT" or (analysis is not None and analysis.single and analysis.first.kind is Kind.SELECT)) and oversize.asks_max_packet(cmd):

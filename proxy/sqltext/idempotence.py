@@ -35,7 +35,7 @@ import attrs
 from proxy.sqltext import tokens as tk
 from proxy.sqltext.classify import TRANSACTION_KINDS, Kind, classify
 from proxy.sqltext.dialect import UNKNOWN, Dialect
-from proxy.sqltext.inserts import InsertHead, insert_head, insert_rows, insert_target, table_name, table_ref_end
+from proxy.sqltext.inserts import InsertHead, insert_head, insert_target, table_name, table_ref_end
 from proxy.sqltext.lexer import IDC, NAME_KINDS, WS, SqlParseError, Token, TokenKind, quoted_string
 from proxy.sqltext.setstmt import SetScope, parse_set
 
@@ -110,14 +110,15 @@ _SESSION_SET_SCOPES = frozenset({SetScope.SESSION, SetScope.USER, SetScope.NAMES
                                  SetScope.TRANSACTION, SetScope.NEXT_TRANSACTION})  # fmt: skip
 
 
-def claim(sql: str, dialect: Dialect = UNKNOWN, nbe: bool = False) -> Claim | None:
+def claim(sql: str, dialect: Dialect = UNKNOWN, nbe: bool = False, null_params: list[bool] | None = None) -> Claim | None:
     """The Claim of a keyed write of constants, or None for anything else. ``?`` placeholders
-    count as constants (prepared statements)."""
+    count as constants (prepared statements); ``null_params`` (from an execute's NULL bitmap)
+    says which are bound to NULL -- without it, a ``?`` fixes no column of a row."""
     try:
         kws = tk.leading_keywords(sql, 2, dialect=dialect, nbe=nbe)
         first = kws[0] if kws else None
         if first in ("INSERT", "REPLACE"):
-            return _insert_claim(sql, dialect, nbe)
+            return _insert_claim(sql, dialect, nbe, null_params)
         if first in ("UPDATE", "DELETE"):
             tokens = tk.statement_tokens(sql, nbe, dialect)
             return _update_claim(tokens, nbe) if first == "UPDATE" else _delete_claim(tokens, nbe)
@@ -154,9 +155,37 @@ def _literal_rows_regex(backslash_escapes: bool) -> re.Pattern[str]:
 
 
 _LITERAL_ROWS = {False: _literal_rows_regex(True), True: _literal_rows_regex(False)}
+_LITERAL = {False: re.compile(_literal_pattern(True)), True: re.compile(_literal_pattern(False))}
+_ROW_OPEN = re.compile(rf"{WS}*+,?{WS}*+\({WS}*+")  # before a row's first value
+_VALUE_SEP = re.compile(rf"{WS}*+(,|\)){WS}*+")  # after a value: the next one, or the row's end
 
 
-def _insert_claim(sql: str, dialect: Dialect, nbe: bool) -> Claim | None:
+def _row_literals(sql: str, start: int, end: int, nbe: bool):
+    """The literal values of each row of ``(lit, ...), (lit, ...)`` between ``start`` and
+    ``end`` (already checked by _LITERAL_ROWS): regex steps, no tokenizing."""
+    literal = _LITERAL[nbe]
+    pos = start
+    while pos < end:
+        opened = _ROW_OPEN.match(sql, pos, end)
+        if opened is None:
+            return
+        pos = opened.end()
+        row = []
+        while True:
+            value = literal.match(sql, pos, end)
+            if value is None:
+                return
+            row.append(value.group())
+            sep = _VALUE_SEP.match(sql, value.end(), end)
+            if sep is None:
+                return
+            pos = sep.end()
+            if sep.group(1) == ")":
+                break
+        yield row
+
+
+def _insert_claim(sql: str, dialect: Dialect, nbe: bool, null_params: list[bool] | None) -> Claim | None:
     head = insert_head(sql, nbe, dialect)
     if not isinstance(head, InsertHead) or "IGNORE" in head.modifiers:
         return None
@@ -176,16 +205,21 @@ def _insert_claim(sql: str, dialect: Dialect, nbe: bool) -> Claim | None:
         if updated is None:
             return None
         assigned = updated
-    fixed = tuple(_fixed_columns(row, columns) for row in insert_rows(sql, head.rows_start, rows.end(), dialect, nbe))
+    params = iter(null_params) if null_params is not None else None
+    fixed = tuple({_fixed_columns(row, columns, params) for row in _row_literals(sql, head.rows_start, rows.end(), nbe)})
     return Claim(table, fixed, assigned)
 
 
-def _fixed_columns(row: list[list[Token]], columns: list[str] | None) -> frozenset[str | int]:
-    """The columns a row gives a non-NULL constant (by name, or position without a list)."""
+def _fixed_columns(row: list[str], columns: list[str] | None, null_params) -> frozenset[str | int]:
+    """The columns a row gives a non-NULL constant (by name, or position without a list).
+    ``null_params``: an iterator over "is the next placeholder NULL" (None: unknown)."""
     fixed: set[str | int] = set()
     for i, value in enumerate(row):
-        if len(value) == 1 and (tk.word(value, 0) == "NULL" or value[0].kind is TokenKind.PLACEHOLDER):
-            continue  # NULL (an AUTO_INCREMENT id generated anew), or "?" that may be bound to NULL
+        if value == "?":
+            if null_params is None or next(null_params, True):
+                continue  # may be bound to NULL
+        elif value.upper() == "NULL":
+            continue  # NULL: an AUTO_INCREMENT id generated anew, or a nullable key
         fixed.add(columns[i] if columns is not None and i < len(columns) else i)
     return frozenset(fixed)
 

@@ -17,11 +17,6 @@ from proxy.protocol.response import Expect
 from tests.component.fakes import FakeClient, FakeServer, make_config, trickle_stream_pair
 
 
-@pytest.fixture
-def autojump(autojump_clock):
-    return autojump_clock
-
-
 class Lab:
     def __init__(self, nursery: trio.Nursery, config=None, hooks: Hooks | None = None, stream_pair=trio.testing.memory_stream_pair) -> None:
         self.nursery = nursery

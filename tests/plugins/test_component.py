@@ -4,7 +4,6 @@ memory streams on the autojump clock; and /metrics served by the admin endpoint 
 from __future__ import annotations
 
 import attrs
-import pytest
 import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,11 +15,6 @@ from proxy.hooks import Hooks
 from proxy.netio import StreamChannel
 from proxy.plugin_loader import load_chain
 from tests.component.fakes import FakeClient, FakeServer, make_config
-
-
-@pytest.fixture
-def autojump(autojump_clock):
-    return autojump_clock
 
 
 class Lab:

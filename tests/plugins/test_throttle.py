@@ -9,11 +9,6 @@ from proxy import plugintest as pt
 from proxy.config import ConfigError
 
 
-@pytest.fixture
-def autojump(autojump_clock):
-    return autojump_clock
-
-
 async def test_burst_then_rate(autojump):
     h = pt.harness("throttle", rate=10, burst=5)
     start = trio.current_time()

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 import functools
 
+import attrs
+
 from proxy import sqltext
 from proxy.sqltext import (
     MARIADB,
@@ -750,3 +752,47 @@ def test_is_idempotent_is_linear_on_a_huge_replace():
     assert is_idempotent(sql)
     assert not is_idempotent(sql + ", (1, NOW(), 2, 3)")
     assert time.perf_counter() - started < 10  # seconds: linear; measured ~70 MB/s
+
+
+# --- idempotence: claims and proofs by the table's keys -------------------------------------------
+
+from proxy.sqltext.idempotence import TableKeys, claim, proves  # noqa: E402
+
+KEYS = TableKeys(unique_keys=(frozenset({"id"}),), key_columns=frozenset({"id", "email"}), columns=("id", "v", "email"),
+                 auto_increment="id")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "sql, proven",
+    [
+        ("REPLACE INTO t (id, v) VALUES (1, 'a'), (2, 'b')", True),
+        ("REPLACE INTO t VALUES (1, 'a', 'x@y')", True),  # by position
+        ("REPLACE INTO t (v) VALUES ('x')", False),  # the AUTO_INCREMENT id is generated anew
+        ("REPLACE INTO t (id, v) VALUES (NULL, 'x')", False),
+        ("INSERT INTO t (id, v) VALUES (1, 'a') ON DUPLICATE KEY UPDATE v = VALUES(v)", True),
+        ("INSERT INTO t (id, v) VALUES (1, 'a') ON DUPLICATE KEY UPDATE email = 'z'", False),  # changes a unique column
+        ("DELETE FROM t WHERE id = 1 LIMIT 1", True),
+        ("DELETE FROM t WHERE v = 1 LIMIT 1", False),  # not a key: another row each time
+        ("DELETE FROM t WHERE id IN (1, 2)", True),
+        ("UPDATE t SET v = 'b' WHERE id = 1", True),
+        ("UPDATE t SET email = 'b' WHERE id = 1", False),
+        ("UPDATE t SET v = 'b' WHERE v = 'a'", False),
+    ],
+)
+def test_keys_prove_idempotence(sql, proven):
+    c = claim(sql, MARIADB)
+    assert (c is not None and proves(c, KEYS)) == proven
+
+
+def test_placeholders_prove_only_when_bound_to_values():
+    sql = "REPLACE INTO t (id, v) VALUES (?, ?)"
+    assert not proves(claim(sql, MARIADB), KEYS)  # a ? may be NULL
+    assert proves(claim(sql, MARIADB, null_params=[False, True]), KEYS)  # id bound, v NULL
+    assert not proves(claim(sql, MARIADB, null_params=[True, False]), KEYS)
+
+
+def test_triggers_and_foreign_keys_forbid_the_proof():
+    c = claim("REPLACE INTO t (id, v) VALUES (1, 'a')", MARIADB)
+    assert not proves(c, attrs.evolve(KEYS, has_triggers=True))
+    assert not proves(c, attrs.evolve(KEYS, referenced=True))
+    assert proves(c, attrs.evolve(KEYS, referenced=True), foreign_key_checks=False)

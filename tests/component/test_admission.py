@@ -1,0 +1,100 @@
+"""Before login: capped handshake packets, limits on connections that have not logged in,
+failed logins per host, and max_connections counting logged-in sessions only."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from proxy.frontend import Proxy
+from proxy.netio import StreamChannel
+from proxy.protocol.framing import PacketDecoder, encode_packet
+from proxy.protocol.packets import parse_err
+from tests.component.fakes import FakeClient, FakeServer, MySQLError, make_config
+
+
+class Lab:
+    def __init__(self, nursery: trio.Nursery, **listen) -> None:
+        self.nursery = nursery
+        self.server = FakeServer(nursery)
+        self.proxy = Proxy(make_config(listen={"address": "127.0.0.1:1", **listen}), opener=self.server.opener)
+
+    def connect(self, address: str = "10.0.0.1:5000") -> trio.StapledStream:
+        client_side, proxy_side = trio.testing.memory_stream_pair()
+        self.nursery.start_soon(self.proxy.handle_client, StreamChannel(proxy_side, "client"), address)
+        return client_side
+
+    async def client(self, address: str = "10.0.0.1:5000", password: str = "apppw") -> FakeClient:
+        client = FakeClient(self.connect(address))
+        await client.login(password=password)
+        return client
+
+
+async def first_packet(stream: trio.StapledStream) -> bytes:
+    decoder = PacketDecoder()
+    while (packet := decoder.next_packet()) is None:
+        data = await stream.receive_some(65536)
+        if not data:
+            raise EOFError
+        decoder.feed(bytes(data))
+    return packet.payload
+
+
+async def closed(stream: trio.StapledStream) -> bool:
+    with trio.move_on_after(5):
+        while True:
+            try:
+                if not await stream.receive_some(65536):
+                    return True
+            except trio.BrokenResourceError:
+                return True
+    return False
+
+
+async def test_an_oversized_handshake_response_closes_the_connection(nursery, autojump):
+    lab = Lab(nursery)
+    stream = lab.connect()
+    await first_packet(stream)  # the greeting
+    await stream.send_all(encode_packet(b"\x00" * (200 * 1024), 1)[0])
+    assert await closed(stream)
+    assert lab.proxy.admission.pending == 0
+    await lab.client()  # the next client logs in as usual
+
+
+async def test_silent_sockets_cannot_lock_users_out(nursery, autojump):
+    lab = Lab(nursery, max_pending_logins=3, max_pending_per_host=2)
+    silent = [lab.connect("10.0.0.9:1"), lab.connect("10.0.0.9:2")]
+    for s in silent:
+        await first_packet(s)
+    third = lab.connect("10.0.0.9:3")  # the same host: refused at once
+    assert parse_err(await first_packet(third)).code == 1040
+    await lab.client("10.0.0.2:1")  # another host still gets in
+    await trio.sleep(11)  # handshake_timeout: the silent ones are gone
+    assert all([await closed(s) for s in silent])
+    await lab.client("10.0.0.9:4")
+
+
+async def test_max_connections_counts_logged_in_sessions(nursery, autojump):
+    lab = Lab(nursery, max_connections=1)
+    first = await lab.client()
+    silent = lab.connect("10.0.0.3:1")
+    await first_packet(silent)  # a socket that never logs in takes no session slot
+    with pytest.raises(MySQLError) as refused:
+        await lab.client("10.0.0.4:1")
+    assert refused.value.code == 1040
+    assert (await first.must("SELECT COUNT(*) FROM t")).rows == ["0"]
+
+
+async def test_failed_logins_block_a_host_for_a_while(nursery, autojump):
+    lab = Lab(nursery, failed_login_limit=3, failed_login_window="60s")
+    for _ in range(3):
+        with pytest.raises(MySQLError) as denied:
+            await lab.client("10.0.0.5:1", password="wrong")
+        assert denied.value.code == 1045
+    blocked = lab.connect("10.0.0.5:2")
+    err = parse_err(await first_packet(blocked))
+    assert err.code == 1129 and "blocked" in err.message
+    await lab.client("10.0.0.6:1")  # other hosts are not
+    await trio.sleep(61)
+    await lab.client("10.0.0.5:3")
