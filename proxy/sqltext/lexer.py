@@ -260,17 +260,24 @@ NAME_KINDS = frozenset({TokenKind.WORD, TokenKind.QUOTED_IDENT})
 
 def split_statements(sql: str, *, dialect: Dialect = UNKNOWN, no_backslash_escapes: bool = False) -> list[tuple[int, int]]:
     """(start, end) offsets of the statements of a multi-statement text, split at top-level
-    semicolons as the server splits them; empty statements (only trivia) dropped. Raises
-    SqlParseError (unterminated text, unknown comments)."""
-    spans, start, code = [], 0, False
-    for token in iter_tokens(sql, dialect=dialect, no_backslash_escapes=no_backslash_escapes):
+    semicolons as the server splits them. A piece with only comments is a statement of its own
+    (the server answers it with an OK); only whitespace after the last ';' is nothing. Raises
+    SqlParseError (unterminated text, unknown comments) and SqlUnknown for an empty statement
+    before another one (the server refuses the text there)."""
+    spans: list[tuple[int, int]] = []
+    start, content, empty_before = 0, False, False
+    for token in iter_tokens(sql, dialect=dialect, no_backslash_escapes=no_backslash_escapes, trivia=True):
         if token.kind is TokenKind.PUNCT and token.text == ";":
-            if code:
+            if content:
                 spans.append((start, token.start))
-            start, code = token.end, False
-        else:
-            code = True
-    if code:
+            elif spans or start == 0:
+                empty_before = True
+            start, content = token.end, False
+        elif token.kind is not TokenKind.WHITESPACE:
+            if empty_before and token.kind is not TokenKind.COMMENT:
+                raise SqlUnknown("an empty statement before another one", token.start)
+            content = True
+    if content:
         spans.append((start, len(sql)))
     return spans
 
