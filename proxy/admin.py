@@ -1,11 +1,22 @@
-"""The admin HTTP endpoint: ``/health`` always, plus routes that plugins provide (``/metrics``).
+"""The admin HTTP endpoint, for probes, scrapers and operators:
 
-Deliberately tiny (HTTP/1.0, GET only, one request per connection): it serves scrapers and
-probes on a local address, nothing else.
+- ``/healthz``: 200 while the process runs (liveness); ``/health`` is the same;
+- ``/readyz``: 200 when a backend address is usable, else 503 (readiness: take the pod out of
+  a Service while its database is down);
+- ``/metrics``: Prometheus metrics of the proxy itself (sessions, commands, recoveries by
+  outcome, held time, backend health, refused logins), followed by those of the metrics plugin
+  when it is in the chain;
+- ``/status``: JSON, the backends and their health, the sessions (user, client, backend,
+  transaction state, recoveries); ``replay-proxy status`` prints it as a table.
+
+Deliberately tiny (HTTP/1.0, GET only, one request per connection). It binds loopback by
+default; bound elsewhere it requires ``Authorization: Bearer <admin.token>`` for everything
+but /healthz and /readyz (probes carry no secrets).
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 from typing import Callable
@@ -14,34 +25,66 @@ import trio
 
 from proxy.config import Config
 from proxy.hooks import Hooks
+from proxy.stats import CONTENT_TYPE
 
 __all__ = ["serve_admin"]
 
 log = logging.getLogger("replay_proxy.admin")
 
 Route = Callable[[], tuple[int, str, bytes]]
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 400: "Bad Request", 500: "Internal Server Error"}
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+            500: "Internal Server Error", 503: "Service Unavailable"}  # fmt: skip
+_OPEN = frozenset({"/healthz", "/health", "/readyz"})  # probes: no token needed
 
 
-def _routes(hooks: Hooks, proxy) -> dict[str, Route]:
-    def health() -> tuple[int, str, bytes]:
-        body = {"status": "ok", "target": proxy.target.name, "sessions": len(proxy.target.sessions)}
-        return 200, "application/json", json.dumps(body).encode()
+def _json(status: int, body: object) -> tuple[int, str, bytes]:
+    return status, "application/json", (json.dumps(body, indent=1) + "\n").encode()
 
-    routes: dict[str, Route] = {"/health": health}
+
+def routes(proxy) -> dict[str, Route]:
+    """The proxy's routes and those plugins provide (read at each request: a SIGHUP may have
+    changed the chain)."""
+    target = proxy.target
+
+    def healthz() -> tuple[int, str, bytes]:
+        return _json(200, {"status": "alive", "target": target.name, "sessions": len(target.sessions)})
+
+    def readyz() -> tuple[int, str, bytes]:
+        ready = target.ready()
+        body = {"ready": ready, "target": target.name, "backends": [h.describe() for h in target.health.values()]}
+        return _json(200 if ready else 503, body)
+
+    def status() -> tuple[int, str, bytes]:
+        return _json(200, target.stats.status())
+
+    def metrics() -> tuple[int, str, bytes]:
+        body = target.stats.render()
+        plugin = _plugin_routes(target.hooks).get("/metrics")
+        if plugin is not None:
+            body += plugin()[2]
+        return 200, CONTENT_TYPE, body
+
+    table: dict[str, Route] = {"/healthz": healthz, "/health": healthz, "/readyz": readyz, "/status": status, "/metrics": metrics}
+    for path, handler in _plugin_routes(target.hooks).items():
+        table.setdefault(path, handler)
+    return table
+
+
+def _plugin_routes(hooks: Hooks) -> dict[str, Route]:
+    out: dict[str, Route] = {}
     for name, plugin in hooks.plugins:
         provider = getattr(plugin, "http_routes", None)
         if provider is not None:
             for path, handler in provider().items():
-                if path in routes:
+                if path in out:
                     raise ValueError(f"plugin {name}: admin path {path} is already served")
-                routes[path] = handler
-    return routes
+                out[path] = handler
+    return out
 
 
 async def serve_admin(config: Config, hooks: Hooks, proxy, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    routes = _routes(hooks, proxy)
-    address = config.admin.address
+    address = config.admin_address
+    token = config.admin.resolved_token()
 
     async def handle(stream: trio.SocketStream) -> None:
         try:
@@ -52,21 +95,7 @@ async def serve_admin(config: Config, hooks: Hooks, proxy, *, task_status=trio.T
                     if not chunk:
                         break
                     request += chunk
-                line = request.split(b"\r\n", 1)[0].decode("latin-1").split()
-                if len(line) < 2:
-                    status, ctype, body = 400, "text/plain", b"bad request\n"
-                elif line[0] != "GET":
-                    status, ctype, body = 405, "text/plain", b"GET only\n"
-                else:
-                    handler = routes.get(line[1].split("?", 1)[0])
-                    if handler is None:
-                        status, ctype, body = 404, "text/plain", b"not found\n"
-                    else:
-                        try:
-                            status, ctype, body = handler()
-                        except Exception:
-                            log.exception("admin handler for %s failed", line[1])
-                            status, ctype, body = 500, "text/plain", b"internal error\n"
+                status, ctype, body = _answer(request, routes(proxy), token)
                 head = (
                     f"HTTP/1.0 {status} {_REASONS.get(status, 'OK')}\r\nContent-Type: {ctype}\r\n"
                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
@@ -77,9 +106,36 @@ async def serve_admin(config: Config, hooks: Hooks, proxy, *, task_status=trio.T
         finally:
             await stream.aclose()
 
-    listeners = await trio.open_tcp_listeners(address.port, host=address.host)
+    try:
+        listeners = await trio.open_tcp_listeners(address.port, host=address.host)
+    except OSError as exc:
+        raise OSError(exc.errno, f"admin address {address} of target {config.name}: {exc.strerror} "
+                                 "(set [admin] address, or enabled = false)") from None  # fmt: skip
     bound = listeners[0].socket.getsockname()[:2]
-    log.info("admin endpoint on http://%s:%d (%s)", bound[0], bound[1], ", ".join(sorted(routes)))
+    log.info("admin endpoint on http://%s:%d (%s)%s", bound[0], bound[1], ", ".join(sorted(routes(proxy))),
+             "; a bearer token is required" if token else "")  # fmt: skip
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handle, listeners)
         task_status.started(bound)
+
+
+def _answer(request: bytes, table: dict[str, Route], token: str | None) -> tuple[int, str, bytes]:
+    lines = request.split(b"\r\n")
+    line = lines[0].decode("latin-1").split()
+    if len(line) < 2:
+        return 400, "text/plain", b"bad request\n"
+    if line[0] != "GET":
+        return 405, "text/plain", b"GET only\n"
+    path = line[1].split("?", 1)[0]
+    handler = table.get(path)
+    if handler is None:
+        return 404, "text/plain", b"not found\n"
+    if token is not None and path not in _OPEN:
+        given = next((h.split(b":", 1)[1].strip() for h in lines[1:] if h.lower().startswith(b"authorization:")), b"")
+        if not hmac.compare_digest(given, b"Bearer " + token.encode()):
+            return 401, "text/plain", b"a bearer token is required\n"
+    try:
+        return handler()
+    except Exception:
+        log.exception("admin handler for %s failed", path)
+        return 500, "text/plain", b"internal error\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import socket
+import struct
 
 import attrs
 import trio
@@ -29,8 +30,9 @@ from proxy.protocol.packets import (
 from proxy.protocol.response import Expect, ResponseTracker
 from proxy.protocol.resultset import decode_text_row
 from proxy.sqltext.redact import redact
+from proxy.tls import BackendTLS, TLSError, describe, start_tls
 
-__all__ = ["Backend", "BackendError", "Login", "connect_backend", "restarted_since", "RETRYABLE_LOGIN_ERRORS"]
+__all__ = ["Backend", "BackendError", "Instance", "Login", "connect_backend", "restarted_since", "RETRYABLE_LOGIN_ERRORS"]
 
 log = logging.getLogger("replay_proxy.backend")
 
@@ -58,6 +60,22 @@ class Login:
     collation: int
     capabilities: int  # what the client negotiated with the proxy
     connect_attrs: dict[str, str] = attrs.Factory(dict)
+    tls: BackendTLS | None = None  # [backend.tls]; None: plain
+
+
+@attrs.frozen
+class Instance:
+    """Which server process a connection reached: behind one address (a load balancer, a
+    restart) there may be several. ``started``: the server's start, in Unix seconds."""
+
+    hostname: str
+    port: int
+    started: float
+    kills: int | None = None  # the server's KILL statements so far (Com_kill), when known
+
+    def same_as(self, other: "Instance") -> bool:
+        # Start times come from whole seconds (UNIX_TIMESTAMP() - Uptime): off by one at most.
+        return (self.hostname, self.port) == (other.hostname, other.port) and abs(self.started - other.started) <= 1
 
 
 @attrs.define(eq=False)
@@ -69,6 +87,8 @@ class Backend:
     status: int
     connected_at: float
     max_allowed_packet: int | None = None
+    instance: Instance | None = None  # None: the server would not say
+    wait_timeout: float | None = None  # the server closes the session after this long idle
 
     @property
     def connection_id(self) -> int:
@@ -174,17 +194,21 @@ async def connect_backend(
     connect_timeout: float,
     io_timeout: float,
     opener=open_backend_socket,
-    known_max_packet: int | None = None,
 ) -> Backend:
-    """Open and authenticate a backend connection; ask its @@max_allowed_packet unless the
-    caller already knows it (``known_max_packet``)."""
+    """Open and authenticate a backend connection, and learn about the server (``_learn_server``)."""
     channel, hs = await read_greeting(address, connect_timeout, opener)
     try:
         with trio.fail_after(io_timeout):
-            return await _login(channel, hs, address, login, known_max_packet)
+            secure = False
+            if login.tls is not None:  # from here on ``channel`` is the TLS one (closed below on failure)
+                channel, secure = await _start_tls(channel, hs, address, login, login.tls)
+            return await _login(channel, hs, address, login, secure)
     except trio.TooSlowError:
         channel.close()
         raise BackendError(f"backend {address}: login took longer than {io_timeout:g}s", retryable=True) from None
+    except TLSError as exc:  # an alert after the handshake (TLS 1.3: a client certificate refused)
+        channel.close()
+        raise BackendError(f"backend {address}: TLS error during login: {exc}", retryable=False) from None
     except (PeerClosed, OSError) as exc:
         channel.close()
         raise BackendError(f"backend {address}: connection lost during login: {exc}", retryable=True) from None
@@ -196,21 +220,53 @@ async def connect_backend(
         raise
 
 
-async def _login(
-    channel: Channel, hs: ServerHandshake, address: Address, login: Login, known_max_packet: int | None
-) -> Backend:
+def _client_caps(hs: ServerHandshake, address: Address, login: Login, secure: bool) -> int:
+    """The capabilities of the proxy's handshake response (and of its SSLRequest)."""
     missing = REQUIRED_BACKEND_CAPABILITIES & ~hs.capabilities
     if missing:
         raise BackendError(f"backend {address} lacks capabilities {Capabilities(missing)!r}", retryable=False)
     caps = (login.capabilities & hs.capabilities) | REQUIRED_BACKEND_CAPABILITIES
     caps |= Capabilities.CLIENT_PLUGIN_AUTH & hs.capabilities
     caps &= ~(Capabilities.CLIENT_SSL | Capabilities.CLIENT_COMPRESS | Capabilities.CLIENT_LOCAL_FILES)
+    if secure:
+        caps |= Capabilities.CLIENT_SSL
     if login.database:
         caps |= Capabilities.CLIENT_CONNECT_WITH_DB
     else:
         caps &= ~Capabilities.CLIENT_CONNECT_WITH_DB
     if hs.capabilities & Capabilities.CLIENT_CONNECT_ATTRS:
         caps |= Capabilities.CLIENT_CONNECT_ATTRS
+    return caps
+
+
+async def _start_tls(
+    channel: Channel, hs: ServerHandshake, address: Address, login: Login, tls: BackendTLS
+) -> tuple[Channel, bool]:
+    """SSLRequest, then the TLS handshake: (the channel to log in on, whether it is TLS).
+    A server that does not offer TLS is logged into in the clear only in mode "preferred"."""
+    if not hs.capabilities & Capabilities.CLIENT_SSL:
+        if tls.required:
+            raise BackendError(
+                f"backend {address} does not offer TLS (backend.tls.mode = {tls.mode!r} requires it)", retryable=False
+            )
+        return channel, False
+    caps = _client_caps(hs, address, login, True)
+    ssl_request = struct.pack("<IIB", caps, MAX_PACKET, login.collation & 0xFF) + bytes(23)
+    await channel.send(encode_packet(ssl_request, 1)[0])
+    try:
+        secure = await start_tls(channel, tls.context, server_side=False, server_hostname=tls.hostname_for(address.host))
+    except TLSError as exc:
+        # An untrusted certificate, a name mismatch, no common protocol: configuration, not
+        # something a retry fixes. (A connection lost meanwhile is a PeerClosed: retried.)
+        raise BackendError(f"backend {address}: TLS (backend.tls.mode = {tls.mode!r}) failed: {exc}", retryable=False) from None
+    log.debug("backend %s: %s", address, describe(secure))
+    return secure, True
+
+
+async def _login(
+    channel: Channel, hs: ServerHandshake, address: Address, login: Login, secure: bool = False
+) -> Backend:
+    caps = _client_caps(hs, address, login, secure)
     auth = ClientAuth(login.user, login.password, hs.scramble, hs.auth_plugin)
     attrs_ = dict(login.connect_attrs)
     attrs_["_proxy"] = "replay-proxy"
@@ -224,7 +280,7 @@ async def _login(
         auth_plugin=auth.plugin,
         connect_attrs=attrs_,
     )
-    seq = 1
+    seq = 2 if secure else 1  # after an SSLRequest (seq 1)
     await channel.send(encode_packet(make_handshake_response(response), seq)[0])
     while True:
         packet = await channel.read_packet()
@@ -242,17 +298,54 @@ async def _login(
         if action == "send":
             assert isinstance(value, bytes)
             await channel.send(encode_packet(value, packet.seq + 1)[0])
-    backend = Backend(channel, address, hs, caps, ok.status, trio.current_time(), known_max_packet)
-    if known_max_packet is None:
-        rows = await backend.query("SELECT @@max_allowed_packet")
-        if rows and rows[0][0] is not None:
-            backend.max_allowed_packet = int(rows[0][0])
+    backend = Backend(channel, address, hs, caps, ok.status, trio.current_time())
+    await _learn_server(backend)
     return backend
 
 
+async def _learn_server(backend: Backend) -> None:
+    """@@max_allowed_packet, @@wait_timeout and which server instance this is (two short
+    queries per connection: recovery compares instances to tell a restart, another server
+    behind the same address, and an operator's KILL apart)."""
+    try:
+        rows = await backend.query("SELECT @@max_allowed_packet, @@wait_timeout, @@hostname, @@port, UNIX_TIMESTAMP()")
+    except BackendError:  # a server without some of these: the essential part alone
+        rows = await backend.query("SELECT @@max_allowed_packet")
+    row = rows[0] if rows else []
+    if row and row[0] is not None:
+        backend.max_allowed_packet = int(row[0])
+    if len(row) != 5:
+        return
+    try:
+        _max, wait_timeout, hostname, port, now = row
+        backend.wait_timeout = float(wait_timeout) if wait_timeout is not None else None
+        status = await server_status(backend)
+        started = float(now) - float(status["uptime"])
+        kills = int(status["com_kill"]) if "com_kill" in status else None
+        backend.instance = Instance((hostname or b"").decode("utf-8", "replace"), int(port or 0), started, kills)
+    except (BackendError, ValueError, IndexError, TypeError, KeyError):
+        backend.instance = None  # recovery then cannot tell instances apart, and says so
+
+
+async def server_status(backend: Backend) -> dict[str, bytes]:
+    """Uptime and, where the server counts them, KILL statements (Com_kill), lower-cased names."""
+    try:
+        rows = await backend.query("SHOW GLOBAL STATUS WHERE Variable_name IN ('Uptime', 'Com_kill')")
+    except BackendError:  # no WHERE on SHOW STATUS here: the uptime alone
+        rows = await backend.query("SHOW GLOBAL STATUS LIKE 'Uptime'")
+    return {row[0].decode().lower(): row[1] for row in rows if row[0] is not None and row[1] is not None}
+
+
 async def restarted_since(backend: Backend, old: Backend) -> bool | None:
-    """Has the server restarted since ``old`` connected (``backend`` is a newer connection)?
-    None when the proxy cannot tell (another address, no uptime, too close to call)."""
+    """Has the server behind ``old`` restarted (``backend`` is a newer connection)? True: a
+    new process at the same host and port; False: the same process; None: the proxy cannot
+    tell (another server behind the address, or no identity)."""
+    if backend.instance is not None and old.instance is not None:
+        if backend.instance.same_as(old.instance) and backend.connection_id > old.connection_id:
+            return False  # the same start time, and connection ids still counting up
+        if (backend.instance.hostname, backend.instance.port) == (old.instance.hostname, old.instance.port):
+            return True
+        return None
     if backend.address != old.address:
         return None
     try:

@@ -1,13 +1,22 @@
-"""Command line: ``replay-proxy --config configs/<target>.toml``."""
+"""Command line: ``replay-proxy --config configs/<target>.toml``.
+
+Signals: SIGTERM / SIGINT drain (sessions close between transactions, the rest after
+``listen.drain_timeout``); SIGHUP reloads the config file (an invalid one is rejected, the
+old config kept). ``replay-proxy status --config ...`` prints the admin endpoint's /status.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import signal
+import stat
 import sys
 import time
+import urllib.request
+from importlib.metadata import PackageNotFoundError, version
 
 import trio
 
@@ -16,6 +25,9 @@ from proxy.config import Config, ConfigError, load_config
 __all__ = ["main", "run"]
 
 log = logging.getLogger("replay_proxy")
+
+# Fields a log record may carry (``extra=``) that JSON logs show as fields of their own.
+_FIELDS = ("event", "session", "user", "client", "backend", "target", "outcome", "code", "waited_ms")
 
 
 class _JsonFormatter(logging.Formatter):
@@ -26,6 +38,10 @@ class _JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        for name in _FIELDS:
+            value = getattr(record, name, None)
+            if value is not None:
+                out[name] = value
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out)
@@ -43,20 +59,23 @@ def setup_logging(config: Config) -> None:
     root.propagate = False
 
 
-async def run(config: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Run the proxy (and its admin endpoint) until cancelled or SIGTERM/SIGINT."""
+async def run(config: Config, path: str | None = None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run the proxy (and its admin endpoint) until cancelled or SIGTERM/SIGINT; SIGHUP
+    reloads ``path``."""
     from proxy.frontend import Proxy
     from proxy.plugin_loader import load_chain
 
     hooks = load_chain(config)
     proxy = Proxy(config, hooks)
+    retired: list = []  # plugin chains replaced by a reload, closed at exit
     try:
-        await _serve(config, hooks, proxy, task_status)
+        await _serve(config, hooks, proxy, path, retired, task_status)
     finally:
-        hooks.close()  # plugins flush and close their files
+        for chain in [proxy.target.hooks, *retired]:
+            chain.close()  # plugins flush and close their files
 
 
-async def _serve(config: Config, hooks, proxy, task_status) -> None:
+async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, task_status) -> None:
     from proxy.admin import serve_admin
 
     async with trio.open_nursery() as nursery:
@@ -64,36 +83,139 @@ async def _serve(config: Config, hooks, proxy, task_status) -> None:
         if config.admin.enabled:
             await nursery.start(serve_admin, config, hooks, proxy)
         task_status.started(addresses)
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async for signum in signals:
+                if signum == signal.SIGHUP:
+                    reload(proxy, path, retired)
+                    continue
                 log.info("received %s; %d session(s) open", signal.Signals(signum).name, len(proxy.target.sessions))
                 await proxy.drain()
                 nursery.cancel_scope.cancel()
                 break
 
 
+# What a reload cannot change while running.
+_RESTART_ONLY = (("listen", "address"), ("listen", "tls"), ("admin", "address"), ("admin", "enabled"), ("log", "format"))
+
+
+def reload(proxy, path: str | None, retired: list) -> bool:
+    """SIGHUP: load the file again and apply it; an invalid file changes nothing."""
+    from proxy.plugin_loader import load_chain
+
+    if path is None:
+        log.warning("SIGHUP ignored: no config file to reload")
+        return False
+    old = proxy.config
+    try:
+        new = load_config(path)
+        hooks = load_chain(new)
+    except ConfigError as exc:
+        log.error("config reload rejected, the running config is kept: %s", str(exc).replace("\n", "; "), extra={"event": "reload_rejected"})
+        return False
+    restart = [".".join(k) for k in _RESTART_ONLY if getattr(getattr(old, k[0]), k[1]) != getattr(getattr(new, k[0]), k[1])]
+    retired.append(proxy.target.hooks)
+    proxy.reload(new, hooks)
+    logging.getLogger("replay_proxy").setLevel(new.log.level.upper())
+    log.info("config reloaded from %s: users, plugins, limits, recovery and backends apply to new sessions and new "
+             "backend connections%s", path, f"; needs a restart to change: {', '.join(restart)}" if restart else "",
+             extra={"event": "reload"})  # fmt: skip
+    return True
+
+
+def _warn_if_readable(path: str, config: Config) -> None:
+    """Passwords in a file other users can read deserve a warning (at start, never fatal)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if mode & (stat.S_IRGRP | stat.S_IROTH) and any(u.password or u.backend_password for u in config.users):
+        log.warning("%s holds passwords and is readable by other users (mode %o): chmod 600 it, or use password_env",
+                    path, stat.S_IMODE(mode))  # fmt: skip
+
+
+def _version() -> str:
+    try:
+        return version("replay-proxy")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def status(config: Config) -> int:
+    """``replay-proxy status``: the admin endpoint's /status as a table."""
+    address = config.admin_address
+    request = urllib.request.Request(f"http://{address}/status")
+    token = config.admin.resolved_token()
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            data = json.load(response)
+    except OSError as exc:
+        print(f"replay-proxy: cannot read http://{address}/status of target {config.name}: {exc}", file=sys.stderr)
+        return 1
+    print(f"target {data['target']}: {'ready' if data['ready'] else 'NOT READY'}")
+    print(f"{'BACKEND':<24} {'STATE':<9} {'SINCE':>8}  ERROR")
+    for b in data["backends"]:
+        print(f"{b['address']:<24} {b['state']:<9} {b['since_s']:>7}s  {b['error'] or ''}")
+    print(f"{'SESSION':<11} {'USER':<12} {'CLIENT':<22} {'BACKEND':<22} {'TX':<3} {'CMDS':>7} {'RECOV':>5} {'AGE':>8}")
+    for sn in data["sessions"]:
+        print(f"{sn['id']:<11} {sn['user']:<12} {sn['client']:<22} {sn['backend']:<22} {'yes' if sn['in_transaction'] else '-':<3} "
+              f"{sn['commands']:>7} {sn['recoveries']:>5} {sn['opened_s_ago']:>7}s")  # fmt: skip
+    totals = data["totals"]
+    print("recoveries: " + ", ".join(f"{k} {v}" for k, v in totals["recoveries"].items())
+          + f"; replayed statements {totals['replayed_statements']}; failed logins {totals['logins_failed']}")  # fmt: skip
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="replay-proxy", description=__doc__)
-    parser.add_argument("--config", required=True, help="TOML file of the target database (configs/<target>.toml)")
-    parser.add_argument("--check", action="store_true", help="validate the config and exit")
+    parser.add_argument("command", nargs="?", choices=["run", "status"], default="run",
+                        help="run the proxy (default), or print a running proxy's status")  # fmt: skip
+    parser.add_argument("--config", help="TOML file of the target database (configs/<target>.toml)")
+    parser.add_argument("--check", action="store_true", help="validate the config and exit (no side effects)")
+    parser.add_argument("--version", action="version", version=f"replay-proxy {_version()}")
     args = parser.parse_args(argv)
+    if not args.config:
+        parser.error("--config is required")
     try:
         config = load_config(args.config)
-        from proxy.plugin_loader import load_chain
+        from proxy.plugin_loader import check_chain
 
-        load_chain(config)  # plugin names and options are part of the config check
+        check_chain(config)  # plugin names and options are part of the config check
     except ConfigError as exc:
         print(f"replay-proxy: configuration error in {exc}", file=sys.stderr)
         return 2
+    if args.command == "status":
+        return status(config)
     if args.check:
         print(f"{args.config}: ok (target {config.name})")
         return 0
     setup_logging(config)
+    _warn_if_readable(args.config, config)
     try:
-        trio.run(run, config)
+        trio.run(run, config, args.config)
     except KeyboardInterrupt:
         pass
-    except OSError as exc:
-        log.error("cannot start: %s", exc)
+    except (ConfigError, OSError, BaseExceptionGroup) as exc:
+        cause = _start_failure(exc)
+        if cause is None:
+            raise
+        if isinstance(cause, ConfigError):  # a plugin that fails to build (its log file, ...)
+            log.error("cannot start: configuration error in %s", cause)
+            return 2
+        log.error("cannot start target %s: %s", config.name, cause)
         return 1
     return 0
+
+
+def _start_failure(exc: BaseException) -> BaseException | None:
+    """The ConfigError or OSError (a busy port, ...) behind a failed start, if that is what it is:
+    one clear line instead of a traceback."""
+    if isinstance(exc, (ConfigError, OSError)):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for sub in exc.exceptions:
+            found = _start_failure(sub)
+            if found is not None:
+                return found
+    return None

@@ -6,6 +6,7 @@ Unknown keys and bad values are errors that name the path of the offending key
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import tomllib
@@ -91,6 +92,20 @@ class Address:
 
 
 @attrs.frozen
+class ListenTLSConfig:
+    cert: str  # the proxy's certificate (chain), PEM
+    key: str  # its private key, PEM
+    # true: a client that logs in without TLS is refused (ERR 3159, as the server's
+    # require_secure_transport).
+    require: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        from proxy.tls import check_listen_config
+
+        check_listen_config(self)
+
+
+@attrs.frozen
 class ListenConfig:
     address: Address = Address("127.0.0.1", 4000)
     # A client that has not finished authenticating by then is disconnected.
@@ -110,6 +125,29 @@ class ListenConfig:
     # On SIGTERM: stop accepting, close each session once it is between transactions, and
     # close whatever is left after this long.
     drain_timeout: Duration = Duration(10)
+    # [listen.tls]: TLS for clients; without it an SSLRequest is refused.
+    tls: ListenTLSConfig | None = None
+    # Close a session idle (no command) this long; 0: never (replicators keep idle pinned
+    # connections for hours, and the proxy keeps their backend connections alive).
+    idle_timeout: Duration = Duration(0)
+
+
+@attrs.frozen
+class BackendTLSConfig:
+    # go-sql-driver/mysql's modes: "off"; "preferred" (TLS when the server offers it, not
+    # verified); "required" (TLS or fail, not verified); "verify-ca" (the chain must lead to
+    # ca, or to the system CAs without ca); "verify-identity" (and name the host).
+    mode: Literal["off", "preferred", "required", "verify-ca", "verify-identity"] = "off"
+    ca: str | None = None  # PEM file of the CA(s) to trust
+    cert: str | None = None  # client certificate (PEM), for servers that ask for one
+    key: str | None = None  # its private key (PEM; omit when cert holds both)
+    server_name: str | None = None  # SNI and the name verify-identity checks; default: the address's host
+
+    def __attrs_post_init__(self) -> None:
+        if (self.mode, self.ca, self.cert, self.key, self.server_name) != ("off", None, None, None, None):
+            from proxy.tls import check_backend_config
+
+            check_backend_config(self)
 
 
 @attrs.frozen
@@ -118,6 +156,17 @@ class BackendConfig:
     connect_timeout: Duration = Duration(5)
     # Timeout for the proxy's own short exchanges with the backend (login, session restore, replay).
     io_timeout: Duration = Duration(30)
+    # [backend.tls]: TLS to the server (TiDB Cloud requires it).
+    tls: BackendTLSConfig = BackendTLSConfig()
+    # Every address is checked this often (SQL login + ping, and the status URL if known);
+    # 0 turns the checks off. Draining or down addresses are avoided; idle sessions on a
+    # draining one move elsewhere between transactions.
+    health_interval: Duration = Duration(2)
+    # TiDB's status port (10080) on each address's host: GET status_path answers 500 from the
+    # moment TiDB starts a graceful shutdown. Or give a URL per address in status_urls.
+    status_port: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.and_(attrs.validators.gt(0), attrs.validators.lt(65536))))
+    status_path: str = "/status"
+    status_urls: dict[str, str] = attrs.Factory(dict)
 
 
 @attrs.frozen
@@ -192,8 +241,21 @@ class LimitsConfig:
 
 @attrs.frozen
 class AdminConfig:
-    address: Address = Address("127.0.0.1", 9100)
+    # Default: 127.0.0.1 and the listen port + 10000 (listen 4000 -> admin 14000), so two
+    # targets on one host never share it.
+    address: Address | None = None
     enabled: bool = True
+    # Required when the address is not loopback: clients send "Authorization: Bearer <token>".
+    token: str | None = attrs.field(default=None, repr=False)
+    token_env: str | None = None
+
+    def resolved_token(self) -> str | None:
+        if self.token_env:
+            value = os.environ.get(self.token_env)
+            if not value:
+                raise ConfigError(f"$.admin.token_env: environment variable {self.token_env} is not set")
+            return value
+        return self.token
 
 
 @attrs.frozen
@@ -227,6 +289,14 @@ class Config:
             if user.name == name:
                 return user
         return None
+
+    @property
+    def admin_address(self) -> Address:
+        """The admin endpoint's address: configured, or derived from the listen port."""
+        if self.admin.address is not None:
+            return self.admin.address
+        port = self.listen.address.port
+        return Address("127.0.0.1", port + 10000 if port + 10000 < 65536 else port - 10000)
 
 
 def _make_converter() -> cattrs.Converter:
@@ -303,7 +373,12 @@ def structure_checked(data: Any, cls: type, root: str = "$", conv: cattrs.Conver
 
 def _describe(exc: BaseException, path: str) -> list[str]:
     if isinstance(exc, ForbiddenExtraKeysError):
-        return [f"{path}: unknown key(s) {', '.join(sorted(exc.extra_fields))}"]
+        known = [f.name for f in attrs.fields(exc.cl)] if attrs.has(exc.cl) else []
+        hints = []
+        for key in sorted(exc.extra_fields):
+            close = difflib.get_close_matches(key, known, n=1)
+            hints.append(f"{key} (did you mean {close[0]}?)" if close else key)
+        return [f"{path}: unknown key(s) {', '.join(hints)}"]
     if isinstance(exc, BaseExceptionGroup):
         out: list[str] = []
         for sub in exc.exceptions:
@@ -339,13 +414,39 @@ def parse_config(data: dict[str, Any], default_name: str = "default") -> Config:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"$.users: duplicate user name(s) {', '.join(dupes)}")
-    for user in config.users:  # fail at start-up, not at the first login, on a missing env var
+    for i, user in enumerate(config.users):  # fail at start-up, not at the first login
+        if user.password is None and user.password_env is None:
+            raise ConfigError(f"$.users[{i}]: user {user.name!r} has no password: set password (\"\" for none) or password_env")
         user.resolved_password()
         user.resolved_backend_password()
+    _check_values(config)
     unknown = sorted(set(config.plugins.options) - set(config.plugins.chain))
     if unknown:
         raise ConfigError(f"$.plugins: option table(s) for plugin(s) not in the chain: {', '.join(unknown)}")
     return config
+
+
+_KIB, _GIB = 1024, 1024**3
+_LOOPBACK = ("127.", "::1", "localhost")
+
+
+def _check_values(config: Config) -> None:
+    """Values that are each fine alone but impossible here, named by path."""
+    problems = []
+    packet = config.limits.max_allowed_packet
+    if not _KIB <= packet <= _GIB:
+        problems.append(f"$.limits.max_allowed_packet: {packet} bytes; the server's range is 1KiB to 1GiB")
+    rec = config.recovery
+    if rec.backoff_initial > rec.backoff_max:
+        problems.append(f"$.recovery.backoff_initial: {rec.backoff_initial:g}s is more than backoff_max ({rec.backoff_max:g}s)")
+    if config.admin.enabled:
+        admin = config.admin_address
+        if (admin.host, admin.port) == (config.listen.address.host, config.listen.address.port):
+            problems.append(f"$.admin.address: {admin} is also listen.address")
+        if not admin.host.startswith(_LOOPBACK) and config.admin.token is None and config.admin.token_env is None:
+            problems.append(f"$.admin.address: {admin} is not loopback: set admin.token (or token_env) so /status and /metrics need it")
+    if problems:
+        raise ConfigError("\n".join(problems))
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
@@ -355,6 +456,8 @@ def load_config(path: str | os.PathLike[str]) -> Config:
             data = tomllib.load(f)
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}): {exc.reason}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
     try:

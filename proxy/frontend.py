@@ -10,6 +10,7 @@ import trio
 
 from proxy.admission import Admission
 from proxy.config import Config
+from proxy.health import HealthChecker
 from proxy.hooks import Hooks
 from proxy.netio import Channel, PeerClosed
 from proxy.protocol.framing import encode_packet
@@ -51,9 +52,18 @@ class Proxy:
         for session in list(sessions):
             session.end("proxy shut down (drain timeout)")
 
+    def reload(self, config: Config, hooks: Hooks) -> None:
+        """SIGHUP: the new config for everything that starts from now on."""
+        self.config = config
+        self.admission.listen = config.listen
+        self.target.reload(config, hooks)
+
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         listen = self.config.listen.address
-        listeners = await trio.open_tcp_listeners(listen.port, host=listen.host, backlog=1024)
+        try:
+            listeners = await trio.open_tcp_listeners(listen.port, host=listen.host, backlog=1024)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen on {listen} (target {self.target.name}): {exc.strerror}") from None
         self.addresses = [lst.socket.getsockname()[:2] for lst in listeners]
         log.info(
             "target %s: listening on %s, backend %s",
@@ -62,6 +72,8 @@ class Proxy:
             ", ".join(str(a) for a in self.config.backend.addresses),
         )
         async with trio.open_nursery() as nursery:
+            self.target.nursery = nursery
+            await nursery.start(HealthChecker(self.target).run)
             with trio.CancelScope() as self._accepting:
                 async with trio.open_nursery() as accepting:
                     for listener in listeners:
@@ -93,6 +105,7 @@ class Proxy:
         host = client_address.rsplit(":", 1)[0]
         refusal = self.admission.refusal(host)
         if refusal is not None:
+            target.stats.logins_refused += 1
             await _refuse(channel, *refusal)
             log.warning("refused client %s: %s", client_address, refusal[2])
             return
@@ -107,8 +120,10 @@ class Proxy:
                 self.admission.leave(host)
             if not opened and session.login_refused:
                 self.admission.failed_login(host)
+                target.stats.logins_failed += 1
             if opened:
                 target.sessions.add(session)
+                target.stats.sessions_opened += 1
                 log.info(
                     "session %d open: user=%s client=%s backend=%s backend_conn=%d",
                     session_id, session.info.user, client_address, session.info.backend_address,
@@ -128,7 +143,9 @@ class Proxy:
             log.exception("session %d: internal error", session_id)
         finally:
             session.close()
-            target.sessions.discard(session)
+            if session in target.sessions:
+                target.sessions.discard(session)
+                target.stats.session_closed(session.commands)
             if opened:
                 log.info(
                     "session %d closed: user=%s client=%s backend=%s duration=%.3fs commands=%d recoveries=%d reason=%s",

@@ -103,7 +103,7 @@ class CommandInfo:
     def analysis(self) -> sqltext.Analysis | None:
         """Every statement of the text, judged as the server will run it
         (``proxy.sqltext.analyze``); None for commands without text. A statement that starts
-        right with INSERT/REPLACE/UPDATE/DELETE/SELECT and cannot be followed by another is
+        right with INSERT/REPLACE/UPDATE/DELETE and cannot be followed by another is
         judged by its verb alone (the hot path). ``analysis.unknown`` says what could not be
         judged: treat such a command as able to do anything."""
         if self._analysis is None and self.code in _TEXT_COMMANDS:

@@ -18,7 +18,7 @@ from trio.lowlevel import checkpoint, wait_readable, wait_writable
 from proxy.protocol.framing import Packet, PacketDecoder
 from proxy.protocol.packets import ProtocolError
 
-__all__ = ["Channel", "StreamChannel", "PeerClosed", "open_tcp"]
+__all__ = ["Channel", "StreamChannel", "PeerClosed", "PeerFinished", "open_tcp"]
 
 RECV_SIZE = 256 * 1024
 _YIELD_EVERY = 4 * 1024 * 1024  # bytes moved without blocking before a fairness checkpoint
@@ -26,6 +26,11 @@ _YIELD_EVERY = 4 * 1024 * 1024  # bytes moved without blocking before a fairness
 
 class PeerClosed(ConnectionError):
     """The other side closed the connection (EOF) or reset it."""
+
+
+class PeerFinished(PeerClosed):
+    """The other side closed the connection cleanly (EOF after a FIN), as a server does when
+    its session is KILLed, times out or shuts down; a reset is a plain PeerClosed."""
 
 
 class Channel:
@@ -68,7 +73,7 @@ class Channel:
                     raise PeerClosed(f"{self.name}: closed") from None
                 raise PeerClosed(f"{self.name}: {exc.strerror or exc}") from None
             if not data:
-                raise PeerClosed(f"{self.name}: connection closed by peer")
+                raise PeerFinished(f"{self.name}: connection closed by peer")
             self._unyielded += len(data)
             if self._unyielded > _YIELD_EVERY:
                 self._unyielded = 0
@@ -165,7 +170,7 @@ class StreamChannel(Channel):
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise PeerClosed(f"{self.name}: {exc or 'closed'}") from None
         if not data:
-            raise PeerClosed(f"{self.name}: connection closed by peer")
+            raise PeerFinished(f"{self.name}: connection closed by peer")
         return bytes(data)
 
     async def send(self, data: bytes | bytearray | memoryview) -> None:

@@ -29,6 +29,7 @@ from proxy.hooks import HOOK_NAMES, Hooks
 
 __all__ = [
     "load_chain",
+    "check_chain",
     "resolve_plugin",
     "build_plugin",
     "structure_options",
@@ -174,19 +175,37 @@ def build_plugin(name: str, raw_options: dict[str, Any], config: Config) -> Any:
 
 def load_chain(config: Config) -> Hooks:
     plugins = []
-    seen = set()
-    for name in config.plugins.chain:
-        if name in seen:
-            raise ConfigError(f"$.plugins.chain: {name!r} listed twice")
-        seen.add(name)
+    for name in _chain_names(config):
         plugins.append((name, build_plugin(name, config.plugins.options.get(name, {}), config)))
     _check_routes(plugins)
     return Hooks(plugins)
 
 
+def check_chain(config: Config) -> None:
+    """What ``load_chain`` checks without building the plugins (``--check`` has no side
+    effects: no file opened, nothing registered): names resolve, options are valid."""
+    for name in _chain_names(config):
+        cls = resolve_plugin(name)
+        options_cls = getattr(cls, "Options", None)
+        raw = config.plugins.options.get(name, {})
+        if options_cls is not None:
+            structure_options(raw, options_cls, f"$.plugins.{name}")
+        elif raw:
+            raise ConfigError(f"$.plugins.{name}: this plugin takes no options (got {', '.join(sorted(raw))})")
+
+
+def _chain_names(config: Config) -> list[str]:
+    seen: set[str] = set()
+    for name in config.plugins.chain:
+        if name in seen:
+            raise ConfigError(f"$.plugins.chain: {name!r} listed twice")
+        seen.add(name)
+    return list(config.plugins.chain)
+
+
 def _check_routes(plugins: list[tuple[str, Any]]) -> None:
     """Two plugins serving the same admin path is a config error, found before anything listens."""
-    owners = {"/health": "the proxy"}
+    owners = dict.fromkeys(("/health", "/healthz", "/readyz", "/status"), "the proxy")  # /metrics: merged
     for name, plugin in plugins:
         provider = getattr(plugin, "http_routes", None)
         for path in provider() if provider is not None else ():

@@ -86,6 +86,9 @@ def plan_recovery(
         return Plan(Outcome.FAIL_CONNECTION, f"session cannot be restored on a new connection: {unrestorable}")
     if in_doubt is not None:
         return Plan(Outcome.FAIL_CONNECTION, f"part of the transaction may have committed: {in_doubt}")
+    doubtful = next((s.unknown for s in journal if s.unknown is not None), None)
+    if in_transaction and doubtful is not None:
+        return Plan(Outcome.FAIL_CONNECTION, f"a statement of the transaction cannot be judged: {doubtful}")
     resend = sent is not None
     maybe_ran = sent is Sent.MAYBE_EXECUTED
     if maybe_ran and inflight is not None and inflight.unknown is not None:

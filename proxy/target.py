@@ -11,6 +11,8 @@ from proxy.backend import Backend, BackendError, Login, connect_backend, open_ba
 from proxy.config import Address, Config
 from proxy.relay.markers import MarkerTable
 from proxy.relay.proofs import KeyCache
+from proxy.health import AddressHealth
+from proxy.stats import Stats
 
 __all__ = ["Target", "BackendProfile"]
 
@@ -38,10 +40,53 @@ class Target:
         self._profile: BackendProfile | None = None
         self._profile_lock = trio.Lock()
         self._preferred = 0  # index of the address that worked last
-        self._max_packet: dict[Address, int] = {}  # @@max_allowed_packet per address
         self.markers = MarkerTable(config.recovery.marker_table, config.name)
         self.keys = KeyCache()  # safe mode's table keys
-        self.sessions: set = set()
+        self.sessions: set = set()  # logged-in sessions
+        self.health: dict[Address, AddressHealth] = {}
+        self.stats = Stats(self)
+        self.nursery: trio.Nursery | None = None  # for background work (session moves); set by Proxy.serve
+
+    def spawn(self, fn, *args) -> None:
+        """Run ``fn(*args)`` in the background (no-op when the proxy is not serving)."""
+        if self.nursery is not None:
+            self.nursery.start_soon(fn, *args)
+
+    def health_of(self, address: Address) -> AddressHealth:
+        health = self.health.get(address)
+        if health is None:
+            health = self.health[address] = AddressHealth(address, since=trio.current_time())
+        return health
+
+    def ready(self) -> bool:
+        """Is any backend address usable (for /readyz)? Before the first check: not yet,
+        unless checks are off."""
+        if self.config.backend.health_interval <= 0:
+            return True
+        return any(self.health_of(a).state == "up" for a in self.addresses)
+
+    def health_login(self) -> Login | None:
+        """How the health check logs in: as the first configured user."""
+        if not self.config.users:
+            return None
+        user = self.config.users[0]
+        return Login(user.resolved_backend_user(), user.resolved_backend_password(), None, 45, 0)
+
+    def backend_unusable(self, address: Address, state: str) -> None:
+        """An address started draining (or went down): its idle sessions move elsewhere now,
+        the others when their transaction ends."""
+        moving = [s for s in self.sessions if s.backend is not None and s.backend.address == address]
+        if moving:
+            log.warning("target %s: backend %s is %s: moving %d session(s) between transactions", self.name, address, state, len(moving))
+        for session in moving:
+            session.request_move()
+
+    def reload(self, config: Config, hooks) -> None:
+        """SIGHUP: users, plugins, limits, recovery and backends apply to new sessions and new
+        backend connections; sessions already open keep the settings they started with."""
+        self.config = config
+        self.hooks = hooks
+        self.passwords = {u.name: u.resolved_password() for u in config.users}
 
     def session_by_id(self, session_id: int):
         for session in self.sessions:
@@ -54,8 +99,12 @@ class Target:
         return self.config.backend.addresses
 
     def _rotation(self) -> list[Address]:
+        """Addresses to try, the last that worked first; draining and down ones last (they are
+        still tried when nothing else answers)."""
         addrs = self.addresses
-        return addrs[self._preferred :] + addrs[: self._preferred]
+        preferred = self._preferred if self._preferred < len(addrs) else 0
+        order = addrs[preferred:] + addrs[:preferred]
+        return [a for a in order if self.health_of(a).usable] + [a for a in order if not self.health_of(a).usable]
 
     async def profile(self) -> BackendProfile:
         """The backend's greeting, learned once (a connection opened, greeted and closed)."""
@@ -84,10 +133,8 @@ class Target:
             log.info("target %s: backend now reports %s (was %s)", self.name, profile, self._profile)
         self._profile = profile
 
-    async def connect(self, login: Login, fresh: bool = False) -> Backend:
-        """One login attempt per address, starting with the last one that worked. The server's
-        @@max_allowed_packet is asked once per address and again when ``fresh`` (a reconnect
-        after a loss: the server may have restarted with another setting)."""
+    async def connect(self, login: Login) -> Backend:
+        """One login attempt per address, starting with the last one that worked."""
         errors: list[BackendError] = []
         for address in self._rotation():
             try:
@@ -97,16 +144,14 @@ class Target:
                     connect_timeout=self.config.backend.connect_timeout,
                     io_timeout=self.config.backend.io_timeout,
                     opener=self.opener,
-                    known_max_packet=None if fresh else self._max_packet.get(address),
                 )
             except BackendError as exc:
                 errors.append(exc)
                 if not exc.retryable:
                     raise
+                log.info("target %s: backend %s refused a connection: %s", self.name, address, exc)
                 continue
-            self._preferred = self.addresses.index(address)
-            if backend.max_allowed_packet:
-                self._max_packet[address] = backend.max_allowed_packet
+            self._preferred = self.addresses.index(address) if address in self.addresses else 0
             hs = backend.handshake
             self._remember(hs.server_version, hs.capabilities, hs.charset)
             return backend

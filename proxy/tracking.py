@@ -172,14 +172,15 @@ class SessionTracker:
                 self._settle(bool(tracker.status & IN_TRANS))
         captures = self._bookkeep(done)
         self.info.in_transaction = self.tx.active
-        if tracker.ok is not None and (done.command.code == C.COM_QUERY or done.command.code == C.COM_STMT_EXECUTE):
+        if tracker.error is None and (done.command.code == C.COM_QUERY or done.command.code == C.COM_STMT_EXECUTE):
             self._note_insert_id(done)
         return captures
 
     def _note_insert_id(self, done: Completed) -> None:
         """Follow LAST_INSERT_ID() (restored after a reconnect)."""
         state = self.state
-        value = done.tracker.ok.last_insert_id
+        ok = done.tracker.ok
+        value = ok.last_insert_id if ok is not None else 0
         cmd = done.command
         if done.analysis is not None:
             a = done.analysis
@@ -230,7 +231,7 @@ class SessionTracker:
         assert state is not None
         if code == C.COM_QUERY:
             if done.analysis is None:  # fast path: one DML or SELECT, no transaction effect
-                if ok and may_pin_session(done.verb, cmd.payload):
+                if ok and may_pin_session(cmd.payload):
                     self._note_pins(classify(cmd.text(), dialect=self.dialect, no_backslash_escapes=self.nbe))
                 elif not ok:
                     self._failed(_FAST_STATEMENTS[done.verb], tracker.error.code)
@@ -408,10 +409,18 @@ class SessionTracker:
         if not record:
             return
         if not cmd.complete:
+            tx.writes = True
             tx.mark_not_replayable(f"a statement of {cmd.size} bytes is larger than the journal keeps")
             return
         fingerprint = tracker.fingerprint if tracker.hashing else None
         tx.record(JournalEntry(cmd.payload, tracker.expect, fingerprint, done.statement, long_data or None))
+        if not tx.writes:
+            stmt = done.statement
+            tx.writes = (
+                done.verb is not None
+                or (done.analysis is not None and done.analysis.writes)
+                or (cmd.code == C.COM_STMT_EXECUTE and (stmt is None or stmt.analysis is None or stmt.analysis.writes))
+            )
 
     # ------------------------------------------------------------------ session state
 
@@ -503,6 +512,8 @@ class SessionTracker:
         first = analysis.first
         if analysis.unknown is not None:
             return StatementFacts(commits=True, writes=True, unknown=analysis.unknown)
+        if any(st.runs_code for st in analysis.statements):
+            return StatementFacts(commits=True, writes=True, unknown="it runs stored code (a routine, a stored function)")
         ended = False
         commits = False
         for st in analysis.statements:

@@ -49,6 +49,7 @@ class Transaction:
     session_before: SessionState | None = None
     # SET TRANSACTION ... that applied to this transaction, replayed before it.
     prefix: str | None = None
+    writes: bool = False  # a command of it may have changed data (a commit marker is worth it)
 
     def reset(self) -> None:
         self.active = False
@@ -56,6 +57,7 @@ class Transaction:
         self.size = 0
         self.not_replayable = None
         self.in_doubt = None
+        self.writes = False
         self.session_before = None
         self.prefix = None
 

@@ -11,6 +11,7 @@ import trio
 from proxy.admission import MAX_LOGIN_PACKET
 from proxy.backend import Backend, BackendError, Login, backoff_delays
 from proxy.intake import Command
+from proxy.netio import PeerClosed
 from proxy.protocol.auth import NATIVE, ServerAuth, new_scramble
 from proxy.protocol.constants import PROXY_CAPABILITIES, Capabilities, Err
 from proxy.protocol.packets import (
@@ -23,6 +24,7 @@ from proxy.protocol.packets import (
     parse_handshake_response,
 )
 from proxy.relay.inflight import SessionClosed
+from proxy.tls import backend_tls, describe, server_context, start_tls
 from proxy.tracking import AUTOCOMMIT
 
 if TYPE_CHECKING:
@@ -31,6 +33,10 @@ if TYPE_CHECKING:
 __all__ = ["handshake", "change_user"]
 
 log = logging.getLogger("replay_proxy.session")
+
+# What a server with --require-secure-transport answers a client that logs in in the clear.
+SECURE_TRANSPORT_REQUIRED = (3159, "HY000")
+_INSECURE_MESSAGE = "Connections using insecure transport are prohibited while --require_secure_transport=ON."
 
 
 async def handshake(s: Session) -> bool:
@@ -78,6 +84,9 @@ async def _client_login(s: Session) -> tuple[HandshakeResponse | None, str | Non
     offered = (PROXY_CAPABILITIES & profile.capabilities) | (
         Capabilities.CLIENT_PROTOCOL_41 | Capabilities.CLIENT_SECURE_CONNECTION | Capabilities.CLIENT_PLUGIN_AUTH
     )
+    tls = s.config.listen.tls
+    if tls is not None:
+        offered |= Capabilities.CLIENT_SSL
     greeting = ServerHandshake(
         profile.server_version, s.id, s.scramble, offered, profile.collation, int(AUTOCOMMIT), NATIVE
     )
@@ -85,8 +94,29 @@ async def _client_login(s: Session) -> tuple[HandshakeResponse | None, str | Non
     packet = await client.read_packet(MAX_LOGIN_PACKET)
     resp = parse_handshake_response(packet.payload)
     if resp.ssl_request:
-        await s.send_client(make_err(*Err.HANDSHAKE, "replay-proxy does not support TLS yet"), packet.seq + 1)
-        s.close_reason = "client asked for TLS"
+        if tls is None or not resp.capabilities & Capabilities.CLIENT_SSL:
+            await s.send_client(
+                make_err(*Err.HANDSHAKE, "replay-proxy has no TLS configured ([listen.tls]); connect without TLS"),
+                packet.seq + 1,
+            )
+            s.close_reason = "client asked for TLS, none configured"
+            return resp, None, 0
+        try:  # the SSLRequest gets no answer: the client starts the TLS handshake right away
+            s.client = client = await start_tls(client, server_context(tls), server_side=True)
+        except PeerClosed as exc:
+            s.close_reason = f"TLS handshake with the client failed: {exc}"
+            return resp, None, 0
+        log.debug("session %d: client %s: %s", s.id, s.client_address, describe(client))
+        packet = await client.read_packet(MAX_LOGIN_PACKET)
+        resp = parse_handshake_response(packet.payload)
+        if resp.ssl_request:
+            await s.send_client(make_err(*Err.HANDSHAKE, "Bad handshake: a second SSLRequest"), packet.seq + 1)
+            s.close_reason = "client sent a second SSLRequest"
+            return resp, None, 0
+    elif tls is not None and tls.require:
+        await s.send_client(make_err(*SECURE_TRANSPORT_REQUIRED, _INSECURE_MESSAGE), packet.seq + 1)
+        s.close_reason = "client logged in without TLS (listen.tls.require)"
+        log.warning("session %d: client %s refused: no TLS (listen.tls.require)", s.id, s.client_address)
         return resp, None, 0
     if resp.capabilities & Capabilities.CLIENT_COMPRESS:
         # Not offered, asked anyway (mysql-connector does): say so instead of a silent hang.
@@ -122,6 +152,7 @@ def _login_for(s: Session, user: str, database: str | None, collation: int, conn
         collation=collation,
         capabilities=s.client_caps,
         connect_attrs=connect_attrs,
+        tls=backend_tls(s.config.backend.tls),
     )
 
 

@@ -85,15 +85,15 @@ async def _old_session_gone(backend: Backend, old: Backend, io_timeout: float) -
         return False  # another server: nothing here can prove it
     restarted = await restarted_since(backend, old)
     if restarted:
-        return True
-    conn_id = int(old.connection_id)
-    if restarted is False:  # same server instance: the id is still ours to KILL
-        try:
-            await backend.query(f"KILL {conn_id}")
-        except BackendError:
-            pass  # unknown thread: gone already
-    # Ambiguous uptime: no KILL (the id might be someone else's now), only one look.
-    deadline = trio.current_time() + (io_timeout if restarted is False else 0)
+        return True  # a new process: the old one and its sessions are gone
+    if restarted is None:
+        return False  # another server behind the address, or no way to tell: nothing proves it
+    conn_id = int(old.connection_id)  # the same server process: the id is still ours to KILL
+    try:
+        await backend.query(f"KILL {conn_id}")
+    except BackendError:
+        pass  # unknown thread: gone already
+    deadline = trio.current_time() + io_timeout
     while True:
         rows = await backend.query(f"SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {conn_id}")
         if rows and rows[0][0] == b"0":

@@ -118,7 +118,8 @@ async def unproven(s: Session, backend: Backend, commands: list[tuple[bytes, Pre
     tracking = s.tracking
     state = tracking.state
     fk_checks = state is None or state.variables.get("foreign_key_checks", "1").upper() not in _FK_CHECKS_OFF
-    session_changed = tracking.tx.active and tracking.tx.session_before is not None
+    before = tracking.tx.session_before if tracking.tx.active else None
+    session_changed = before is not None and state is not None and before.database != state.database
     for payload, stmt in commands:
         text = tracking.text_of(payload, stmt)
         if text is None:
@@ -146,7 +147,7 @@ async def _disproof(s: Session, backend: Backend, c: Claim, current_db: str | No
     database, table = c.table
     if database is None:
         if session_changed:
-            return "the session changed database inside the transaction"
+            return "the session changed database inside the transaction (which one did the statement mean?)"
         database = current_db
     if database is None:
         return "no database selected"

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from proxy.backend import Backend, BackendError, backoff_delays, restarted_since
+from proxy.backend import Backend, BackendError, backoff_delays, restarted_since, server_status
 from proxy.hooks import CommandInfo
 from proxy.netio import PeerClosed
 from proxy.protocol.constants import Err
@@ -38,33 +38,51 @@ def failure(s: Session, reason: str) -> ConnectionFailed:
     its next command) and the session ends."""
     address = s.backend.address if s.backend else "-"
     msg = f"Lost connection to backend {address} during query (replay-proxy: {reason})"
-    log.error("session %d: %s", s.id, msg)
+    log.error("session %d: recovery aborted, the client gets 1158 and the session ends: %s", s.id, msg)
+    s.target.stats.recovered("aborted_1158", trio.current_time() - s.lost_at if s.lost_at else 0.0)
     return ConnectionFailed(make_err(*Err.CONNECTION_LOST, msg), msg)
 
 
 async def killed_by_operator(s: Session) -> bool:
-    """The backend answered ER_CONNECTION_KILLED: an operator's KILL, or a server shutting down
-    (which kills every session)? A new connection to the same, running instance says KILL;
-    a refused connection or a restarted server says shutdown. When it cannot tell, the
-    proxy takes it for a KILL: an error is never as wrong as undoing one."""
+    """The backend connection ended (a clean close, or ER_CONNECTION_KILLED): an operator's
+    KILL, or a server going away (a shutdown kills every session; another server may answer
+    behind the same address), or a load balancer dropping it? It is a KILL only when a new
+    connection reaches the very same server process, still up, and that server ran a KILL
+    since this connection opened (Com_kill went up); a closed door, a restarted or another
+    server, an idle session dropped after its wait_timeout, a close without any KILL: recovery."""
     old = s.backend
-    if old is None or s.login is None:
+    if old is None or s.login is None or old.instance is None:
+        return False
+    if old.wait_timeout and trio.current_time() - s.last_activity >= old.wait_timeout - 1:
         return False
     try:
         with trio.fail_after(s.config.backend.io_timeout):
-            probe = await s.target.connect(s.login, fresh=True)
+            probe = await s.target.connect(s.login)
     except (BackendError, trio.TooSlowError):
         return False  # not accepting connections: going down
+    kills = None
     try:
         with trio.fail_after(s.config.backend.io_timeout):
-            restarted = await restarted_since(probe, old)
-    except (trio.TooSlowError, PeerClosed, ProtocolError):
-        restarted = None
+            if await restarted_since(probe, old) is False and old.instance.kills is not None:
+                kills = int((await server_status(probe)).get("com_kill", -1))
+    except (trio.TooSlowError, PeerClosed, ProtocolError, BackendError, ValueError):
+        kills = None
     finally:
         probe.close()
-    log.warning("session %d: backend connection %d killed; server %s", s.id, old.connection_id,
-                "restarted: recovering" if restarted else "still up: an operator's KILL, the client is told")
-    return not restarted
+    # The same process, still up, and a KILL was run since this connection opened. (Without a
+    # KILL, a clean close with the server up is a load balancer or a network: recover.)
+    if kills is not None and kills > old.instance.kills:
+        log.warning("session %d: backend connection %d closed by %s, which is still up and ran a KILL since: an "
+                    "operator's KILL; the client is told, the session ends", s.id, old.connection_id, old.instance.hostname)
+        return True
+    return False
+
+
+def killed(s: Session, reason: str) -> ConnectionFailed:
+    """What the client gets after an operator's KILL: the server's error, then the end."""
+    msg = f"Connection was killed (replay-proxy: {reason})"
+    s.target.stats.recovered("killed_1927", 0.0)
+    return ConnectionFailed(make_err(1927, "70100", msg), msg)
 
 
 def _fail_retryable_later(s: Session, reason: str) -> None:
@@ -73,15 +91,17 @@ def _fail_retryable_later(s: Session, reason: str) -> None:
     s.tracking.transaction_lost()
     msg = f"Deadlock found when trying to get lock; try restarting transaction (replay-proxy: backend connection lost, {reason})"
     s.pending_error = make_err(*Err.LOCK_DEADLOCK, msg)
+    log.warning("session %d: recovery aborted, the client gets 1213 (its transaction is known not to have committed): %s", s.id, reason)
+    s.target.stats.recovered("aborted_1213", trio.current_time() - s.lost_at if s.lost_at else 0.0)
 
 
-async def recover(s: Session, reason: str, rejected: bool = False) -> Inflight | None:
+async def recover(s: Session, reason: str, rejected: bool = False, clean: bool = False) -> Inflight | None:
     """The backend connection is gone (or going). Returns the in-flight command to send on the
     new connection, if any.
 
     ``rejected``: the server answered the in-flight command with a going-away error, so it
-    did not run it."""
-    lost_at = trio.current_time()
+    did not run it. ``clean``: the server closed the connection (a FIN), as after a KILL."""
+    lost_at = s.lost_at = trio.current_time()
     old = s.backend
     s.backend_ok = False
     if old is not None:
@@ -89,6 +109,8 @@ async def recover(s: Session, reason: str, rejected: bool = False) -> Inflight |
     inflight = s.inflight
     if inflight is not None and inflight.state == SENDING:
         await s.send_settled()
+    if clean and s.config.recovery.enabled and await killed_by_operator(s):
+        raise killed(s, "the server closed the connection and is still up: killed by an operator")
     sent = await _sent(s, inflight, rejected)
     plan = await _plan(s, inflight, sent)
     s.losses_in_a_row += 1
@@ -184,6 +206,8 @@ async def recover(s: Session, reason: str, rejected: bool = False) -> Inflight |
         s.id, backend.address, backend.connection_id, waited * 1000, replayed,
         "; sending the waiting command" if current is not None and current.state == NOT_SENT else "",
     )
+    if s.pending_error is None:
+        s.target.stats.recovered("resumed", waited, replayed)
     if s.hooks.backend_recovered:
         await s.hooks.notify(
             s.hooks.backend_recovered, s.info,
@@ -290,7 +314,7 @@ async def _reestablish(s: Session, may_have_run: Inflight | None) -> Backend:
         login = attrs.evolve(s.login, database=state.database, collation=state.collation)
         backend = None
         try:
-            backend = await s.target.connect(login, fresh=True)
+            backend = await s.target.connect(login)
             s.use_backend(backend)
             with trio.fail_after(s.config.backend.io_timeout):  # a server that accepts, then stalls
                 await _restore(s, backend, state, old)
@@ -391,3 +415,50 @@ async def _replay(s: Session, backend: Backend, verify: bool) -> tuple[int, str 
             if stmt.client_id not in s.tracking.prepared:
                 await backend.channel.send(encode_packet(b"\x19" + struct.pack("<I", stmt.backend_id), 0)[0])
     return count, None
+
+
+async def migrate(s: Session) -> None:
+    """Move an idle session off a draining backend: a fresh connection (elsewhere when another
+    address is usable), the session restored on it, the old one closed politely. Nothing is
+    replayed or held; a command that arrives meanwhile waits for the new connection. If the
+    move fails, the session stays where it is (recovery handles the old connection's end)."""
+    if s.migrating or not s.move_requested or not s.idle() or not s.backend_ok or s.tracking.state is None:
+        return
+    if s.tracking.state.unrestorable is not None:
+        log.warning("session %d: cannot move off a draining backend: %s", s.id, s.tracking.state.unrestorable)
+        s.move_requested = False
+        return
+    old = s.backend
+    s.migrating, s.backend_ok = True, False
+    s.backend_replaced = trio.Event()
+    started = trio.current_time()
+    backend = None
+    generation = s.tracking.generation
+    ids = {stmt: (stmt.backend_id, stmt.generation, stmt.types_bound_on_backend) for stmt in s.tracking.prepared.values()}
+    try:
+        login = attrs.evolve(s.login, database=s.tracking.state.database, collation=s.tracking.state.collation)
+        with trio.fail_after(s.config.backend.io_timeout):
+            backend = await s.target.connect(login)
+            s.use_backend(backend)
+            await _restore(s, backend, s.tracking.state, None)
+    except (BackendError, PeerClosed, ProtocolError, OSError, trio.TooSlowError) as exc:
+        log.warning("session %d: could not move off draining backend %s: %s", s.id, old.address if old else "-", exc)
+        if backend is not None:
+            backend.close()
+        s.use_backend(old)
+        s.tracking.generation = generation  # the statements' ids on the old connection still hold
+        for stmt, (backend_id, gen, bound) in ids.items():
+            stmt.backend_id, stmt.generation, stmt.types_bound_on_backend = backend_id, gen, bound
+    else:
+        s.move_requested = False
+        if old is not None:
+            old.channel.send_nowait(encode_packet(b"\x01", 0)[0])  # COM_QUIT
+            old.close()
+        log.info("session %d: moved from %s to %s (connection %d) in %.0f ms, between transactions",
+                 s.id, old.address if old else "-", backend.address, backend.connection_id, (trio.current_time() - started) * 1000)
+    finally:
+        s.migrating, s.backend_ok = False, True
+        s.backend_replaced.set()
+    waiting = s.inflight
+    if waiting is not None and waiting.state == NOT_SENT:
+        await s.send_inflight(waiting)

@@ -25,7 +25,7 @@ import trio
 from proxy.backend import Backend
 from proxy.hooks import AnswerOk, CommandInfo, PluginError, Reject, ResultInfo, Rewrite, SessionInfo
 from proxy.intake import Command, Oversized, read_command
-from proxy.netio import Channel, PeerClosed
+from proxy.netio import Channel, PeerClosed, PeerFinished
 from proxy.protocol.constants import Commands, Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ERR_HEADER, ErrPacket, ProtocolError, make_err, make_ok, parse_err
@@ -97,6 +97,10 @@ class Session:
         self._next_marker = 0  # marker number written for the COMMIT about to be submitted
         self.close_reason = ""
         self.login_refused = False  # wrong credentials (counted against the client's host)
+        self.move_requested = False  # its backend is draining: move between transactions
+        self.lost_at = 0.0  # when the backend was last lost (recovery)
+        self.migrating = False
+        self.last_activity = trio.current_time()  # when the last command completed (wait_timeout)
 
     async def handshake(self) -> bool:
         return await login.handshake(self)
@@ -131,6 +135,28 @@ class Session:
     def idle(self) -> bool:
         """Between transactions with nothing in flight: it can be closed or moved now."""
         return self.inflight is None and not self.tracking.tx.active
+
+    def request_move(self) -> None:
+        """Its backend address is draining: move to another connection as soon as it is idle."""
+        self.move_requested = True
+        if self.idle() and self.backend_ok:
+            self.target.spawn(reconnect.migrate, self)
+
+    def describe(self) -> dict:
+        """For /status: who, where, what state (no statement text)."""
+        return {
+            "id": self.id,
+            "user": self.info.user,
+            "client": self.client_address,
+            "backend": self.info.backend_address,
+            "backend_connection": self.backend.connection_id if self.backend is not None else None,
+            "in_transaction": self.tracking.tx.active,
+            "command_in_flight": self.inflight is not None,
+            "commands": self.commands,
+            "recoveries": self.recoveries,
+            "opened_s_ago": round(trio.current_time() - self.info.opened_at, 1),
+            "restorable": self.tracking.state is None or self.tracking.state.unrestorable is None,
+        }
 
     def close(self) -> None:
         if self.backend is not None:
@@ -248,7 +274,9 @@ class Session:
                 await oversize.refuse_long_data(self, cmd, statement)
                 return
         verb, analysis = tracking.triage(cmd.payload) if code == C.COM_QUERY else (None, None)
-        if self.markers is not None and tracking.tx.active and _is_commit(analysis):
+        # A marker only for a transaction that wrote: a read-only one (START TRANSACTION READ
+        # ONLY) would refuse it, and replaying reads is always safe.
+        if self.markers is not None and tracking.tx.active and tracking.tx.writes and _is_commit(analysis):
             if not await self._write_commit_marker(cmd):
                 return
         tracker = ResponseTracker(expect_for(code), self.deprecate_eof, tracking.wants_fingerprint(analysis))
@@ -264,7 +292,7 @@ class Session:
                 statement.long_data_bytes = max(statement.long_data_bytes, self.limit)
                 return  # kept from the server; the execute that would use it gets 1153
             statement.long_data.append(cmd.payload)
-        elif (verb == b"SELECT" or (analysis is not None and analysis.single and analysis.first.kind is Kind.SELECT)) and oversize.asks_max_packet(cmd):
+        elif analysis is not None and analysis.single and analysis.first.kind is Kind.SELECT and oversize.asks_max_packet(cmd):
             cmd = inflight.command = oversize.tell_effective_limit(cmd, self.limit, self.backend)
         elif analysis is not None and analysis.keywords(0, 1) == ("KILL",):
             cmd = inflight.command = self._translate_kill(cmd)
@@ -383,10 +411,10 @@ class Session:
                     # command: wait for readability first, except mid-response.
                     data = await backend.channel.recv(wait_first=inflight is None or inflight.tracker.nbytes == 0)
                 except PeerClosed as exc:
-                    if self.backend is not backend:  # replaced on purpose (COM_CHANGE_USER)
+                    if self.backend is not backend or self.migrating:  # replaced on purpose (COM_CHANGE_USER, a move)
                         await self.backend_replaced.wait()
                         continue
-                    await self._recover(str(exc))
+                    await self._recover(str(exc), clean=isinstance(exc, PeerFinished))
                     continue
                 inflight = self.inflight
                 if inflight is None or inflight.state == NOT_SENT:
@@ -394,6 +422,7 @@ class Session:
                     if err is not None and err.code == KILLED and await reconnect.killed_by_operator(self):
                         # An operator killed this session's connection: the client hears the
                         # server's error at its next command, and the session ends, as direct.
+                        self.target.stats.recovered("killed_1927", 0.0)
                         self.failed = make_err(err.code, err.sqlstate, err.message)
                         return
                     await self._recover(f"backend sent {_describe_unsolicited(data)} while idle")
@@ -410,8 +439,8 @@ class Session:
                 raise SessionClosed(str(failed)) from None
             self.failed = failed.payload  # an idle client hears it at its next command
 
-    async def _recover(self, reason: str, rejected: bool = False) -> None:
-        resend = await reconnect.recover(self, reason, rejected)
+    async def _recover(self, reason: str, rejected: bool = False, clean: bool = False) -> None:
+        resend = await reconnect.recover(self, reason, rejected, clean)
         if resend is not None:
             await self.send_inflight(resend)
 
@@ -442,6 +471,7 @@ class Session:
             if error.code == KILLED and await reconnect.killed_by_operator(self):
                 # Not a shutdown: an operator's KILL. It is not undone by running the command
                 # again; the client gets the server's error and the session ends, as direct.
+                self.target.stats.recovered("killed_1927", 0.0)
                 await self._complete(inflight, data)
                 raise SessionClosed(f"backend connection killed by an operator ({error})")
             await self._recover(f"backend answered {error}", rejected=True)
@@ -493,7 +523,10 @@ class Session:
             out = last
         self.inflight = None
         self.losses_in_a_row = 0
+        self.last_activity = trio.current_time()
         inflight.command.release()
+        if self.move_requested and self.idle():
+            self.target.spawn(reconnect.migrate, self)
         if out:
             await self.client.send(out)
         if inflight.done is not None:

@@ -23,7 +23,7 @@ import attrs
 
 from proxy.sqltext import tokens as tk
 from proxy.sqltext.dialect import UNKNOWN, Dialect
-from proxy.sqltext.functions import PAREN_KEYWORDS, PURE_FUNCTIONS
+from proxy.sqltext.functions import BUILTIN_EFFECTS, PAREN_KEYWORDS, PURE_FUNCTIONS
 from proxy.sqltext.lexer import NAME_KINDS, WS, SqlParseError, Token, TokenKind, split_statements
 from proxy.sqltext.setstmt import SetScope, is_set_not_assignment, is_set_transaction, parse_set
 
@@ -71,8 +71,9 @@ class Statement:
     ``implicit_commit``: the server commits an open transaction before running it (DDL, LOCK
     TABLES, BEGIN itself, SET autocommit=1, ...) -- whether the statement then succeeds or not.
     ``read_only``: proven to change nothing. ``session_only``: proven to change only this
-    session (SET, USE, ...). ``runs_code``: runs statements the proxy does not see (CALL,
-    EXECUTE): they may write and commit. ``xa``: the XA verb (START, END, PREPARE, COMMIT,
+    session (SET, USE, ...). ``runs_code``: runs the user's code the proxy does not see (CALL,
+    EXECUTE, a stored function): it may write tables that do not roll back, change the
+    session, and (procedures) commit. ``xa``: the XA verb (START, END, PREPARE, COMMIT,
     ROLLBACK, RECOVER). ``unknown``: why the proxy cannot judge it.
     ``session_unrestorable``: why a session that ran it cannot be rebuilt on a new connection.
     ``needs_capture``: a session variable was set from an expression; read its value back to
@@ -251,36 +252,60 @@ def _classify_no_keyword(sql: str, nbe: bool, dialect: Dialect) -> Statement:
 # --- Queries and expressions -------------------------------------------------------------------
 
 
-def _calls(tokens: list[Token]) -> tuple[str | None, bool]:
-    """(the first call of anything but a side-effect-free built-in, whether GET_LOCK() is
-    called): ``db.f()``, a stored function or UDF, a quoted name, a side-effect built-in."""
-    call, get_lock = None, False
+@attrs.frozen
+class _Calls:
+    """What a statement calls: the first call of anything but a side-effect-free built-in,
+    whether that includes a stored function (user code), whether GET_LOCK()."""
+
+    first: str | None = None
+    stored: bool = False
+    get_lock: bool = False
+
+
+# A name after these words, followed by "(", is a table with its column list, not a call.
+_BEFORE_TABLE = frozenset({"INTO", "TABLE", "INSERT", "REPLACE", "LOW_PRIORITY", "DELAYED", "HIGH_PRIORITY", "IGNORE",
+                           "EXISTS", "ON"})  # CREATE TABLE IF NOT EXISTS t (..), CREATE INDEX i ON t (..)
+
+
+def _names_a_table(tokens: list[Token], i: int) -> bool:
+    """tokens[i], followed by "(", names a table (``INTO t (a, b)``, ``INTO db.t (a)``) or a CTE
+    with its columns (``WITH c (a) AS (...)``, ``, c (a) AS``)."""
+    j = i - 2 if tk.is_punct(tokens, i - 1, ".") else i  # db.t: look before db
+    if tk.word(tokens, j - 1) in _BEFORE_TABLE or tk.word(tokens, j - 1) in ("WITH", "RECURSIVE"):
+        return True
+    close = tk.closing_paren(tokens, i + 1)
+    return close > 0 and tk.word(tokens, close + 1) == "AS" and tk.is_punct(tokens, close + 2, "(")
+
+
+def _calls(tokens: list[Token]) -> _Calls:
+    first, stored, get_lock = None, False, False
     for i, tok in enumerate(tokens):
-        if not tk.is_punct(tokens, i + 1, "("):
+        if not tk.is_punct(tokens, i + 1, "(") or tok.kind not in NAME_KINDS or _names_a_table(tokens, i):
             continue
         if tok.kind is TokenKind.QUOTED_IDENT:  # `f`(...): only stored functions are called so
-            call = call or tok.text
+            first, stored = first or tok.text, True
         elif tok.kind is TokenKind.WORD:
             word = tok.text.upper()
             if tk.is_punct(tokens, i - 1, "."):  # db.f(...)
-                call = call or tok.text
+                first, stored = first or tok.text, True
             elif word in PAREN_KEYWORDS or word in PURE_FUNCTIONS:
                 continue
             elif word == "LAST_INSERT_ID" and tk.is_punct(tokens, i + 2, ")"):
                 continue  # reading it; LAST_INSERT_ID(expr) sets it
             else:
-                call = call or tok.text
+                first = first or tok.text
+                stored |= word not in BUILTIN_EFFECTS
                 get_lock |= word == "GET_LOCK"
-    return call, get_lock
+    return _Calls(first, stored, get_lock)
 
 
-def _effects(tokens: list[Token]) -> tuple[bool, str | None]:
-    """(read_only, session_unrestorable) of the expressions of a query: it reads unless it
-    calls something that may write, takes locks, writes into variables or files, or moves a
-    sequence."""
-    call, get_lock = _calls(tokens)
-    read_only = call is None
-    reason = _GET_LOCK_REASON if get_lock else None
+def _effects(tokens: list[Token]) -> tuple[bool, str | None, bool]:
+    """(read_only, session_unrestorable, runs_code) of the expressions of a query: it reads
+    unless it calls something that may write, takes locks, writes into variables or files, or
+    moves a sequence; it runs code when it calls a stored function."""
+    calls = _calls(tokens)
+    read_only = calls.first is None
+    reason = _GET_LOCK_REASON if calls.get_lock else None
     n = len(tokens)
     for i, tok in enumerate(tokens):
         kind = tok.kind
@@ -299,7 +324,7 @@ def _effects(tokens: list[Token]) -> tuple[bool, str | None]:
             read_only = False
             if reason is None:
                 reason = "a user variable is assigned inside a query (@v := ...)"
-    return read_only, reason
+    return read_only, reason, calls.stored
 
 
 def _classify_query(tokens: list[Token]) -> Statement:
@@ -308,10 +333,10 @@ def _classify_query(tokens: list[Token]) -> Statement:
         verb = _main_verb_after_with(tokens)
         if verb in ("UPDATE", "DELETE", "INSERT", "REPLACE"):
             return _dml(Kind[verb], tokens)
-    read_only, reason = _effects(tokens)
+    read_only, reason, stored = _effects(tokens)
     if read_only and reason is None:
         return _READ_ONLY_SELECT
-    return Statement(Kind.SELECT, read_only=read_only, session_unrestorable=reason)
+    return Statement(Kind.SELECT, read_only=read_only, session_unrestorable=reason, runs_code=stored)
 
 
 _READ_ONLY_SELECT = Statement(Kind.SELECT, read_only=True)
@@ -332,8 +357,8 @@ def _main_verb_after_with(tokens: list[Token]) -> str | None:
 
 
 def _dml(kind: Kind, tokens: list[Token]) -> Statement:
-    _read_only, reason = _effects(tokens)
-    return _PLAIN[kind] if reason is None else Statement(kind, session_unrestorable=reason)
+    _read_only, reason, stored = _effects(tokens)
+    return _PLAIN[kind] if reason is None and not stored else Statement(kind, session_unrestorable=reason, runs_code=stored)
 
 
 def _classify_dml(sql: str, kws: tuple[str, ...], r: _Reading) -> Statement:
@@ -345,8 +370,8 @@ def _classify_select(sql: str, kws: tuple[str, ...], r: _Reading) -> Statement:
 
 
 def _classify_do(sql: str, kws: tuple[str, ...], r: _Reading) -> Statement:
-    read_only, reason = _effects(r.tokens(sql))
-    return Statement(Kind.DO, read_only=read_only, session_unrestorable=reason)
+    read_only, reason, stored = _effects(r.tokens(sql))
+    return Statement(Kind.DO, read_only=read_only, session_unrestorable=reason, runs_code=stored)
 
 
 def _classify_call(sql: str, kws: tuple[str, ...], r: _Reading) -> Statement:
@@ -367,16 +392,16 @@ def _classify_explain(sql: str, kws: tuple[str, ...], r: _Reading) -> Statement:
     if kws[1:] == ("ANALYZE",):
         inner = classify(sql[r.after_keywords(sql, 2) :], dialect=r.dialect, no_backslash_escapes=r.nbe)
         return attrs.evolve(inner, kind=Kind.SHOW) if inner.read_only else inner
-    read_only, reason = _effects(r.tokens(sql))
-    return _READ_ONLY_SHOW if read_only else Statement(Kind.SHOW, session_unrestorable=reason)
+    read_only, reason, stored = _effects(r.tokens(sql))
+    return _READ_ONLY_SHOW if read_only else Statement(Kind.SHOW, session_unrestorable=reason, runs_code=stored)
 
 
 _READ_ONLY_SHOW = Statement(Kind.SHOW, read_only=True)
 
 
 def _classify_show(sql: str, kws: tuple[str, ...], r: _Reading) -> Statement:
-    read_only, reason = _effects(r.tokens(sql))  # SHOW ... WHERE f(x) calls f
-    return _READ_ONLY_SHOW if read_only else Statement(Kind.SHOW, session_unrestorable=reason)
+    read_only, reason, stored = _effects(r.tokens(sql))  # SHOW ... WHERE f(x) calls f
+    return _READ_ONLY_SHOW if read_only else Statement(Kind.SHOW, session_unrestorable=reason, runs_code=stored)
 
 
 def _classify_use(sql: str, kws: tuple[str, ...], r: _Reading) -> Statement:
@@ -409,7 +434,7 @@ def _classify_begin(sql: str, kws: tuple[str, ...], r: _Reading) -> Statement:
     if words[1:2] != ["TRANSACTION"]:
         if words[1:2] in (["SLAVE"], ["REPLICA"], ["ALL"], ["GROUP_REPLICATION"]):
             return _OTHER_COMMIT
-        return Statement(Kind.OTHER, unknown=f"START {words[1] or ''} is not known to the proxy")
+        return Statement(Kind.OTHER, unknown=f"START {(words[1:2] or [None])[0] or ''} is not known to the proxy")
     read_only = snapshot = False
     for item in tk.split_top_level(tokens[2:]):
         item_words = [tk.word(item, i) for i in range(len(item))]
@@ -514,9 +539,11 @@ def _classify_set(sql: str, kws: tuple[str, ...], r: _Reading) -> Statement:
     session_only = all(a.scope in _SESSION_SCOPES for a in assignments)
     if is_set_transaction(kws):
         return Statement(Kind.SET_TRANSACTION, session_only=session_only)
-    call, get_lock = _calls(r.tokens(sql))
-    session_only = session_only and call is None  # a stored function in a value may write
-    reason = _GET_LOCK_REASON if get_lock else None
+    calls = _calls(r.tokens(sql))
+    session_only = session_only and calls.first is None  # a stored function in a value may write
+    reason = _GET_LOCK_REASON if calls.get_lock else None
+    if calls.stored:
+        return Statement(Kind.SET, runs_code=True, session_unrestorable=reason)
     needs_capture = implicit_commit = False
     autocommit = None
     for a in assignments:
@@ -557,8 +584,8 @@ def _classify_create(sql: str, kws: tuple[str, ...], r: _Reading) -> Statement:
         words = words[:1] + words[3:]
     if words[1:2] == ("TEMPORARY",):  # no implicit commit, but the table lives in the session
         return Statement(Kind.DDL, session_unrestorable="CREATE TEMPORARY TABLE: temporary tables live only in the session")
-    _read_only, reason = _effects(r.tokens(sql))
-    return _DDL_COMMIT if reason is None else attrs.evolve(_DDL_COMMIT, session_unrestorable=reason)
+    _read_only, reason, stored = _effects(r.tokens(sql))
+    return _DDL_COMMIT if reason is None and not stored else attrs.evolve(_DDL_COMMIT, session_unrestorable=reason, runs_code=stored)
 
 
 def _classify_drop(sql: str, kws: tuple[str, ...], r: _Reading) -> Statement:

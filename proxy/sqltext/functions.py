@@ -2,13 +2,15 @@
 
 A statement that calls anything else (a stored function, a UDF, a qualified ``db.f()``, a
 quoted name, a built-in that changes something: GET_LOCK, SLEEP, NEXTVAL, LAST_INSERT_ID(x),
-...) may write: replaying or resending it is never assumed harmless. Keywords that take a
-parenthesis without being calls are listed apart.
+...) may write: replaying or resending it is never assumed harmless. A stored function runs
+the user's code, which may write to tables that do not roll back (MyISAM) and change the
+session: a statement that calls one "runs code". Keywords that take a parenthesis without
+being calls are listed apart.
 """
 
 from __future__ import annotations
 
-__all__ = ["PURE_FUNCTIONS", "PAREN_KEYWORDS"]
+__all__ = ["PURE_FUNCTIONS", "BUILTIN_EFFECTS", "PAREN_KEYWORDS"]
 
 # Built-in functions of MariaDB 10.11 / MySQL 8.0 / TiDB 8.5 that only compute a value (some are
 # not deterministic: NOW(), RAND(), UUID(): that changes results, which replay checks, not data).
@@ -52,6 +54,16 @@ PURE_FUNCTIONS = frozenset(
     POINT LINESTRING POLYGON MULTIPOINT MULTILINESTRING MULTIPOLYGON GEOMETRYCOLLECTION
     TIDB_VERSION TIDB_IS_DDL_OWNER TIDB_DECODE_KEY TIDB_DECODE_PLAN TIDB_PARSE_TSO TIDB_ROW_CHECKSUM
     TIDB_CURRENT_TSO TIDB_BOUNDED_STALENESS TIDB_SHARD VITESS_HASH
+    """.split()
+)
+
+# Built-ins that change something (locks, sequences, the session, time spent): they may write,
+# but they run no code of the user's. Any other name called is a stored function or a UDF.
+BUILTIN_EFFECTS = frozenset(
+    """
+    GET_LOCK RELEASE_LOCK RELEASE_ALL_LOCKS SLEEP BENCHMARK NEXTVAL SETVAL LASTVAL LAST_INSERT_ID
+    LOAD_FILE MASTER_POS_WAIT SOURCE_POS_WAIT MASTER_GTID_WAIT WAIT_FOR_EXECUTED_GTID_SET
+    WAIT_UNTIL_SQL_THREAD_AFTER_GTIDS
     """.split()
 )
 

@@ -10,7 +10,9 @@ then decide (``proves``):
 - REPLACE / ODKU: every row gives every column of one PRIMARY or UNIQUE key (all its columns
   NOT NULL) a non-NULL constant. Then the row with that key ends up with the statement's
   values whatever it held, so a second run ends where the first did. Without it (an
-  AUTO_INCREMENT id left out or NULL, a nullable unique key), a second run adds a row.
+  AUTO_INCREMENT id left out or NULL, a nullable unique key), a second run adds a row. A
+  REPLACE deletes the row it conflicts with and inserts a new one: it must also give the
+  AUTO_INCREMENT column, or the row comes back with a new id.
 - DELETE: the WHERE is a conjunction of ``column = constant`` covering such a key (or an
   OR / IN list of such conjunctions): it removes at most that row; LIMIT does not matter.
 - UPDATE: the same WHERE, and SET assigns constants to columns that are in no unique key and
@@ -57,6 +59,7 @@ class Claim:
     fixed: tuple[frozenset[str | int], ...]
     assigned: frozenset[str] = frozenset()
     where: frozenset[str] = frozenset()
+    replaces: bool = False  # REPLACE: deletes the conflicting row and inserts a new one
 
 
 @attrs.frozen
@@ -79,6 +82,8 @@ def proves(c: Claim, keys: TableKeys, foreign_key_checks: bool = True) -> bool:
         names = {keys.columns[i] if isinstance(i, int) and i < len(keys.columns) else i for i in fixed}
         if not any(key <= names for key in keys.unique_keys):
             return False
+        if c.replaces and keys.auto_increment is not None and keys.auto_increment not in names:
+            return False  # the row comes back with a new AUTO_INCREMENT id each time
     return not (c.assigned & keys.key_columns) and not (c.assigned & c.where)
 
 
@@ -207,7 +212,7 @@ def _insert_claim(sql: str, dialect: Dialect, nbe: bool, null_params: list[bool]
         assigned = updated
     params = iter(null_params) if null_params is not None else None
     fixed = tuple({_fixed_columns(row, columns, params) for row in _row_literals(sql, head.rows_start, rows.end(), nbe)})
-    return Claim(table, fixed, assigned)
+    return Claim(table, fixed, assigned, replaces=head.verb == "REPLACE")
 
 
 def _fixed_columns(row: list[str], columns: list[str] | None, null_params) -> frozenset[str | int]:

@@ -1,9 +1,10 @@
 """The hot path: which statements need no analysis at all.
 
-Most statements a replicator sends are one INSERT / REPLACE / UPDATE / DELETE / SELECT that
-starts right with its verb. Such a statement cannot end or begin a transaction, and when the
-session cannot send several statements at once (or there is no ``;`` in it) it is exactly one
-statement. Everything else (a leading comment or space, any other verb, a possible
+Most statements a replicator sends are one INSERT / REPLACE / UPDATE / DELETE that starts
+right with its verb. Such a statement cannot end or begin a transaction, and when the session
+cannot send several statements at once (or there is no ``;`` in it) it is exactly one
+statement. (A SELECT is not on the fast path: whether it calls a stored function decides
+whether it may be resent.) What such a statement calls is judged at recovery, from the journal. Everything else (a leading comment or space, any other verb, a possible
 multi-statement) goes through ``classify.analyze``, so the two never disagree: the fast path
 only answers when the answer is certain.
 """
@@ -14,9 +15,9 @@ import re
 
 __all__ = ["fast_verb", "FAST_VERBS", "may_pin_session"]
 
-FAST_VERBS = frozenset({b"INSERT", b"REPLACE", b"UPDATE", b"DELETE", b"SELECT"})
+FAST_VERBS = frozenset({b"INSERT", b"REPLACE", b"UPDATE", b"DELETE"})
 _LETTERS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
-_WORD_END = frozenset(b" \t\n\r\f\v(")  # after the verb: whitespace, or "(" (SELECT(1))
+_WORD_END = frozenset(b" \t\n\r\f\v")  # after the verb
 
 
 def fast_verb(payload: bytes, multi: bool) -> bytes | None:
@@ -37,11 +38,9 @@ def fast_verb(payload: bytes, multi: bool) -> bytes | None:
 
 # Bytes a statement must contain to make its session impossible to restore (a named lock, a
 # user variable assigned in a query): one C-level scan before the classifier is asked.
-_SELECT_HINT = re.compile(rb"@|_[Ll][Oo][Cc][Kk]")
 _DML_HINT = re.compile(rb":=|_[Ll][Oo][Cc][Kk]")
 
 
-def may_pin_session(verb: bytes, payload: bytes) -> bool:
-    """Could this fast-path statement pin the session (GET_LOCK(), @v := ..., INTO @v)?"""
-    hint = _SELECT_HINT if verb == b"SELECT" else _DML_HINT
-    return hint.search(payload) is not None
+def may_pin_session(payload: bytes) -> bool:
+    """Could this fast-path statement pin the session (GET_LOCK(), @v := ...)?"""
+    return _DML_HINT.search(payload) is not None

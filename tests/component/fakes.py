@@ -27,7 +27,7 @@ import trio
 import trio.testing
 
 from proxy.config import Address, parse_config
-from proxy.netio import StreamChannel
+from proxy.netio import PeerClosed, PeerFinished, StreamChannel
 from proxy.protocol.auth import native_scramble, new_scramble
 from proxy.protocol.constants import PROXY_CAPABILITIES, Capabilities, ServerStatus
 from proxy.protocol.framing import PacketDecoder, encode_packet
@@ -61,6 +61,7 @@ class FakeDB:
     started_at: float = 0.0
     locks: dict[str, int] = attrs.Factory(dict)  # GET_LOCK name -> connection id
     markers: dict[str, int] = attrs.Factory(dict)  # commit-marker table: slot -> txn
+    kills: int = 0  # KILL statements run (Com_kill)
 
 
 def trickle_stream_pair() -> tuple[trio.StapledStream, trio.StapledStream]:
@@ -93,6 +94,7 @@ class FakeServer:
         self.intercept: Intercept | None = None
         self.next_id = 100
         self.queries: list[str] = []  # every COM_QUERY text received, all connections
+        self.wait_timeout = 28800
 
     async def opener(self, address: Address) -> StreamChannel:
         if not self.up:
@@ -102,18 +104,36 @@ class FakeServer:
         conn = FakeConnection(self, server_side, self.next_id)
         self.connections.append(conn)
         self.nursery.start_soon(conn.run)
-        return StreamChannel(proxy_side, f"backend {address}")
+        return _FakeChannel(conn, proxy_side, f"backend {address}")
 
     def restart(self) -> None:
         """Every connection dies, uncommitted work is lost, connection ids start over."""
         for conn in list(self.connections):
-            conn.close()
+            conn.close(clean=True)
         self.db.started_at = trio.current_time()
         self.db.locks.clear()
         self.next_id = 100
 
     def live(self) -> list["FakeConnection"]:
         return [c for c in self.connections if not c.closed]
+
+
+class _FakeChannel(StreamChannel):
+    """The proxy's side of a fake connection: a reset looks like one (not a clean close)."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: "FakeConnection", stream, name: str) -> None:
+        super().__init__(stream, name)
+        self.conn = conn
+
+    async def recv(self, size: int = 256 * 1024, wait_first: bool = False) -> bytes:
+        try:
+            return await super().recv(size, wait_first)
+        except PeerFinished:
+            if self.conn.reset:
+                raise PeerClosed(f"{self.name}: connection reset by peer") from None
+            raise
 
 
 class FakeConnection:
@@ -123,6 +143,7 @@ class FakeConnection:
         self.id = conn_id
         self.decoder = PacketDecoder()
         self.closed = False
+        self.reset = False
         self.in_tx = False
         self.autocommit = True
         self.pending: list[Callable[[], None]] = []  # writes of the open transaction
@@ -132,9 +153,12 @@ class FakeConnection:
         self.deprecate_eof = False
         self.database: str | None = None
 
-    def close(self) -> None:
+    def close(self, clean: bool = False) -> None:
+        """Drop the connection: by default abruptly (the proxy sees a reset, as after a crash or
+        a network loss); ``clean``: a FIN from a server that stays up, as after a KILL."""
         if not self.closed:
             self.closed = True
+            self.reset = not clean
             self.stream.send_stream.close()
             self.stream.receive_stream.close()
 
@@ -303,6 +327,13 @@ class FakeConnection:
             return [make_ok(self.status())]
         if up == "SELECT @@MAX_ALLOWED_PACKET":
             return self._result("@@max_allowed_packet", [str(64 << 20)])
+        if up == "SELECT @@MAX_ALLOWED_PACKET, @@WAIT_TIMEOUT, @@HOSTNAME, @@PORT, UNIX_TIMESTAMP()":
+            # Who this server is: the proxy compares it across connections (restart or KILL?).
+            row = [str(64 << 20), str(self.server.wait_timeout), "fake", "4000", str(int(trio.current_time()))]
+            return self._table(["@@max_allowed_packet", "@@wait_timeout", "@@hostname", "@@port", "UNIX_TIMESTAMP()"], [row])
+        if up == "SHOW GLOBAL STATUS WHERE VARIABLE_NAME IN ('UPTIME', 'COM_KILL')":
+            uptime = str(int(trio.current_time() - db.started_at))
+            return self._table(["Variable_name", "Value"], [["Uptime", uptime], ["Com_kill", str(db.kills)]])
         if up == "SHOW GLOBAL STATUS LIKE 'UPTIME'":
             out = [b"\x02", _coldef("Variable_name"), _coldef("Value")]
             if not self.deprecate_eof:
@@ -311,6 +342,7 @@ class FakeConnection:
             out.append(make_ok(self.status(), header=0xFE) if self.deprecate_eof else make_eof(self.status()))
             return out
         if m := re.fullmatch(r"KILL (\d+)", up):
+            db.kills += 1
             for conn in self.server.connections:
                 if conn.id == int(m.group(1)):
                     conn.close()

@@ -230,6 +230,7 @@ async def test_an_operators_kill_of_an_idle_session_reaches_the_client(nursery, 
     lab = Lab(nursery)
     c = await lab.client()
     await trio.sleep(10)  # the server has been up long before this session: the same instance
+    lab.server.db.kills += 1  # an operator ran KILL <id> (the server counts it: Com_kill)
     await lab.backend_of()._send([KILLED], 0)
     await trio.sleep(0.01)
     result = await c.query("SELECT COUNT(*) FROM t")
@@ -238,10 +239,20 @@ async def test_an_operators_kill_of_an_idle_session_reaches_the_client(nursery, 
         await c.query("SELECT 1")
 
 
+async def test_a_clean_close_without_any_kill_is_recovered(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    await trio.sleep(10)
+    lab.backend_of().close(clean=True)  # a FIN, the server up, no KILL run: a load balancer, say
+    await trio.sleep(0.01)
+    assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]
+
+
 async def test_an_operators_kill_of_a_running_statement_is_not_undone(nursery, autojump):
     lab = Lab(nursery)
     c = await lab.client()
     await trio.sleep(10)
+    lab.server.db.kills += 1
     lab.server.intercept = drop_once("INSERT", "killed")
     result = await c.query("INSERT INTO t VALUES (1, 'a')")
     assert result.code == 1927

@@ -19,6 +19,10 @@
 //	-write-timeout 0     DSN writeTimeout (0 = none)
 //	-connect-timeout 10s DSN timeout (dial timeout)
 //	-extra-dsn "a=b&c=d" raw parameters appended to the DSN
+//	-tls-ca FILE         connect over TLS, verifying the server against the CA(s) in
+//	                     FILE (PEM) and its name against -dsn-host: registered with
+//	                     mysql.RegisterTLSConfig("custom", ...), DSN "&tls=custom".
+//	                     Default "": no TLS (the DSN has no tls parameter).
 //
 // The DSN is DM's (dm/pkg/conn/basedb.go):
 //
@@ -101,6 +105,8 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"database/sql"
 	"encoding/json"
 	"flag"
@@ -151,6 +157,7 @@ type options struct {
 	writeTimeout             time.Duration
 	connectTimeout           time.Duration
 	extraDSN                 string
+	tlsCA                    string
 	mode                     string
 	out                      string
 
@@ -196,6 +203,7 @@ func parseFlags() *options {
 	flag.DurationVar(&o.writeTimeout, "write-timeout", 0, "DSN writeTimeout (0 = none)")
 	flag.DurationVar(&o.connectTimeout, "connect-timeout", 10*time.Second, "DSN timeout (dial)")
 	flag.StringVar(&o.extraDSN, "extra-dsn", "", "raw DSN parameters to append, e.g. a=b&c=d")
+	flag.StringVar(&o.tlsCA, "tls-ca", "", "PEM CA file: connect over TLS (tls=custom), verifying the server")
 	flag.StringVar(&o.mode, "mode", "smoke", "smoke | setup | workload | verify")
 	flag.StringVar(&o.out, "out", "", "also write the JSON result to this file")
 	flag.IntVar(&o.bigSize, "big-size", 1<<20, "smoke: size of the big string round trip")
@@ -221,7 +229,26 @@ func parseFlags() *options {
 			fatalf("bad table name %q", name)
 		}
 	}
+	if o.tlsCA != "" {
+		registerTLS(o.tlsCA)
+	}
 	return o
+}
+
+// registerTLS registers the "custom" TLS config: the server must present a certificate
+// signed by a CA in caFile (the driver checks its name against the DSN's host).
+func registerTLS(caFile string) {
+	pem, err := ioutil.ReadFile(caFile)
+	if err != nil {
+		fatalf("reading -tls-ca: %v", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		fatalf("-tls-ca %s: no PEM certificate found", caFile)
+	}
+	if err := mysql.RegisterTLSConfig("custom", &tls.Config{RootCAs: pool}); err != nil {
+		fatalf("registering the TLS config: %v", err)
+	}
 }
 
 func fatalf(format string, args ...interface{}) {
@@ -237,6 +264,9 @@ func (o *options) dsn() string {
 	fmt.Fprintf(&b, "&readTimeout=%s&timeout=%s", o.readTimeout, o.connectTimeout)
 	if o.writeTimeout > 0 {
 		fmt.Fprintf(&b, "&writeTimeout=%s", o.writeTimeout)
+	}
+	if o.tlsCA != "" {
+		b.WriteString("&tls=custom")
 	}
 	keys := make([]string, 0, len(o.session.vars))
 	for k := range o.session.vars {

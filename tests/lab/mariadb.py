@@ -241,7 +241,16 @@ class MariaDB:
         port: int | None = None,
         max_allowed_packet: str = "64M",
         extra_args: Sequence[str] = (),
+        tls: tuple[str, str, str] | None = None,
+        require_secure_transport: bool = False,
     ) -> None:
+        """``tls=(ca, cert, key)``: PEM files for --ssl-ca/--ssl-cert/--ssl-key (the lab's own
+        TCP connections then use TLS, verifying ``ca``); ``require_secure_transport``: refuse
+        plain TCP logins (the unix socket, which admin() uses, stays allowed)."""
+        if require_secure_transport and tls is None:
+            raise ValueError("require_secure_transport needs tls=(ca, cert, key)")
+        self.tls = tuple(str(f) for f in tls) if tls is not None else None
+        self.require_secure_transport = require_secure_transport
         self.basedir = Path(basedir).resolve()
         self.basedir.mkdir(parents=True, exist_ok=True)
         self._port = port if port is not None else free_port()
@@ -312,7 +321,16 @@ class MariaDB:
         ]
         if os.geteuid() == 0:
             cmd.insert(2, "--user=root")
+        if self.tls is not None:
+            ca, cert, key = self.tls
+            cmd += [f"--ssl-ca={ca}", f"--ssl-cert={cert}", f"--ssl-key={key}"]
+            if self.require_secure_transport:
+                cmd.append("--require-secure-transport=ON")
         return cmd + self.extra_args
+
+    def tls_client_options(self) -> dict[str, Any]:
+        """PyMySQL's ``ssl`` argument for a TLS connection to this server (empty without TLS)."""
+        return {"ssl": {"ca": self.tls[0]}} if self.tls is not None else {}
 
     def _install_db(self) -> None:
         if (self.datadir / "mysql").is_dir():
@@ -415,7 +433,7 @@ class MariaDB:
 
     def _probe(self) -> None:
         # TCP is what clients and the proxy use; the socket is what admin() uses.
-        for kwargs in ({"host": HOST, "port": self.port}, {"unix_socket": str(self.socket_path)}):
+        for kwargs in ({"host": HOST, "port": self.port, **self.tls_client_options()}, {"unix_socket": str(self.socket_path)}):
             conn = pymysql.connect(user="root", connect_timeout=2, read_timeout=5, **kwargs)
             try:
                 with conn.cursor() as cur:
@@ -517,9 +535,9 @@ class MariaDB:
     def connect(
         self, user: str = "root", password: str = "", database: str | None = None, **kwargs: Any
     ) -> pymysql.connections.Connection:
-        """A PyMySQL connection over TCP to 127.0.0.1:port."""
+        """A PyMySQL connection over TCP to 127.0.0.1:port (over TLS when the server has it)."""
         return pymysql.connect(**{"host": HOST, "port": self.port, "user": user, "password": password,
-                                  "database": database, **_CLIENT_DEFAULTS, **kwargs})
+                                  "database": database, **_CLIENT_DEFAULTS, **self.tls_client_options(), **kwargs})
 
     def query(self, sql: str, args: Iterable[Any] | None = None) -> list[tuple]:
         """Run one statement as root on a fresh connection; return its rows."""

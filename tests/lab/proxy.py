@@ -50,7 +50,7 @@ def write_config(path: Path, sections: dict[str, Any]) -> Path:
                     lines.append(f"{k} = {toml_value(v)}")
             for k, v in nested.items():
                 lines.append(f"[{key}.{k}]")
-                lines.extend(f"{kk} = {toml_value(vv)}" for kk, vv in v.items())
+                lines.extend(f"{toml_key(kk)} = {toml_value(vv)}" for kk, vv in v.items())
         elif isinstance(value, list) and value and isinstance(value[0], dict):
             for item in value:
                 lines.append(f"[[{key}]]")

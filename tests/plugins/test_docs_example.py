@@ -40,7 +40,7 @@ def example_package(tmp_path, monkeypatch):
 
 def test_example_config_builds_the_chain(example_package):
     (toml,) = example_blocks()["toml"]
-    data = {"backend": {"addresses": ["127.0.0.1:3306"]}, "users": [{"name": "app"}], **tomllib.loads(toml)}
+    data = {"backend": {"addresses": ["127.0.0.1:3306"]}, "users": [{"name": "app", "password": "apppw"}], **tomllib.loads(toml)}
     hooks = load_chain(parse_config(data))
     assert [name for name, _ in hooks.plugins] == ["mycompany.readonly:ReadOnly", "metrics"]
 

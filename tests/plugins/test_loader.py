@@ -15,7 +15,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 def config(plugins: dict):
     return parse_config(
-        {"name": "t", "backend": {"addresses": ["127.0.0.1:3306"]}, "users": [{"name": "app"}], "plugins": plugins}
+        {"name": "t", "backend": {"addresses": ["127.0.0.1:3306"]}, "users": [{"name": "app", "password": "apppw"}], "plugins": plugins}
     )
 
 
@@ -62,7 +62,7 @@ def test_chain_errors(chain, options, error):
     [
         ({"deny": "DROP"}, r"^\$\.plugins\.firewall\.deny: expected a list, got 'DROP'$"),
         ({"deny": ["DROP", "DORP"]}, r"^\$\.plugins\.firewall\.deny\[1\]: expected a statement class"),
-        ({"deny": ["DROP"], "dney": ["X"]}, r"^\$\.plugins\.firewall: unknown key\(s\) dney$"),
+        ({"deny": ["DROP"], "dney": ["X"]}, r"^\$\.plugins\.firewall: unknown key\(s\) dney \(did you mean deny\?\)$"),
         ({"deny_patterns": ["(unclosed"]}, r"^\$\.plugins\.firewall\.deny_patterns\[0\]: invalid regular expression"),
         ({"allow": [1]}, r"^\$\.plugins\.firewall\.allow\[0\]: expected a string, got 1$"),
     ],

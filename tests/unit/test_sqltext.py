@@ -796,3 +796,23 @@ def test_triggers_and_foreign_keys_forbid_the_proof():
     assert not proves(c, attrs.evolve(KEYS, has_triggers=True))
     assert not proves(c, attrs.evolve(KEYS, referenced=True))
     assert proves(c, attrs.evolve(KEYS, referenced=True), foreign_key_checks=False)
+
+
+@pytest.mark.parametrize(
+    "sql, runs_code",
+    [
+        ("CREATE TABLE IF NOT EXISTS t (id INT PRIMARY KEY)", False),
+        ("CREATE INDEX i ON t (a)", False),
+        ("INSERT INTO db.t (a, b) VALUES (1, 2)", False),
+        ("WITH c (a) AS (SELECT 1) SELECT * FROM c", False),
+        ("SELECT * FROM a JOIN b ON (a.x = b.x)", False),
+        ("SELECT f(1)", True),
+        ("SELECT db.f(1)", True),
+        ("SELECT `f`(1)", True),
+        ("INSERT INTO t VALUES (f(1))", True),
+        ("CREATE TABLE t2 SELECT f(1)", True),
+        ("SELECT SLEEP(1), GET_LOCK('x', 1)", False),  # built-ins with effects, but no user code
+    ],
+)
+def test_stored_code_is_told_from_table_names(sql, runs_code):
+    assert classify(sql).runs_code is runs_code

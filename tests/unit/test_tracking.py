@@ -194,13 +194,14 @@ FACTS = [
     ("ROLLBACK; INSERT INTO t VALUES (1)", True, True, False, False, False),  # the INSERT autocommits
     ("SET @x = 1; INSERT INTO t VALUES (1)", False, True, False, False, False),
     ("SET autocommit = 0; UPDATE t SET a = 1", False, True, False, False, False),
-    ("SELECT f()", False, True, False, False, False),  # a stored function may write
-    ("DO f()", False, True, False, False, False),
-    ("SET @x = f()", False, True, False, False, False),
+    ("SELECT f()", True, True, False, False, True),  # a stored function: user code, never resent
+    ("DO f()", True, True, False, False, True),
+    ("SET @x = f()", True, True, False, False, True),
+    ("SELECT NOW(), COUNT(*) FROM t", False, False, False, False, False),
     ("SELECT 1", False, False, False, False, False),
     ("SET @x = 1", False, False, False, True, False),
     ("ROLLBACK", False, False, True, False, False),
-    ("CALL p()", True, True, False, False, False),
+    ("CALL p()", True, True, False, False, True),
     ("XA COMMIT 'x'", True, True, False, False, False),
     ("/*!999999 SHOW */ INSERT INTO t VALUES (1)", False, True, False, False, False),
     ("FROBNICATE", True, True, False, False, True),
