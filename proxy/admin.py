@@ -17,8 +17,10 @@ but /healthz and /readyz (probes carry no secrets).
 from __future__ import annotations
 
 import hmac
+import inspect
 import json
 import logging
+import urllib.parse
 from typing import Callable
 
 import trio
@@ -37,7 +39,7 @@ _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found"
 _OPEN = frozenset({"/healthz", "/health", "/readyz"})  # probes: no token needed
 
 
-def _json(status: int, body: object) -> tuple[int, str, bytes]:
+def json_answer(status: int, body: object) -> tuple[int, str, bytes]:
     return status, "application/json", (json.dumps(body, indent=1) + "\n").encode()
 
 
@@ -47,15 +49,15 @@ def routes(proxy) -> dict[str, Route]:
     target = proxy.target
 
     def healthz() -> tuple[int, str, bytes]:
-        return _json(200, {"status": "alive", "target": target.name, "sessions": len(target.sessions)})
+        return json_answer(200, {"status": "alive", "target": target.name, "sessions": len(target.sessions)})
 
     def readyz() -> tuple[int, str, bytes]:
         ready = target.ready()
         body = {"ready": ready, "target": target.name, "backends": [h.describe() for h in target.health.values()]}
-        return _json(200 if ready else 503, body)
+        return json_answer(200 if ready else 503, body)
 
     def status() -> tuple[int, str, bytes]:
-        return _json(200, target.stats.status())
+        return json_answer(200, target.stats.status())
 
     def metrics() -> tuple[int, str, bytes]:
         body = target.stats.render()
@@ -64,7 +66,16 @@ def routes(proxy) -> dict[str, Route]:
             body += plugin()[2]
         return 200, CONTENT_TYPE, body
 
-    table: dict[str, Route] = {"/healthz": healthz, "/health": healthz, "/readyz": readyz, "/status": status, "/metrics": metrics}
+    def session(query: dict[str, str]) -> tuple[int, str, bytes]:
+        """A session's backend connection, for another worker translating ``KILL <id>``."""
+        found = target.session_by_id(int(query.get("id", "0") or 0)) if query.get("id", "").isdigit() else None
+        if found is None or found.backend is None:
+            return json_answer(404, {"error": "no such session"})
+        return json_answer(200, {"backend": str(found.backend.address), "backend_connection": found.backend.connection_id})
+
+    session.wants_query = True  # type: ignore[attr-defined]
+    table: dict[str, Route] = {"/healthz": healthz, "/health": healthz, "/readyz": readyz, "/status": status,
+                               "/metrics": metrics, "/session": session}  # fmt: skip
     for path, handler in _plugin_routes(target.hooks).items():
         table.setdefault(path, handler)
     return table
@@ -82,9 +93,14 @@ def _plugin_routes(hooks: Hooks) -> dict[str, Route]:
     return out
 
 
-async def serve_admin(config: Config, hooks: Hooks, proxy, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    address = config.admin_address
-    token = config.admin.resolved_token()
+async def serve_admin(config: Config, hooks: Hooks, proxy, address=None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """The proxy's admin endpoint (``address``: a worker's private one; default: the config's)."""
+    await serve_routes(config, address or config.admin_address, lambda: routes(proxy), task_status=task_status)
+
+
+async def serve_routes(config: Config, address, table_fn, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve the routes ``table_fn()`` gives (sync or async handlers) on ``address``."""
+    token = config.admin.resolved_token() if address == config.admin_address else None
 
     async def handle(stream: trio.SocketStream) -> None:
         try:
@@ -95,7 +111,7 @@ async def serve_admin(config: Config, hooks: Hooks, proxy, *, task_status=trio.T
                     if not chunk:
                         break
                     request += chunk
-                status, ctype, body = _answer(request, routes(proxy), token)
+                status, ctype, body = await _answer(request, table_fn(), token)
                 head = (
                     f"HTTP/1.0 {status} {_REASONS.get(status, 'OK')}\r\nContent-Type: {ctype}\r\n"
                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
@@ -112,21 +128,21 @@ async def serve_admin(config: Config, hooks: Hooks, proxy, *, task_status=trio.T
         raise OSError(exc.errno, f"admin address {address} of target {config.name}: {exc.strerror} "
                                  "(set [admin] address, or enabled = false)") from None  # fmt: skip
     bound = listeners[0].socket.getsockname()[:2]
-    log.info("admin endpoint on http://%s:%d (%s)%s", bound[0], bound[1], ", ".join(sorted(routes(proxy))),
+    log.info("admin endpoint on http://%s:%d (%s)%s", bound[0], bound[1], ", ".join(sorted(table_fn())),
              "; a bearer token is required" if token else "")  # fmt: skip
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handle, listeners)
         task_status.started(bound)
 
 
-def _answer(request: bytes, table: dict[str, Route], token: str | None) -> tuple[int, str, bytes]:
+async def _answer(request: bytes, table: dict[str, Route], token: str | None) -> tuple[int, str, bytes]:
     lines = request.split(b"\r\n")
     line = lines[0].decode("latin-1").split()
     if len(line) < 2:
         return 400, "text/plain", b"bad request\n"
     if line[0] != "GET":
         return 405, "text/plain", b"GET only\n"
-    path = line[1].split("?", 1)[0]
+    path, _, query = line[1].partition("?")
     handler = table.get(path)
     if handler is None:
         return 404, "text/plain", b"not found\n"
@@ -135,7 +151,8 @@ def _answer(request: bytes, table: dict[str, Route], token: str | None) -> tuple
         if not hmac.compare_digest(given, b"Bearer " + token.encode()):
             return 401, "text/plain", b"a bearer token is required\n"
     try:
-        return handler()
+        answer = handler(dict(urllib.parse.parse_qsl(query))) if getattr(handler, "wants_query", False) else handler()
+        return await answer if inspect.isawaitable(answer) else answer
     except Exception:
         log.exception("admin handler for %s failed", path)
         return 500, "text/plain", b"internal error\n"

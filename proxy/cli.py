@@ -20,7 +20,8 @@ from importlib.metadata import PackageNotFoundError, version
 
 import trio
 
-from proxy.config import Config, ConfigError, load_config
+from proxy.config import Address, Config, ConfigError, load_config
+from proxy.workers import WorkerInfo, supervise
 
 __all__ = ["main", "run"]
 
@@ -47,26 +48,27 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(out)
 
 
-def setup_logging(config: Config) -> None:
+def setup_logging(config: Config, worker=None) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if config.log.format == "json":
         handler.setFormatter(_JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        where = f"[worker {worker.index}] " if worker is not None else ""
+        handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s {where}%(name)s: %(message)s"))
     root = logging.getLogger("replay_proxy")
     root.handlers[:] = [handler]
     root.setLevel(config.log.level.upper())
     root.propagate = False
 
 
-async def run(config: Config, path: str | None = None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def run(config: Config, path: str | None = None, worker=None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Run the proxy (and its admin endpoint) until cancelled or SIGTERM/SIGINT; SIGHUP
-    reloads ``path``."""
+    reloads ``path``. ``worker``: this process is one of several (``proxy.workers``)."""
     from proxy.frontend import Proxy
     from proxy.plugin_loader import load_chain
 
     hooks = load_chain(config)
-    proxy = Proxy(config, hooks)
+    proxy = Proxy(config, hooks, worker=worker)
     retired: list = []  # plugin chains replaced by a reload, closed at exit
     try:
         await _serve(config, hooks, proxy, path, retired, task_status)
@@ -80,7 +82,10 @@ async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, 
 
     async with trio.open_nursery() as nursery:
         addresses = await nursery.start(proxy.serve)
-        if config.admin.enabled:
+        if proxy.worker is not None:  # a worker's private admin port: the supervisor gathers it
+            worker = proxy.worker
+            await nursery.start(serve_admin, config, hooks, proxy, Address("127.0.0.1", worker.admin_ports[worker.index]))
+        elif config.admin.enabled:
             await nursery.start(serve_admin, config, hooks, proxy)
         task_status.started(addresses)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
@@ -174,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="TOML file of the target database (configs/<target>.toml)")
     parser.add_argument("--check", action="store_true", help="validate the config and exit (no side effects)")
     parser.add_argument("--version", action="version", version=f"replay-proxy {_version()}")
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="processes sharing the listen port (default: listen.workers, 1)")  # fmt: skip
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # i/N: started by the supervisor
+    parser.add_argument("--worker-admin", help=argparse.SUPPRESS)  # every worker's private admin port
     args = parser.parse_args(argv)
     if not args.config:
         parser.error("--config is required")
@@ -190,10 +199,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(f"{args.config}: ok (target {config.name})")
         return 0
-    setup_logging(config)
-    _warn_if_readable(args.config, config)
+    worker = WorkerInfo.parse(args.worker, args.worker_admin) if args.worker else None
+    setup_logging(config, worker)
+    if worker is None:
+        _warn_if_readable(args.config, config)
+        workers = args.workers if args.workers is not None else config.listen.workers
+        if workers > 1:
+            return supervise(config, args.config, workers)
     try:
-        trio.run(run, config, args.config)
+        trio.run(run, config, args.config, worker)
     except KeyboardInterrupt:
         pass
     except (ConfigError, OSError, BaseExceptionGroup) as exc:

@@ -17,6 +17,7 @@ from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ProtocolError, make_err
 from proxy.relay.tasks import Session, SessionClosed
 from proxy.target import Target
+from proxy.workers import SESSION_ID_BASE, WorkerInfo
 
 __all__ = ["serve", "Proxy"]
 
@@ -26,12 +27,13 @@ log = logging.getLogger("replay_proxy.frontend")
 class Proxy:
     """A running proxy for one target: listeners plus the sessions they accepted."""
 
-    def __init__(self, config: Config, hooks: Hooks | None = None, opener=None) -> None:
+    def __init__(self, config: Config, hooks: Hooks | None = None, opener=None, worker: WorkerInfo | None = None) -> None:
         self.config = config
         self.target = Target(config, hooks) if opener is None else Target(config, hooks, opener)
         # Session ids double as the connection id of the greeting. Starting high keeps them apart
         # from the server's own connection ids, so a KILL can tell which one it was given.
-        self._ids = itertools.count(1_000_000_001)
+        self.worker = self.target.worker = worker
+        self._ids = itertools.count(worker.first_session_id if worker is not None else SESSION_ID_BASE)
         self.admission = Admission(config.listen)
         self.addresses: list[tuple[str, int]] = []
         self._accepting: trio.CancelScope | None = None
@@ -61,7 +63,10 @@ class Proxy:
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         listen = self.config.listen.address
         try:
-            listeners = await trio.open_tcp_listeners(listen.port, host=listen.host, backlog=1024)
+            if self.worker is not None:  # several processes share the port
+                listeners = [_reuse_port_listener(listen.host, listen.port)]
+            else:
+                listeners = await trio.open_tcp_listeners(listen.port, host=listen.host, backlog=1024)
         except OSError as exc:
             raise OSError(exc.errno, f"cannot listen on {listen} (target {self.target.name}): {exc.strerror}") from None
         self.addresses = [lst.socket.getsockname()[:2] for lst in listeners]
@@ -159,6 +164,17 @@ class Proxy:
                 log.info("client %s not admitted: %s", client_address, session.close_reason)
             else:
                 log.debug("client %s disconnected before logging in", client_address)
+
+
+def _reuse_port_listener(host: str, port: int) -> trio.SocketListener:
+    """A listening socket with SO_REUSEPORT: the kernel spreads connections over the workers."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    return trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 
 
 async def _refuse(channel: Channel, code: int, sqlstate: str, message: str) -> None:

@@ -46,6 +46,7 @@ class Target:
         self.health: dict[Address, AddressHealth] = {}
         self.stats = Stats(self)
         self.nursery: trio.Nursery | None = None  # for background work (session moves); set by Proxy.serve
+        self.worker = None  # workers.WorkerInfo when this process is one of several
 
     def spawn(self, fn, *args) -> None:
         """Run ``fn(*args)`` in the background (no-op when the proxy is not serving)."""

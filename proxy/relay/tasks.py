@@ -37,6 +37,7 @@ from proxy.session import PreparedStatement
 from proxy.sqltext import Analysis, Kind
 from proxy.target import Target
 from proxy.tracking import SessionTracker
+from proxy.workers import backend_connection_of
 
 __all__ = ["Session", "SessionClosed"]
 
@@ -295,24 +296,33 @@ class Session:
         elif analysis is not None and analysis.single and analysis.first.kind is Kind.SELECT and oversize.asks_max_packet(cmd):
             cmd = inflight.command = oversize.tell_effective_limit(cmd, self.limit, self.backend)
         elif analysis is not None and analysis.keywords(0, 1) == ("KILL",):
-            cmd = inflight.command = self._translate_kill(cmd)
+            cmd = inflight.command = await self._translate_kill(cmd)
         self.inflight = inflight
         if self.backend_ok:
             await self.send_inflight(inflight)
 
-    def _translate_kill(self, cmd: Command) -> Command:
+    async def _translate_kill(self, cmd: Command) -> Command:
         """Clients KILL by the connection id of the proxy's greeting (the mariadb CLI on Ctrl-C:
         KILL QUERY <id>). Those ids are the proxy's own session numbers; the server knows the
-        session's current backend connection instead."""
+        session's current backend connection instead (another worker's session: ask it)."""
         m = _KILL.match(cmd.payload, 1)
         if m is None:
             return cmd
-        session = self.target.session_by_id(int(m.group(2)))
-        if session is None or session.backend is None:
-            return cmd  # not a proxy session: the server will judge the id
-        payload = b"\x03KILL %s%d" % (m.group(1), session.backend.connection_id)
-        log.info("session %d: %s of proxy session %s sent as backend connection %d",
-                 self.id, payload[1:].decode(errors="replace"), m.group(2).decode(), session.backend.connection_id)
+        session_id = int(m.group(2))
+        session = self.target.session_by_id(session_id)
+        if session is not None and session.backend is not None:
+            address, connection_id = str(session.backend.address), session.backend.connection_id
+        else:
+            worker = self.target.worker
+            found = await backend_connection_of(worker, session_id) if worker is not None else None
+            if found is None:
+                return cmd  # not a proxy session: the server will judge the id
+            address, connection_id = found
+        if self.backend is None or address != str(self.backend.address):
+            log.info("session %d: KILL of proxy session %d, which is on backend %s, not this session's", self.id, session_id, address)
+        payload = b"\x03KILL %s%d" % (m.group(1), connection_id)
+        log.info("session %d: %s of proxy session %d sent as backend connection %d",
+                 self.id, payload[1:].decode(errors="replace"), session_id, connection_id)
         return Command(payload, encode_packet(payload, 0)[0], cmd.seq_end, len(payload))
 
     async def _write_commit_marker(self, commit: Command) -> bool:
