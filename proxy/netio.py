@@ -109,6 +109,11 @@ class Channel:
         except trio.ClosedResourceError:
             raise PeerClosed(f"{self.name}: closed") from None
 
+    async def wait_data(self) -> None:
+        """Until the peer sends something (or closes). Cancelling it loses nothing."""
+        if not self.decoder.buffered():
+            await self._park(wait_readable)
+
     async def read_packet(self, max_size: int | None = None) -> Packet:
         """Next whole logical packet (for handshakes and the proxy's own exchanges). With
         ``max_size``, a bigger one is a ProtocolError as soon as its header says so."""
@@ -178,6 +183,10 @@ class StreamChannel(Channel):
             await self.stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise PeerClosed(f"{self.name}: {exc or 'closed'}") from None
+
+    async def wait_data(self) -> None:
+        if not self.decoder.buffered():
+            self.decoder.feed(await self.recv())  # receive_some loses nothing when cancelled
 
     def data_pending(self) -> bool:
         return bool(self.decoder.buffered())

@@ -175,6 +175,11 @@ class _TLSLayer:
         except PeerClosed:
             pass
 
+    async def wait_data(self) -> None:
+        # Decrypted or received bytes already waiting: no need to wait on the socket.
+        if not (self.tls.pending() or self._in.pending):
+            await super().wait_data()  # type: ignore[misc]
+
     def data_pending(self) -> bool:
         if self.decoder.buffered() or self.tls.pending() or self._in.pending:  # type: ignore[attr-defined]
             return True

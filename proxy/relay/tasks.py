@@ -210,8 +210,11 @@ class Session:
         limits = self.config.limits
         max_size = self.limit - 1  # like the server: a command must be smaller than max_allowed_packet
         keep = max(max_size, limits.split_max_statement) if self._split_mode else max_size
+        idle_timeout = self.config.listen.idle_timeout
         while True:
             try:
+                if idle_timeout:
+                    await self._wait_for_command(idle_timeout)
                 cmd = await read_command(self.client, max_size, limits.spool_threshold, keep)
             except PeerClosed:
                 return None
@@ -221,6 +224,16 @@ class Session:
             if not cmd.payload:
                 raise SessionClosed("client sent an empty command packet")
             return cmd
+
+    async def _wait_for_command(self, idle_timeout: float) -> None:
+        """listen.idle_timeout: close a session that sends nothing for that long while no
+        command of its own is running (like the server's wait_timeout, but the proxy's)."""
+        while True:
+            with trio.move_on_after(idle_timeout):
+                await self.client.wait_data()
+                return
+            if self.inflight is None:
+                raise SessionClosed(f"idle for {idle_timeout:g}s (listen.idle_timeout)")
 
     async def _wait_inflight(self) -> None:
         inflight = self.inflight

@@ -276,3 +276,38 @@ def test_config_hygiene(tmp_path):
         out = run("--config", str(write_config(tmp_path / "bad.toml", data)), "--check")
         assert out.returncode == 2 and message in out.stderr, (bad, out.stderr)
     os.chmod(good, 0o644)
+
+
+def test_admin_token_guards_everything_but_the_probes(mariadb, tmp_path):
+    prepare_server(mariadb)
+    os.environ["REPLAY_PROXY_TEST_ADMIN_TOKEN"] = "s3cret-token"
+    proxy = start_proxy(tmp_path / "proxy", mariadb.port, admin={"token_env": "REPLAY_PROXY_TEST_ADMIN_TOKEN"})
+    try:
+        assert get(proxy.admin_port, "/healthz")[0] == 200  # kubelet probes carry no token
+        for path in ("/metrics", "/status"):
+            assert get(proxy.admin_port, path)[0] == 401
+            assert get(proxy.admin_port, path, token="wrong")[0] == 401
+            assert get(proxy.admin_port, path, token="s3cret-token")[0] == 200
+        assert "s3cret-token" not in proxy.log_text()
+    finally:
+        proxy.stop()
+        del os.environ["REPLAY_PROXY_TEST_ADMIN_TOKEN"]
+
+
+def test_idle_timeout_closes_idle_sessions_but_not_busy_ones(mariadb, tmp_path):
+    prepare_server(mariadb)
+    proxy = start_proxy(tmp_path / "proxy", mariadb.port, listen={"idle_timeout": "1s"})
+    try:
+        busy = connect(proxy.port)
+        with busy.cursor() as cur:
+            cur.execute("SELECT SLEEP(2.5)")  # runs longer than the timeout: not idle
+            assert cur.fetchone() == (0,)
+        idle = connect(proxy.port)
+        time.sleep(2)
+        with pytest.raises(pymysql.err.OperationalError) as lost, idle.cursor() as cur:
+            cur.execute("SELECT 1")
+        assert lost.value.args[0] in (2006, 2013)  # the client sees its connection gone
+        assert "idle for 1s (listen.idle_timeout)" in proxy.log_text()
+        wait_for(lambda: status(proxy)["sessions"] == [], what="sessions closed")
+    finally:
+        proxy.stop()

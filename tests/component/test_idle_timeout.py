@@ -1,0 +1,63 @@
+"""listen.idle_timeout: a session that sends nothing for that long is closed, its backend
+connection with it; a command that runs longer than that, or arrives a byte at a time, is not
+idle. Off (0) by default: replicators keep pinned connections idle for hours."""
+
+from __future__ import annotations
+
+import trio
+
+from proxy.frontend import Proxy
+from proxy.netio import StreamChannel
+from proxy.protocol.framing import encode_packet
+from tests.component.fakes import FakeClient, FakeServer, make_config, trickle_stream_pair
+from tests.component.test_admission import Lab, closed
+
+
+async def test_an_idle_session_is_closed_with_its_backend_connection(nursery, autojump):
+    lab = Lab(nursery, idle_timeout="30s")
+    c = await lab.client()
+    await trio.sleep(29)
+    assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]  # 29 s is not idle enough
+    assert len(lab.server.live()) == 1
+    await trio.sleep(31)
+    assert await closed(c.stream)
+    assert lab.server.live() == []  # the backend connection went with it
+    assert not lab.proxy.target.sessions
+
+
+async def test_a_command_running_longer_than_the_timeout_is_not_idle(nursery, autojump):
+    lab = Lab(nursery, idle_timeout="10s")
+    c = await lab.client()
+
+    async def slow(conn, payload: bytes):
+        if b"COUNT" in payload:
+            await trio.sleep(60)  # the server works on it for a minute
+        return None
+
+    lab.server.intercept = slow
+    assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]
+    lab.server.intercept = None
+    assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]
+    assert lab.proxy.target.sessions
+
+
+async def test_a_command_trickling_in_is_not_idle(nursery, autojump):
+    server = FakeServer(nursery, stream_pair=trickle_stream_pair)
+    proxy = Proxy(make_config(listen={"address": "127.0.0.1:1", "idle_timeout": "5s"}), opener=server.opener)
+    client_side, proxy_side = trickle_stream_pair()
+    nursery.start_soon(proxy.handle_client, StreamChannel(proxy_side, "client"), "10.0.0.1:5000")
+    c = FakeClient(client_side)
+    await c.login()
+    await trio.sleep(4)
+    frame = encode_packet(b"\x03SELECT COUNT(*) FROM t", 0)[0]
+    for i in range(len(frame)):  # one byte every 3 s: 90 s for the command, never 5 s of silence
+        await c.stream.send_all(frame[i : i + 1])
+        await trio.sleep(3)
+    assert await c._read_packet() == b"\x01"  # the answer begins: one column (EOFError if closed)
+
+
+async def test_off_by_default(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    await trio.sleep(48 * 3600)
+    assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]
