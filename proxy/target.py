@@ -13,6 +13,7 @@ from proxy.relay.markers import MarkerTable
 from proxy.relay.proofs import KeyCache
 from proxy.health import AddressHealth
 from proxy.stats import Stats
+from proxy.tls import backend_tls
 
 __all__ = ["Target", "BackendProfile"]
 
@@ -71,7 +72,9 @@ class Target:
         if not self.config.users:
             return None
         user = self.config.users[0]
-        return Login(user.resolved_backend_user(), user.resolved_backend_password(), None, 45, 0)
+        # Over TLS when sessions use it: a server that requires TLS refuses a plain check.
+        return Login(user.resolved_backend_user(), user.resolved_backend_password(), None, 45, 0,
+                     tls=backend_tls(self.config.backend.tls))  # fmt: skip
 
     def backend_unusable(self, address: Address, state: str) -> None:
         """An address started draining (or went down): its idle sessions move elsewhere now,
