@@ -161,6 +161,9 @@ type options struct {
 	mode                     string
 	out                      string
 
+	// exec
+	exec stringsFlag
+
 	// smoke
 	bigSize  int
 	longData bool
@@ -204,7 +207,8 @@ func parseFlags() *options {
 	flag.DurationVar(&o.connectTimeout, "connect-timeout", 10*time.Second, "DSN timeout (dial)")
 	flag.StringVar(&o.extraDSN, "extra-dsn", "", "raw DSN parameters to append, e.g. a=b&c=d")
 	flag.StringVar(&o.tlsCA, "tls-ca", "", "PEM CA file: connect over TLS (tls=custom), verifying the server")
-	flag.StringVar(&o.mode, "mode", "smoke", "smoke | setup | workload | verify")
+	flag.StringVar(&o.mode, "mode", "smoke", "smoke | setup | workload | verify | exec")
+	flag.Var(&o.exec, "exec", "exec: a statement to run (repeatable, in order, on one connection)")
 	flag.StringVar(&o.out, "out", "", "also write the JSON result to this file")
 	flag.IntVar(&o.bigSize, "big-size", 1<<20, "smoke: size of the big string round trip")
 	flag.BoolVar(&o.longData, "long-data", true, "smoke: run the COM_STMT_SEND_LONG_DATA checks (sized from max_allowed_packet)")
@@ -330,8 +334,10 @@ func main() {
 		ok = runWorkload(o)
 	case "verify":
 		ok = runVerify(o)
+	case "exec":
+		ok = runExec(o)
 	default:
-		fatalf("unknown -mode %q (want smoke, setup, workload or verify)", o.mode)
+		fatalf("unknown -mode %q (want smoke, setup, workload, verify or exec)", o.mode)
 	}
 	if !ok {
 		os.Exit(1)
