@@ -829,6 +829,38 @@ def test_memory_stays_bounded(mariadb, proxy_factory, tmp_path):
     assert report["growth_mib"] < 64, report
 
 
+def test_a_client_that_stops_reading_back_pressures_the_server(mariadb, proxy_factory):
+    """A client pauses in the middle of a 400 MiB result: the proxy does not buffer the rest
+    (its RSS stays put) and the server stops sending (its Bytes_sent stops growing), then the
+    client reads on and gets every byte."""
+    proxy = proxy_factory(mariadb.port)
+    pid = proxy.proc.pid
+    conn = connect(proxy.port)
+
+    def bytes_sent() -> int:
+        return int(mariadb.query("SHOW GLOBAL STATUS LIKE 'Bytes_sent'")[0][1])
+
+    try:
+        query(conn, "SELECT REPEAT('w', 1024 * 1024)")  # warm up buffers once
+        baseline = rss_kib(pid)
+        with conn.cursor(pymysql.cursors.SSCursor) as cur:
+            cur.execute("SELECT seq, REPEAT('p', 1024 * 1024) FROM seq_1_to_400")
+            total = sum(len(cur.fetchone()[1]) for _ in range(5))
+            time.sleep(1)  # the pipes fill up
+            sent_before, rss_before = bytes_sent(), rss_kib(pid)
+            time.sleep(3)  # the client reads nothing
+            sent_during = bytes_sent() - sent_before
+            rss_paused = rss_kib(pid)
+            total += sum(len(v) for _, v in cur)
+        print(f"\nslow reader: proxy RSS {baseline / 1024:.1f} -> {rss_paused / 1024:.1f} MiB while paused; "
+              f"server sent {sent_during / 1024:.0f} KiB in 3 s of pause")  # fmt: skip
+        assert total == 400 * MiB
+        assert rss_paused - baseline < 32 * 1024, (baseline, rss_before, rss_paused)
+        assert sent_during < 4 * MiB, sent_during  # the server is held back, not draining into the proxy
+    finally:
+        conn.close()
+
+
 def test_memory_of_a_split_statement(mariadb, proxy_factory, tmp_path):
     """Informational plus a loose bound: a 50 MiB statement split under a 1 MiB limit is held
     whole by the proxy (it needs the text to cut it), so growth is about its size."""
