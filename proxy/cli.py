@@ -100,7 +100,7 @@ async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, 
 
 
 # What a reload cannot change while running.
-_RESTART_ONLY = (("listen", "address"), ("listen", "tls"), ("admin", "address"), ("admin", "enabled"), ("log", "format"))
+_RESTART_ONLY = (("listen", "address"), ("listen", "tls"), ("listen", "workers"), ("admin", "address"), ("admin", "enabled"), ("log", "format"))
 
 
 def reload(proxy, path: str | None, retired: list) -> bool:

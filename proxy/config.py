@@ -448,6 +448,8 @@ def _check_values(config: Config) -> None:
             problems.append(f"$.admin.address: {admin} is also listen.address")
         if not admin.host.startswith(_LOOPBACK) and config.admin.token is None and config.admin.token_env is None:
             problems.append(f"$.admin.address: {admin} is not loopback: set admin.token (or token_env) so /status and /metrics need it")
+        if config.admin.token_env and config.admin.token_env not in os.environ:
+            problems.append(f"$.admin.token_env: environment variable {config.admin.token_env} is not set")
     if problems:
         raise ConfigError("\n".join(problems))
 

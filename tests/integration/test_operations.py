@@ -270,6 +270,7 @@ def test_config_hygiene(tmp_path):
         ({"limits": {"max_allowed_packet": "2GiB"}}, "1KiB to 1GiB"),
         ({"recovery": {"backoff_initial": "5s"}}, "more than backoff_max"),
         ({"admin": {"address": "0.0.0.0:9999"}}, "admin.token"),
+        ({"admin": {"token_env": "REPLAY_PROXY_NO_SUCH_VARIABLE"}}, "REPLAY_PROXY_NO_SUCH_VARIABLE is not set"),
         ({"backend": {"addresses": ["127.0.0.1:3306"], "helth_interval": 1}}, "did you mean health_interval"),
     ]:
         data = {"backend": {"addresses": ["127.0.0.1:3306"]}, "users": [{"name": "app", "password": "x"}], **bad}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,12 @@ def test_example_configs_load(name, monkeypatch):
     hooks = load_chain(cfg)
     assert [n for n, _ in hooks.plugins] == cfg.plugins.chain
     assert len(cfg.plugins.chain) >= 3
+
+
+# demo.toml is a template: bench.demo fills in the addresses and users of its throwaway server.
+@pytest.mark.parametrize("path", sorted(set(CONFIGS.glob("*.toml")) - {CONFIGS / "demo.toml"}), ids=lambda p: p.name)
+def test_every_shipped_config_is_valid(path, monkeypatch):
+    for variable in re.findall(r'^\s*\w+_env\s*=\s*"(\w+)"', path.read_text(), re.MULTILINE):
+        monkeypatch.setenv(variable, "x")
+    cfg = load_config(path)
+    assert [n for n, _ in load_chain(cfg).plugins] == cfg.plugins.chain
