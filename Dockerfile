@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 #
 # replay-proxy: one process per target database, its TOML config mounted at
-# /etc/replay-proxy/proxy.toml (see configs/dm-sidecar.toml and deploy/kubernetes/).
+# /etc/replay-proxy/proxy.toml (see configs/dm-sidecar.toml and configs/deploy/kubernetes/).
 #
 #   docker build -t replay-proxy:0.1.0 .
 #   docker run --rm -v "$PWD/configs/dm-sidecar.toml:/etc/replay-proxy/proxy.toml:ro" \

@@ -22,5 +22,5 @@ def configmap_file(manifest: str, key: str) -> str:
 
 
 def test_the_kubernetes_configmap_carries_configs_dm_sidecar_unchanged():
-    manifest = (REPO / "deploy/kubernetes/dm-worker-with-proxy.yaml").read_text()
+    manifest = (REPO / "configs/deploy/kubernetes/dm-worker-with-proxy.yaml").read_text()
     assert configmap_file(manifest, "proxy.toml") == (REPO / "configs/dm-sidecar.toml").read_text()
