@@ -222,14 +222,7 @@ class TLSChannel(_TLSLayer, Channel):
     def __init__(self, plain: Channel, tls: ssl.SSLObject, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO) -> None:
         # The plain channel's socket as it is (non-blocking, TCP_NODELAY, keepalive).
         self.sock = plain.sock
-        self.name = plain.name
-        self.decoder = plain.decoder
-        self._unyielded = plain._unyielded
-        self.closed = False
-        self.tls, self._in, self._out = tls, incoming, outgoing
-        self._flushing = False
-        self._flushed = None
-        self._ready = False
+        _take_over(self, plain, tls, incoming, outgoing)
 
 
 class TLSStreamChannel(_TLSLayer, StreamChannel):
@@ -239,14 +232,19 @@ class TLSStreamChannel(_TLSLayer, StreamChannel):
 
     def __init__(self, plain: StreamChannel, tls: ssl.SSLObject, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO) -> None:
         self.stream = plain.stream
-        self.name = plain.name
-        self.decoder = plain.decoder
-        self._unyielded = 0
-        self.closed = False
-        self.tls, self._in, self._out = tls, incoming, outgoing
-        self._flushing = False
-        self._flushed = None
-        self._ready = False
+        _take_over(self, plain, tls, incoming, outgoing)
+
+
+def _take_over(channel, plain: Channel, tls: ssl.SSLObject, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO) -> None:
+    """The plain channel's name and decoder (bytes already buffered stay), and a fresh TLS state."""
+    channel.name = plain.name
+    channel.decoder = plain.decoder
+    channel._unyielded = plain._unyielded
+    channel.closed = False
+    channel.tls, channel._in, channel._out = tls, incoming, outgoing
+    channel._flushing = False
+    channel._flushed = None
+    channel._ready = False
 
 
 async def start_tls(

@@ -197,7 +197,10 @@ class FakeConnection:
         if got is None:
             return self.close()
         seq, payload = got
-        resp = parse_handshake_response(payload)
+        await self.login_and_serve(parse_handshake_response(payload), seq, scramble)
+
+    async def login_and_serve(self, resp, seq: int, scramble: bytes) -> None:
+        """Check the password of a handshake response, then answer commands until closed."""
         self.deprecate_eof = bool(resp.capabilities & Capabilities.CLIENT_DEPRECATE_EOF)
         self.database = resp.database
         if resp.auth_response != native_scramble(self.server.password, scramble):
@@ -208,8 +211,7 @@ class FakeConnection:
             got = await self._read()
             if got is None:
                 break
-            _seq, payload = got
-            await self._command(payload)
+            await self._command(got[1])
         self.close()
 
     async def _command(self, payload: bytes) -> None:

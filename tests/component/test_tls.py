@@ -21,7 +21,6 @@ from proxy.protocol.packets import (
     lenenc_str,
     make_err,
     make_handshake_response,
-    make_ok,
     make_server_handshake,
     parse_err,
     parse_handshake_response,
@@ -97,18 +96,7 @@ class TLSFakeConnection(FakeConnection):
         elif server.require_tls:
             await self._send([make_err(3159, "HY000", "Connections using insecure transport are prohibited")], seq + 1)
             return self.close()
-        self.deprecate_eof = bool(resp.capabilities & Capabilities.CLIENT_DEPRECATE_EOF)
-        self.database = resp.database
-        if resp.auth_response != native_scramble(self.server.password, scramble):
-            await self._send([make_err(1045, "28000", f"Access denied for user '{resp.username}'")], seq + 1)
-            return self.close()
-        await self._send([make_ok(self.status())], seq + 1)
-        while not self.closed:
-            got = await self._read()
-            if got is None:
-                break
-            await self._command(got[1])
-        self.close()
+        await self.login_and_serve(resp, seq, scramble)
 
 
 class TLSFakeServer(FakeServer):
