@@ -21,7 +21,7 @@ from importlib.metadata import PackageNotFoundError, version
 import trio
 
 from proxy.config import Address, Config, ConfigError, load_config
-from proxy.workers import WorkerInfo, supervise
+from proxy.workers import MAX_WORKERS, WorkerInfo, supervise
 
 __all__ = ["main", "run"]
 
@@ -204,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     if worker is None:
         _warn_if_readable(args.config, config)
         workers = args.workers if args.workers is not None else config.listen.workers
+        if not 1 <= workers <= MAX_WORKERS:
+            print(f"replay-proxy: --workers must be 1 to {MAX_WORKERS}, got {workers}", file=sys.stderr)
+            return 2
         if workers > 1:
             return supervise(config, args.config, workers)
     try:

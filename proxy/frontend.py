@@ -17,7 +17,7 @@ from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ProtocolError, make_err
 from proxy.relay.tasks import Session, SessionClosed
 from proxy.target import Target
-from proxy.workers import SESSION_ID_BASE, WorkerInfo
+from proxy.workers import SESSION_ID_BASE, SESSION_ID_SPAN, WorkerInfo
 
 __all__ = ["serve", "Proxy"]
 
@@ -33,7 +33,9 @@ class Proxy:
         # Session ids double as the connection id of the greeting. Starting high keeps them apart
         # from the server's own connection ids, so a KILL can tell which one it was given.
         self.worker = self.target.worker = worker
-        self._ids = itertools.count(worker.first_session_id if worker is not None else SESSION_ID_BASE)
+        self._first_id = worker.first_session_id if worker is not None else SESSION_ID_BASE
+        self._ids = itertools.count(self._first_id)
+        self._ids_wrapped = False
         self.admission = Admission(config.listen)
         self.addresses: list[tuple[str, int]] = []
         self._accepting: trio.CancelScope | None = None
@@ -103,9 +105,20 @@ class Proxy:
         client_address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         await self.handle_client(Channel(sock, f"client {client_address}"), client_address)
 
+    def _new_session_id(self) -> int:
+        """The next id of this worker's range; once the range is used up it starts over,
+        skipping the ids of sessions still open (an id must fit the greeting's 4 bytes)."""
+        while True:
+            session_id = next(self._ids)
+            if session_id >= self._first_id + SESSION_ID_SPAN:
+                self._ids, self._ids_wrapped = itertools.count(self._first_id), True
+                continue
+            if not self._ids_wrapped or self.target.session_by_id(session_id) is None:
+                return session_id
+
     async def handle_client(self, channel: Channel, client_address: str) -> None:
         """Run one client connection to its end (component tests call this with memory streams)."""
-        session_id = next(self._ids)
+        session_id = self._new_session_id()
         target = self.target
         host = client_address.rsplit(":", 1)[0]
         refusal = self.admission.refusal(host)

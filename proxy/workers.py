@@ -7,8 +7,9 @@ forwards SIGTERM/SIGINT/SIGHUP to all of them, and serves the one admin endpoint
 and /status gather every worker's (each worker serves its own on a private loopback port,
 ``WorkerInfo.admin_ports``), /readyz is ready when any worker is.
 
-Session ids stay unique: worker ``i`` numbers its sessions from 1,000,000,001 + i * 10^8
-(``WorkerInfo.first_session_id``); a ``KILL <id>`` of another worker's session is translated
+Session ids stay unique: worker ``i`` numbers its sessions from 1,000,000,001 + i * 5 * 10^7
+(``WorkerInfo.first_session_id``; 64 workers at most, so every id fits the greeting's 4 bytes);
+a ``KILL <id>`` of another worker's session is translated
 by asking that worker (``/session?id=``). Commit-marker slots are random per session.
 """
 
@@ -29,12 +30,13 @@ import trio
 
 from proxy.config import Config
 
-__all__ = ["WorkerInfo", "supervise", "SESSION_ID_BASE", "SESSION_ID_SPAN"]
+__all__ = ["WorkerInfo", "supervise", "SESSION_ID_BASE", "SESSION_ID_SPAN", "MAX_WORKERS"]
 
 log = logging.getLogger("replay_proxy.workers")
 
 SESSION_ID_BASE = 1_000_000_001
-SESSION_ID_SPAN = 100_000_000
+SESSION_ID_SPAN = 50_000_000  # ids per worker: 64 spans end below 2**32
+MAX_WORKERS = 64
 
 
 @attrs.frozen

@@ -98,3 +98,21 @@ async def test_failed_logins_block_a_host_for_a_while(nursery, autojump):
     await lab.client("10.0.0.6:1")  # other hosts are not
     await trio.sleep(61)
     await lab.client("10.0.0.5:3")
+
+
+async def test_session_ids_start_over_within_their_range_skipping_open_sessions(nursery, autojump):
+    """Session ids are the greeting's 4-byte connection id: after the last id of the range the
+    numbering starts over at the first, and an id still in use is skipped."""
+    import itertools
+
+    from proxy.workers import SESSION_ID_BASE, SESSION_ID_SPAN
+
+    lab = Lab(nursery)
+    first = await lab.client()  # id SESSION_ID_BASE, stays open
+    lab.proxy._ids = itertools.count(SESSION_ID_BASE + SESSION_ID_SPAN - 1)
+    await lab.client()  # the last id of the range
+    third = await lab.client()
+    ids = sorted(s.id for s in lab.proxy.target.sessions)
+    assert ids == [SESSION_ID_BASE, SESSION_ID_BASE + 1, SESSION_ID_BASE + SESSION_ID_SPAN - 1]
+    assert max(ids) < 2**32
+    assert (await third.must("SELECT COUNT(*) FROM t")).rows == ["0"] and not first.closed
