@@ -120,6 +120,8 @@ class Backend:
         BackendError on ERR."""
         await self.channel.send(encode_packet(b"\x03" + sql.encode("utf-8"), 0)[0])
         first = (await self.channel.read_packet()).payload
+        if not first:
+            raise ProtocolError(f"{self.address}: an empty packet in answer to {redact(sql)[:80]!r}")
         if first[0] == ERR_HEADER:
             err = parse_err(first)
             raise BackendError(f"{self.address}: {redact(sql)[:80]!r} failed: {err}", retryable=False, err=err)
@@ -135,6 +137,8 @@ class Backend:
         rows = []
         while True:
             payload = (await self.channel.read_packet()).payload
+            if not payload:
+                raise ProtocolError(f"{self.address}: an empty row in answer to {redact(sql)[:80]!r}")
             if payload[0] == ERR_HEADER:
                 err = parse_err(payload)
                 raise BackendError(f"{self.address}: {redact(sql)[:80]!r} failed: {err}", retryable=False, err=err)
@@ -313,7 +317,10 @@ async def _learn_server(backend: Backend) -> None:
         rows = await backend.query("SELECT @@max_allowed_packet")
     row = rows[0] if rows else []
     if row and row[0] is not None:
-        backend.max_allowed_packet = int(row[0])
+        try:
+            backend.max_allowed_packet = int(row[0])
+        except ValueError:
+            raise BackendError(f"{backend.address}: @@max_allowed_packet is {row[0][:40]!r}, not a number", retryable=False) from None
     if len(row) != 5:
         return
     try:

@@ -1,10 +1,8 @@
-"""One client session: its two tasks and the only per-packet code.
+"""One client session: its state, the client task and sending commands to the backend.
 
 - the client task reads a command, lets the plugins look at it, and sends it to the backend;
-- the backend task reads the backend socket all the time. It streams each response to the
-  client, and while the client is idle its pending read is what notices a server closing the
-  connection (FIN, reset, an unsolicited ERR) at once, so the connection is replaced before the
-  client's next command. It also runs recovery (``reconnect.recover``).
+- the backend task (``responses``) reads the backend socket all the time, streams each
+  response to the client and runs recovery when the connection is lost.
 
 ``inflight`` is the one command sent (or queued while recovering) whose response is not
 complete. The client task does not wait for a response after sending; it only waits when the
@@ -23,15 +21,15 @@ import struct
 import trio
 
 from proxy.backend import Backend
-from proxy.hooks import AnswerOk, CommandInfo, PluginError, Reject, ResultInfo, Rewrite, SessionInfo
+from proxy.hooks import AnswerOk, CommandInfo, PluginError, Reject, Rewrite, SessionInfo
 from proxy.intake import Command, Oversized, read_command
-from proxy.netio import Channel, PeerClosed, PeerFinished
+from proxy.netio import Channel, PeerClosed
 from proxy.protocol.constants import Commands, Err
 from proxy.protocol.framing import encode_packet
-from proxy.protocol.packets import ERR_HEADER, ErrPacket, ProtocolError, make_err, make_ok, parse_err
-from proxy.protocol.response import Expect, ResponseTracker, expect_for
-from proxy.relay import login, oversize, reconnect
-from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, SENT, ConnectionFailed, Inflight, SessionClosed
+from proxy.protocol.packets import make_err, make_ok, parse_err
+from proxy.protocol.response import ResponseTracker, expect_for
+from proxy.relay import login, oversize, reconnect, responses
+from proxy.relay.inflight import SEND_FAILED, SENDING, SENT, Inflight, SessionClosed
 from proxy.relay.markers import CommitMarkers
 from proxy.session import PreparedStatement
 from proxy.sqltext import Analysis, Kind
@@ -44,10 +42,6 @@ __all__ = ["Session", "SessionClosed"]
 log = logging.getLogger("replay_proxy.session")
 
 C = Commands
-
-# Errors with which a server says "I am going away" in answer to a command it did not run.
-KILLED = 1927  # ER_CONNECTION_KILLED: a shutdown, or an operator's KILL
-SERVER_GOING_AWAY = frozenset({1053, KILLED})
 
 _STMT_COMMANDS = frozenset(
     {C.COM_STMT_EXECUTE, C.COM_STMT_SEND_LONG_DATA, C.COM_STMT_CLOSE, C.COM_STMT_RESET, C.COM_STMT_FETCH}
@@ -112,7 +106,7 @@ class Session:
         try:
             async with trio.open_nursery() as nursery:
                 self._cancel = nursery.cancel_scope
-                nursery.start_soon(self._backend_task)
+                nursery.start_soon(responses.backend_task, self)
                 try:
                     reason = await self._client_task()
                     self.close_reason = self.close_reason or reason
@@ -392,7 +386,7 @@ class Session:
             if self._send_settled is not None:
                 self._send_settled.set()
         if inflight.state == SENT and inflight.tracker.done:  # no response expected
-            await self._complete(inflight, b"")
+            await responses.complete(self, inflight, b"")
 
     async def send_settled(self) -> None:
         """Recovery: wait until the client task's send of the in-flight command has finished."""
@@ -420,178 +414,6 @@ class Session:
         if new is payload and raw is not None:
             return raw
         return encode_packet(new, 0)[0]
-
-    # ------------------------------------------------------------------ backend task
-
-    async def _backend_task(self) -> None:
-        try:
-            while True:
-                backend = self.backend
-                assert backend is not None
-                inflight = self.inflight
-                try:
-                    # Nothing arrives between responses, nor before the server has worked on a
-                    # command: wait for readability first, except mid-response.
-                    data = await backend.channel.recv(wait_first=inflight is None or inflight.tracker.nbytes == 0)
-                except PeerClosed as exc:
-                    if self.backend is not backend or self.migrating:  # replaced on purpose (COM_CHANGE_USER, a move)
-                        await self.backend_replaced.wait()
-                        continue
-                    await self._recover(str(exc), clean=isinstance(exc, PeerFinished))
-                    continue
-                inflight = self.inflight
-                if inflight is None or inflight.state == NOT_SENT:
-                    err = _unsolicited_err(data)
-                    if err is not None and err.code == KILLED and await reconnect.killed_by_operator(self):
-                        # An operator killed this session's connection: the client hears the
-                        # server's error at its next command, and the session ends, as direct.
-                        self.target.stats.recovered("killed_1927", 0.0)
-                        self.failed = make_err(err.code, err.sqlstate, err.message)
-                        return
-                    await self._recover(f"backend sent {_describe_unsolicited(data)} while idle")
-                    continue
-                await self._on_response_data(inflight, data)
-        except ConnectionFailed as failed:
-            inflight = self.inflight
-            if inflight is not None and inflight.forwarded:
-                # Part of the answer reached the client, maybe part of a packet: an ERR now
-                # would be read as the rest of a row. Closing is the only clear signal.
-                raise SessionClosed(f"{failed} (client connection closed mid-response)") from None
-            if inflight is not None:
-                await self.answer_inflight(failed.payload)
-                raise SessionClosed(str(failed)) from None
-            self.failed = failed.payload  # an idle client hears it at its next command
-
-    async def _recover(self, reason: str, rejected: bool = False, clean: bool = False) -> None:
-        resend = await reconnect.recover(self, reason, rejected, clean)
-        if resend is not None:
-            await self.send_inflight(resend)
-
-    async def _on_response_data(self, inflight: Inflight, data: bytes) -> None:
-        tracker = inflight.tracker
-        try:
-            end = tracker.feed(data)
-        except ProtocolError as exc:
-            raise reconnect.failure(self, f"protocol error in backend response: {exc}") from None
-        if end < 0:
-            if inflight.held is not None or inflight.refuse_infile or inflight.internal:
-                if inflight.held is not None:
-                    inflight.held += data
-                return
-            inflight.forwarded = True
-            await self.client.send(data)
-            return
-        extra = data[end:]
-        if extra:
-            data = data[:end]
-        error = tracker.error
-        if error is not None and error.code in SERVER_GOING_AWAY and not inflight.forwarded:
-            if inflight.analysis is not None and inflight.analysis.keywords(0, 1) == ("KILL",):
-                # The client killed its own connection (KILL CONNECTION_ID()): pass the answer
-                # on and end the session, as the server does, instead of bringing it back.
-                await self._complete(inflight, data)
-                raise SessionClosed("the client killed its own backend connection")
-            if error.code == KILLED and await reconnect.killed_by_operator(self):
-                # Not a shutdown: an operator's KILL. It is not undone by running the command
-                # again; the client gets the server's error and the session ends, as direct.
-                self.target.stats.recovered("killed_1927", 0.0)
-                await self._complete(inflight, data)
-                raise SessionClosed(f"backend connection killed by an operator ({error})")
-            await self._recover(f"backend answered {error}", rejected=True)
-            return
-        if tracker.local_infile and not inflight.refuse_infile:
-            await self._refuse_local_infile(inflight)
-            return
-        await self._complete(inflight, data)
-        if extra:
-            await self._recover(f"backend sent {_describe_unsolicited(extra)} after a response")
-
-    async def _refuse_local_infile(self, inflight: Inflight) -> None:
-        """The server asked for a client file (LOAD DATA LOCAL). Send it an empty one; the
-        client gets an ERR instead of the request."""
-        assert self.backend is not None
-        seq = inflight.tracker.last_seq + 1
-        inflight.refuse_infile = True
-        inflight.tracker = ResponseTracker(Expect.SINGLE, self.deprecate_eof)
-        await self.backend.channel.send(encode_packet(b"", seq)[0])
-
-    async def _complete(self, inflight: Inflight, last: bytes) -> None:
-        """The response is complete: update session and transaction state, then let the
-        client have the rest of it."""
-        tracker = inflight.tracker
-        captures = self.tracking.completed(inflight)
-        if inflight.analysis is not None and any(st.kind is Kind.DDL for st in inflight.analysis.statements):
-            self.target.keys.clear()  # safe mode reads table keys again
-        if captures:
-            # Read the values back before the client hears "OK": a loss now is a loss with the
-            # SET still in flight, and recovery simply sends it again.
-            try:
-                await self._capture_variables(captures)
-            except (PeerClosed, ProtocolError) as exc:
-                await self._recover(f"connection lost while reading back session variables: {exc}")
-                return
-        if inflight.internal:
-            if inflight.held is not None:
-                inflight.held += last
-            out = b""
-        elif inflight.refuse_infile:
-            out = encode_packet(
-                make_err(*Err.NOT_ALLOWED_COMMAND, "LOAD DATA LOCAL INFILE is not supported through replay-proxy"),
-                inflight.command.seq_end + 1,
-            )[0]
-        elif inflight.held is not None:
-            inflight.held += last
-            out = self._rewrite_prepare_ok(inflight)
-        else:
-            out = last
-        self.inflight = None
-        self.losses_in_a_row = 0
-        self.last_activity = trio.current_time()
-        inflight.command.release()
-        if self.move_requested and self.idle():
-            self.target.spawn(reconnect.migrate, self)
-        if out:
-            await self.client.send(out)
-        if inflight.done is not None:
-            inflight.done.set()
-        if self._result_hooks:
-            error = tracker.error
-            result = ResultInfo(
-                ok=error is None,
-                error_code=error.code if error else None,
-                error_message=error.message if error else None,
-                affected_rows=tracker.ok.affected_rows if tracker.ok else 0,
-                rows=tracker.rows,
-                bytes=tracker.nbytes,
-                latency=trio.current_time() - inflight.arrived,
-                in_transaction=self.tracking.tx.active,
-            )
-            command = inflight.command
-            info = CommandInfo.for_session(self.info, command.code, command.payload, command.complete)
-            await self.hooks.notify(self.hooks.result_received, self.info, info, result)
-
-    def _rewrite_prepare_ok(self, inflight: Inflight) -> bytes:
-        """The client sees the statement id the proxy gave it, not the backend's."""
-        held = inflight.held
-        assert held is not None
-        stmt = inflight.statement
-        if stmt is not None and stmt.client_id != stmt.backend_id:
-            held[5:9] = struct.pack("<I", stmt.client_id)  # frame header (4) + OK byte (1)
-        return bytes(held)
-
-    async def _capture_variables(self, names: list[str]) -> None:
-        """Read back session variables that were set from an expression, so a restore can set
-        the value itself."""
-        from proxy.backend import BackendError
-
-        assert self.backend is not None
-        for name in names:
-            try:
-                rows = await self.backend.query(f"SELECT @@session.{name}")
-            except BackendError as exc:  # the server refused to tell: nothing to restore it from
-                self.tracking.state.mark_unrestorable(f"could not read back session variable {name}: {exc}")
-                continue
-            self.tracking.captured(name, rows[0][0] if rows else None)
 
     # ------------------------------------------------------------------ answering locally
 
@@ -637,18 +459,3 @@ def _first_cause(group: BaseExceptionGroup) -> BaseException:
         if not isinstance(exc, trio.Cancelled):
             return exc
     return group.exceptions[0]
-
-
-def _unsolicited_err(data: bytes) -> ErrPacket | None:
-    """The ERR packet a server sent on its own (a KILL, a shutdown), if ``data`` starts with one."""
-    if len(data) > 5 and data[4] == ERR_HEADER:
-        try:
-            return parse_err(data[4 : 4 + (data[0] | data[1] << 8 | data[2] << 16)])
-        except ProtocolError:
-            return None
-    return None
-
-
-def _describe_unsolicited(data: bytes) -> str:
-    err = _unsolicited_err(data)
-    return str(err) if err is not None else f"{len(data)} unexpected byte(s)"
