@@ -16,7 +16,7 @@ fails; an error may roll the transaction back), the tracker waits for the next s
 (``pending``) and, where even that cannot tell, keeps the transaction "in doubt" -- a loss
 then is a connection error, never a replay or a "retry".
 
-It also answers the questions recovery asks about statements (``facts``).
+What recovery needs to know about a statement is read from it by ``proxy.facts``.
 """
 
 from __future__ import annotations
@@ -29,10 +29,8 @@ import attrs
 from proxy.info import SessionInfo
 from proxy.protocol.constants import Commands, ServerStatus
 from proxy.protocol.response import ResponseTracker
-from proxy.recovery import StatementFacts
 from proxy.session import PreparedStatement, SessionState
 from proxy.sqltext import Analysis, Dialect, Kind, SqlParseError, Statement, analyze, classify, parse_set, quote_string
-from proxy.sqltext.idempotence import changes_no_rows, claim
 from proxy.sqltext.triage import FAST_VERBS, fast_verb, may_pin_session
 from proxy.sqltext.dialect import UNKNOWN
 from proxy.transaction import JournalEntry, Transaction
@@ -485,58 +483,3 @@ class SessionTracker:
         stmt.types_bound_on_backend = False
         if backend_id != stmt.client_id:
             self.remap_ids = True
-
-    # ------------------------------------------------------------------ recovery's questions
-
-    def text_of(self, payload: bytes, stmt: PreparedStatement | None) -> str | None:
-        """The SQL text a COM_QUERY runs, or a COM_STMT_EXECUTE (of ``stmt``); else None."""
-        code = payload[0]
-        if code == C.COM_QUERY:
-            return payload[1:].decode("utf-8", "surrogateescape")
-        if code == C.COM_STMT_EXECUTE and stmt is not None:
-            return stmt.prepare_payload[1:].decode("utf-8", "surrogateescape")
-        return None
-
-    def facts(self, payload: bytes, stmt: PreparedStatement | None, complete: bool = True, idempotent: bool | None = None) -> StatementFacts:
-        """What recovery needs to know about one command of the session. ``idempotent``: a
-        plugin's answer to the safe-mode question (None: the built-in rules decide)."""
-        code = payload[0]
-        if code in SESSION_ONLY_COMMANDS:
-            return StatementFacts(writes=False, idempotent=True, session_only=True)
-        if code == C.COM_QUERY:
-            analysis = self.analyze(payload)
-        elif code == C.COM_STMT_EXECUTE and stmt is not None and stmt.analysis is not None:
-            analysis = stmt.analysis
-        else:
-            return StatementFacts()
-        first = analysis.first
-        if analysis.unknown is not None:
-            return StatementFacts(commits=True, writes=True, unknown=analysis.unknown)
-        if any(st.runs_code for st in analysis.statements):
-            return StatementFacts(commits=True, writes=True, unknown="it runs stored code (a routine, a stored function)")
-        ended = False
-        commits = False
-        for st in analysis.statements:
-            # A write after a statement that ended the transaction runs in autocommit mode.
-            commits |= st.may_commit or (ended and st.writes)
-            ended |= st.may_end_transaction
-        plain_rollback = analysis.single and first.kind is Kind.ROLLBACK and not first.release
-        text = analysis.text
-        if not (self.safe_mode and complete) or first.xa is not None:
-            idem = False
-        elif not analysis.writes:
-            idem = True
-        elif idempotent is not None:
-            idem = idempotent
-        else:
-            idem = all(
-                changes_no_rows(text[a:b], self.dialect, self.nbe) or claim(text[a:b], self.dialect, self.nbe) is not None
-                for a, b in analysis.spans
-            )
-        return StatementFacts(
-            commits=commits,
-            rollback=plain_rollback,
-            writes=analysis.writes,
-            idempotent=idem,
-            session_only=analysis.session_only,
-        )

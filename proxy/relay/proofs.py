@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from proxy.backend import Backend, BackendError
+from proxy.facts import text_of
 from proxy.session import PreparedStatement, SessionState
 from proxy.sqltext import TokenKind, quote_string
 from proxy.sqltext.idempotence import Claim, TableKeys, changes_no_rows, claim, proves
@@ -121,7 +122,7 @@ async def unproven(s: Session, backend: Backend, commands: list[tuple[bytes, Pre
     before = tracking.tx.session_before if tracking.tx.active else None
     session_changed = before is not None and state is not None and before.database != state.database
     for payload, stmt in commands:
-        text = tracking.text_of(payload, stmt)
+        text = text_of(payload, stmt)
         if text is None:
             continue  # PING, USE by COM_INIT_DB, ...: no rows
         analysis = tracking.analyze(payload) if payload[:1] == b"\x03" else stmt.analysis

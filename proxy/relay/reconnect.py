@@ -19,6 +19,7 @@ from proxy.protocol.constants import Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ProtocolError, make_err
 from proxy.protocol.response import Expect
+from proxy.facts import statement_facts, text_of
 from proxy.recovery import Outcome, Plan, Sent, StatementFacts, plan_recovery
 from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, ConnectionFailed, Inflight
 from proxy.relay.proofs import last_insert_id, unproven
@@ -274,10 +275,10 @@ async def _facts(s: Session, payload: bytes, stmt: PreparedStatement | None, com
     """The tracker's facts, with the plugins' answer to the safe-mode question."""
     answer = None
     if s.tracking.safe_mode and complete and s.hooks.is_idempotent:
-        text = s.tracking.text_of(payload, stmt)
+        text = text_of(payload, stmt)
         if text is not None:
             answer = await s.hooks.idempotent(s.info, text)
-    return s.tracking.facts(payload, stmt, complete, answer)
+    return statement_facts(s.tracking, payload, stmt, complete, answer)
 
 
 async def _ask_veto(s: Session, plan: Plan) -> Plan | None:

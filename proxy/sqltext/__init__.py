@@ -3,14 +3,16 @@ splitter for the proxy and the plugins.
 
 - ``dialect``: which server reads the text (executable comments run or not by its version);
 - ``lexer``: tokens, statement splitting; ``tokens``: helpers over token lists;
-- ``classify``: what each statement does (``analyze`` a whole text, ``classify`` one statement);
+- ``classify``: what each statement does (``analyze`` a whole text, ``classify`` one statement),
+  with ``statement`` (the judgements), ``expressions`` (calls and effects of expressions) and
+  ``txcontrol`` (BEGIN, COMMIT, savepoints, XA);
 - ``triage``: the hot path (a statement that needs no analysis);
 - ``setstmt``: SET parsing and rendering; ``inserts``: INSERT/REPLACE heads;
 - ``idempotence``: safe mode's claim (text) and proof (table keys);
 - ``split``: cutting an oversized multi-row INSERT into pieces.
 """
 
-from proxy.sqltext.classify import TRANSACTION_KINDS, Analysis, Kind, Statement, analyze, classify
+from proxy.sqltext.classify import analyze, classify
 from proxy.sqltext.dialect import MARIADB, UNKNOWN, Dialect
 from proxy.sqltext.idempotence import is_idempotent
 from proxy.sqltext.inserts import InsertHead, parse_insert_head
@@ -27,6 +29,7 @@ from proxy.sqltext.lexer import (
     tokenize,
 )
 from proxy.sqltext.setstmt import SetAssignment, SetScope, parse_set, render_set
+from proxy.sqltext.statement import TRANSACTION_KINDS, Analysis, Kind, Statement
 from proxy.sqltext.tokens import leading_keywords, quote_string
 
 __all__ = [

@@ -35,7 +35,8 @@ import re
 import attrs
 
 from proxy.sqltext import tokens as tk
-from proxy.sqltext.classify import TRANSACTION_KINDS, Kind, classify
+from proxy.sqltext.classify import classify
+from proxy.sqltext.statement import TRANSACTION_KINDS, Kind
 from proxy.sqltext.dialect import UNKNOWN, Dialect
 from proxy.sqltext.inserts import InsertHead, insert_head, insert_target, table_name, table_ref_end
 from proxy.sqltext.lexer import IDC, NAME_KINDS, WS, SqlParseError, Token, TokenKind, quoted_string

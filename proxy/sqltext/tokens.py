@@ -3,6 +3,8 @@ lists, names and literals, constant expressions."""
 
 from __future__ import annotations
 
+import attrs
+
 from proxy.sqltext.dialect import UNKNOWN, Dialect
 from proxy.sqltext.lexer import (
     SqlParseError,
@@ -201,3 +203,21 @@ def is_constant(tokens: list[Token], *, bare_words: bool, placeholders: bool = F
     if i < n and word(tokens, i) == "COLLATE":
         return i + 2 == n and tokens[i + 1].kind in (TokenKind.WORD, TokenKind.STRING, TokenKind.QUOTED_IDENT)
     return i == n
+
+
+@attrs.frozen
+class Reading:
+    """How a statement is lexed (NO_BACKSLASH_ESCAPES, the server's dialect), for the
+    classifier's handlers."""
+
+    nbe: bool
+    dialect: Dialect
+
+    def tokens(self, sql: str, start: int = 0) -> list[Token]:
+        return statement_tokens(sql, self.nbe, self.dialect, start)
+
+    def keywords(self, sql: str, n: int) -> tuple[str, ...]:
+        return leading_keywords(sql, n, dialect=self.dialect, nbe=self.nbe)
+
+    def after_keywords(self, sql: str, n: int) -> int:
+        return after_keywords(sql, n, dialect=self.dialect, nbe=self.nbe)

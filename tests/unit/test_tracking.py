@@ -6,6 +6,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
+from proxy.facts import statement_facts
 from proxy.info import SessionInfo
 from proxy.intake import Command
 from proxy.protocol.framing import encode_packet
@@ -210,10 +211,10 @@ FACTS = [
 
 @pytest.mark.parametrize("sql, commits, writes, rollback, session_only, unknown", FACTS)
 def test_facts_judge_the_whole_text(sql, commits, writes, rollback, session_only, unknown):
-    f = tracker().facts(b"\x03" + sql.encode(), None)
+    f = statement_facts(tracker(), b"\x03" + sql.encode(), None)
     assert (f.commits, f.writes, f.rollback, f.session_only, f.unknown is not None) == (commits, writes, rollback, session_only, unknown)
 
 
 def test_without_multi_statements_two_statements_are_unknown():
-    f = tracker(multi=False).facts(b"\x03UPDATE t SET a = 1; COMMIT", None)
+    f = statement_facts(tracker(multi=False), b"\x03UPDATE t SET a = 1; COMMIT", None)
     assert f.unknown is not None

@@ -1,0 +1,70 @@
+"""What recovery needs to know about one command of a session (``StatementFacts`` for
+``proxy.recovery.plan_recovery``), judged from its text the way the session's server reads it."""
+
+from __future__ import annotations
+
+from proxy.protocol.constants import Commands
+from proxy.recovery import StatementFacts
+from proxy.session import PreparedStatement
+from proxy.sqltext import Kind
+from proxy.sqltext.idempotence import changes_no_rows, claim
+from proxy.tracking import SESSION_ONLY_COMMANDS, SessionTracker
+
+__all__ = ["text_of", "statement_facts"]
+
+C = Commands
+
+
+def text_of(payload: bytes, stmt: PreparedStatement | None) -> str | None:
+    """The SQL text a COM_QUERY runs, or a COM_STMT_EXECUTE (of ``stmt``); else None."""
+    code = payload[0]
+    if code == C.COM_QUERY:
+        return payload[1:].decode("utf-8", "surrogateescape")
+    if code == C.COM_STMT_EXECUTE and stmt is not None:
+        return stmt.prepare_payload[1:].decode("utf-8", "surrogateescape")
+    return None
+
+
+def statement_facts(tracker: SessionTracker, payload: bytes, stmt: PreparedStatement | None, complete: bool = True, idempotent: bool | None = None) -> StatementFacts:
+    """What recovery needs to know about one command of the session. ``idempotent``: a
+    plugin's answer to the safe-mode question (None: the built-in rules decide)."""
+    code = payload[0]
+    if code in SESSION_ONLY_COMMANDS:
+        return StatementFacts(writes=False, idempotent=True, session_only=True)
+    if code == C.COM_QUERY:
+        analysis = tracker.analyze(payload)
+    elif code == C.COM_STMT_EXECUTE and stmt is not None and stmt.analysis is not None:
+        analysis = stmt.analysis
+    else:
+        return StatementFacts()
+    first = analysis.first
+    if analysis.unknown is not None:
+        return StatementFacts(commits=True, writes=True, unknown=analysis.unknown)
+    if any(st.runs_code for st in analysis.statements):
+        return StatementFacts(commits=True, writes=True, unknown="it runs stored code (a routine, a stored function)")
+    ended = False
+    commits = False
+    for st in analysis.statements:
+        # A write after a statement that ended the transaction runs in autocommit mode.
+        commits |= st.may_commit or (ended and st.writes)
+        ended |= st.may_end_transaction
+    plain_rollback = analysis.single and first.kind is Kind.ROLLBACK and not first.release
+    text = analysis.text
+    if not (tracker.safe_mode and complete) or first.xa is not None:
+        idem = False
+    elif not analysis.writes:
+        idem = True
+    elif idempotent is not None:
+        idem = idempotent
+    else:
+        idem = all(
+            changes_no_rows(text[a:b], tracker.dialect, tracker.nbe) or claim(text[a:b], tracker.dialect, tracker.nbe) is not None
+            for a, b in analysis.spans
+        )
+    return StatementFacts(
+        commits=commits,
+        rollback=plain_rollback,
+        writes=analysis.writes,
+        idempotent=idem,
+        session_only=analysis.session_only,
+    )
