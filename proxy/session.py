@@ -51,6 +51,7 @@ class SessionState:
     last_insert_id: int = 0
     insert_ids: list[tuple[int, str | None]] = attrs.Factory(list)  # (id, INSERT text or None)
     insert_id_unknown: bool = False  # set by an expression the proxy cannot evaluate
+    insert_text_bytes: int = 0  # the INSERT texts kept in insert_ids (their sum, kept as it changes)
 
     def snapshot(self) -> "SessionState":
         return attrs.evolve(self, variables=dict(self.variables), user_variables=dict(self.user_variables),
@@ -76,13 +77,25 @@ class SessionState:
         """LAST_INSERT_ID() is ``value`` for sure."""
         self.last_insert_id = value
         self.insert_ids.clear()
+        self.insert_text_bytes = 0
         self.insert_id_unknown = False
+
+    def insert_id_lost(self) -> None:
+        """LAST_INSERT_ID(expr) with an expression the proxy cannot evaluate."""
+        self.insert_ids.clear()
+        self.insert_text_bytes = 0
+        self.insert_id_unknown = True
 
     def insert_id(self, value: int, text: str | None) -> None:
         """An INSERT/REPLACE answered with id ``value``: generated, or given by the statement."""
-        self.insert_ids.append((value, text if text is None or len(text) <= self._MAX_INSERT_TEXT else None))
-        while len(self.insert_ids) > self._MAX_INSERT_IDS or sum(len(t or "") for _, t in self.insert_ids) > self._MAX_INSERT_TEXT:
-            del self.insert_ids[0]
+        if text is not None and len(text) > self._MAX_INSERT_TEXT:
+            text = None
+        ids = self.insert_ids
+        ids.append((value, text))
+        self.insert_text_bytes += len(text) if text else 0
+        while len(ids) > self._MAX_INSERT_IDS or self.insert_text_bytes > self._MAX_INSERT_TEXT:
+            _value, dropped = ids.pop(0)
+            self.insert_text_bytes -= len(dropped) if dropped else 0
             self.insert_id_unknown = True  # the one dropped may have been the last generated id
 
     def apply_set(self, assignments: list[sql.SetAssignment]) -> list[str]:

@@ -203,8 +203,7 @@ class SessionTracker:
                 if constant is not None:
                     state.known_insert_id(int(constant.group(1)))
                 else:
-                    state.insert_id_unknown = True
-                    state.insert_ids.clear()
+                    state.insert_id_lost()
 
     def _settle(self, in_trans: bool) -> None:
         """The first status word after an ERR that left the transaction open to question."""

@@ -218,3 +218,20 @@ def test_facts_judge_the_whole_text(sql, commits, writes, rollback, session_only
 def test_without_multi_statements_two_statements_are_unknown():
     f = statement_facts(tracker(multi=False), b"\x03UPDATE t SET a = 1; COMMIT", None)
     assert f.unknown is not None
+
+
+def test_insert_ids_kept_are_bounded_in_count_and_text():
+    """The INSERTs remembered for LAST_INSERT_ID() stay within 64 and 256 KiB of text (the
+    running total matches what is kept); dropping one makes the value unknown."""
+    from proxy.session import SessionState
+
+    state = SessionState("app", "test", 45)
+    for i in range(1, 11):
+        state.insert_id(i, "INSERT INTO t VALUES (NULL)" + " " * 30_000)
+    assert state.insert_text_bytes == sum(len(t or "") for _, t in state.insert_ids) <= 256 * 1024
+    assert len(state.insert_ids) == 8 and state.insert_id_unknown  # the text bound dropped two
+    state.known_insert_id(7)
+    assert (state.insert_ids, state.insert_text_bytes, state.insert_id_unknown) == ([], 0, False)
+    for i in range(100):
+        state.insert_id(i + 1, None)
+    assert len(state.insert_ids) == 64 and state.insert_text_bytes == 0 and state.insert_id_unknown
