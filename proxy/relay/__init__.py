@@ -1,11 +1,13 @@
 """One client session, split by concern:
 
-- ``tasks``: the ``Session``, its two tasks and the per-packet code (submit, send, stream);
+- ``tasks``: the ``Session``, its client task and sending commands (submit, send);
+- ``responses``: its backend task (stream each response, complete it, notice a closing server);
 - ``inflight``: the command in flight and the exceptions that end a session;
 - ``login``: greeting, authentication, backend login, COM_CHANGE_USER;
 - ``oversize``: commands over max_allowed_packet (refuse with 1153, or split);
 - ``reconnect``: recovery (decide, reconnect, restore, replay);
-- ``markers``: commit markers that resolve an in-doubt COMMIT.
+- ``markers``: commit markers that resolve an in-doubt COMMIT;
+- ``proofs``: what a table's keys prove (safe mode, LAST_INSERT_ID after a reconnect).
 
 What the session's state is (transaction, journal, variables, prepared statements) is kept by
 ``proxy.tracking.SessionTracker``.
