@@ -156,7 +156,10 @@ class ClientAuth:
             data = payload[1:]
             if self._awaiting_key:
                 self._awaiting_key = False
-                encrypted = pymysql_auth.sha2_rsa_encrypt(self._password.encode("utf-8"), self.scramble, data)
+                try:
+                    encrypted = pymysql_auth.sha2_rsa_encrypt(self._password.encode("utf-8"), self.scramble, data)
+                except Exception as exc:  # not a PEM, not an RSA key, a key too small for OAEP...
+                    raise ProtocolError(f"backend sent an unusable RSA public key: {type(exc).__name__}: {exc}") from None
                 return "send", encrypted
             if self.plugin == CACHING_SHA2 and data[:1] == b"\x03":
                 return "wait", None  # fast auth succeeded; the OK follows

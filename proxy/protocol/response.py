@@ -233,13 +233,16 @@ class ResponseTracker:
                         if self._done_after_skip:
                             return self._finish(pos)
                     continue
-                self._plen = length
-                self._mode = _PEEK if state == _ROWS else _COLLECT
                 if length == 0:
+                    # Complete with its header: act on it now, not when more bytes arrive
+                    # (the response may end here).
                     if state == _ROWS:  # an empty row packet cannot be a terminator
                         self.rows += 1
-                        self._mode = _HEADER
-                        continue
+                    elif self._control(b""):
+                        return self._finish(pos)
+                    continue
+                self._plen = length
+                self._mode = _PEEK if state == _ROWS else _COLLECT
                 continue
             if mode == _PEEK:
                 first = data[pos]

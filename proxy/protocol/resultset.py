@@ -19,6 +19,8 @@ def decode_text_row(payload: bytes, ncols: int) -> list[bytes | None]:
     r = Reader(payload)
     row: list[bytes | None] = []
     for _ in range(ncols):
+        if r.pos >= len(payload):
+            raise ProtocolError(f"row of {len(row)} columns where {ncols} are expected")
         if payload[r.pos] == NULL:
             r.pos += 1
             row.append(None)
