@@ -148,12 +148,14 @@ class Backend:
 
 
 def _set_keepalive(sock: socket.socket) -> None:
-    """Notice a silently dead server (network loss, frozen host) in ~25 s instead of hours."""
+    """Notice a silently dead server (network loss, frozen host) in ~25 s instead of hours:
+    keepalive probes while nothing is unacknowledged, TCP_USER_TIMEOUT while something is."""
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 10)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 5)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 30_000)  # ms
     except (OSError, AttributeError):
         pass
 
