@@ -4,8 +4,15 @@ A target is a way for a client to reach the database:
 
 - ``direct``: MariaDB's own port;
 - ``haproxy``: HAProxy in TCP mode (bench/haproxy.py);
+- ``trio_pump``, ``uvloop_pump``: bare byte pumps on trio and on uvloop (bench/floors.py), the
+  event loops' floors;
 - ``proxy``: replay-proxy with an empty plugin chain (``python -m proxy``, via tests/lab/proxy.py);
+- ``proxy_workers``: the same with ``--workers N`` (N = cores by default); skipped while
+  ``python -m proxy --help`` does not list ``--workers``;
 - ``proxy+plugins``: replay-proxy with a chain of plugins (default firewall, query_log, metrics).
+
+With ``instrument=True`` the single-process proxies run through bench/instrumented_proxy.py and
+the trio pump with ``--counts``: both count trio's task steps and I/O waits (bench/instrument.py).
 
 Intermediaries (everything but ``direct``) have a pid, so workloads can read their CPU and memory.
 They are shared by consecutive workloads that only count CPU and throughput, and started afresh
@@ -16,6 +23,7 @@ Every process started here is stopped by ``close()`` and, as a last resort, at i
 
 from __future__ import annotations
 
+import atexit
 import datetime as _dt
 import importlib.util
 import os
@@ -40,14 +48,21 @@ if str(REPO) not in sys.path:
 from tests.lab.mariadb import MariaDB, mariadb_unavailable_reason  # noqa: E402
 from tests.lab.proxy import ProxyProcess, toml_key, toml_value  # noqa: E402
 
+from bench.floors import Floor, floor_unavailable_reason  # noqa: E402
 from bench.haproxy import HAProxy, haproxy_unavailable_reason  # noqa: E402
+from bench.procstat import process_tree  # noqa: E402
 
 APP_USER = "app"
 APP_PASSWORD = "apppw"
 DATABASES = ("test", "sbtest", "bench")
 
-ALL_TARGETS = ("direct", "haproxy", "proxy", "proxy+plugins")
-INTERMEDIARIES = ("haproxy", "proxy", "proxy+plugins")
+ALL_TARGETS = ("direct", "haproxy", "trio_pump", "uvloop_pump", "proxy", "proxy_workers", "proxy+plugins")
+INTERMEDIARIES = ALL_TARGETS[1:]
+FLOORS = {"trio_pump": "trio", "uvloop_pump": "uvloop"}
+
+
+class TargetUnavailable(RuntimeError):
+    """The target cannot run here (a missing module or flag): skipped with this note, not a problem."""
 
 # "a|b": the first of a, b that is installed (plugins are being written alongside the bench).
 DEFAULT_PLUGIN_CHAIN = ("firewall", "query_log|rewrite", "metrics")
@@ -105,11 +120,92 @@ def missing_tools() -> list[str]:
 class Target:
     name: str
     port: int
-    pid: int | None = None  # the intermediary process (None for direct)
+    pid: int | None = None  # the intermediary process (None for direct); CPU counts its descendants too
+    counts_path: Path | None = None  # trio loop counts (instrumented processes, bench/instrument.py)
 
     @property
     def is_intermediary(self) -> bool:
         return self.pid is not None
+
+
+_WORKERS_FLAG: bool | None = None
+
+
+def proxy_has_workers_flag() -> bool:
+    """True once ``python -m proxy --help`` lists ``--workers`` (being implemented alongside)."""
+    global _WORKERS_FLAG
+    if _WORKERS_FLAG is None:
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        try:
+            res = subprocess.run([sys.executable, "-m", "proxy", "--help"], cwd=REPO, env=env, capture_output=True,
+                                 text=True, timeout=60)
+            _WORKERS_FLAG = "--workers" in res.stdout
+        except (OSError, subprocess.TimeoutExpired):
+            _WORKERS_FLAG = False
+    return _WORKERS_FLAG
+
+
+class BenchProxy(ProxyProcess):
+    """tests.lab.proxy.ProxyProcess with extra command-line arguments (``--workers N``) or started
+    through bench/instrumented_proxy.py (``counts``); stop() also ends worker processes the
+    supervisor left behind."""
+
+    def __init__(self, workdir: Path, backend_port: int, *, args: list[str] | None = None, counts: bool = False,
+                 **overrides: Any) -> None:
+        super().__init__(workdir, backend_port, **overrides)
+        self.args = list(args or [])
+        self.counts_path = self.workdir / "loop-counts.json" if counts else None
+        self.tree: list[int] = []
+
+    def start(self, timeout: float = 20) -> "BenchProxy":
+        from tests.lab.procs import kill_at_exit, wait_listening
+
+        self._log = open(self.log_path, "ab")
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        if self.counts_path is not None:
+            cmd = [sys.executable, "-m", "bench.instrumented_proxy", "--config", str(self.config_path),
+                   "--counts", str(self.counts_path)]
+        else:
+            cmd = [sys.executable, "-m", "proxy", "--config", str(self.config_path), *self.args]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        kill_at_exit(self.proc)
+        _LIVE_PROXIES.add(self)
+        wait_listening(self.proc, self.port, timeout, "proxy", self.log_text)
+        return self
+
+    def stop(self, timeout: float = 10) -> str:
+        if self.proc is not None and self.proc.poll() is None:
+            self.tree = process_tree(self.proc.pid)
+        try:
+            return super().stop(timeout)
+        finally:
+            _LIVE_PROXIES.discard(self)
+            self.kill_leftovers()
+
+    def kill_leftovers(self) -> None:
+        """SIGKILL the descendants seen at stop() that still run (a supervisor that died first)."""
+        own = self.proc.pid if self.proc is not None else None
+        for pid in self.tree:
+            if pid == own:
+                continue
+            try:
+                if "proxy" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                    os.kill(pid, signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                pass
+
+
+_LIVE_PROXIES: set[BenchProxy] = set()
+
+
+@atexit.register
+def _kill_proxy_trees() -> None:
+    """At exit, before tests.lab.procs kills the supervisors, kill the workers under them too."""
+    for proxy in list(_LIVE_PROXIES):
+        if proxy.proc is not None and proxy.proc.poll() is None:
+            proxy.tree = process_tree(proxy.proc.pid)
+            proxy.proc.kill()
+            proxy.kill_leftovers()
 
 
 def _plugin_module(name: str) -> str:
@@ -187,6 +283,9 @@ class BenchEnv:
         haproxy_threads: int = 1,
         mariadb_args: list[str] | None = None,
         verbose: bool = True,
+        workers: int | None = None,
+        instrument: bool = False,
+        perf: bool = False,
     ) -> None:
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="replay-bench-")).resolve()
@@ -197,8 +296,12 @@ class BenchEnv:
         self.haproxy_threads = haproxy_threads
         self.mariadb_args = mariadb_args or []
         self.verbose = verbose
+        self.workers = workers or os.cpu_count() or 1
+        self.instrument = instrument  # trio loop counts of the proxy and the trio pump
+        self.perf = perf  # perf stat of the middle process over every run (bench/middle.py)
         self.db: MariaDB | None = None
         self.haproxy: HAProxy | None = None
+        self.floors: dict[str, Floor] = {}
         self.proxies: dict[str, ProxyProcess] = {}
         self.targets: dict[str, Target] = {}
         self.unavailable: dict[str, str] = {}  # target -> why it is skipped
@@ -254,11 +357,18 @@ class BenchEnv:
         if with_plugins:
             missing = self.plugins.missing_modules()
             if missing:
-                raise RuntimeError(
+                raise TargetUnavailable(
                     f"plugin(s) not available yet: {', '.join(missing)}; chain {list(self.plugins.chain)}"
                 )
+        args: list[str] = []
+        if name == "proxy_workers":
+            if not proxy_has_workers_flag():
+                raise TargetUnavailable(
+                    "replay-proxy has no --workers option yet (`python -m proxy --help` does not list it)")
+            args = ["--workers", str(self.workers)]
         workdir = self.workdir / f"stack{self._stack_no}" / name.replace("+", "_")
-        proxy = ProxyProcess(workdir, self.db.port, **self._proxy_config(with_plugins))
+        proxy = BenchProxy(workdir, self.db.port, args=args, counts=self.instrument and name != "proxy_workers",
+                           **self._proxy_config(with_plugins))
         if with_plugins:
             with proxy.config_path.open("a") as f:
                 f.write(self.plugins.toml(workdir))
@@ -272,7 +382,17 @@ class BenchEnv:
             raise
         assert proxy.proc is not None
         self.proxies[name] = proxy
-        self.targets[name] = Target(name, proxy.port, proxy.proc.pid)
+        self.targets[name] = Target(name, proxy.port, proxy.proc.pid, proxy.counts_path)
+
+    def _start_floor(self, name: str) -> None:
+        assert self.db is not None
+        reason = floor_unavailable_reason(FLOORS[name])
+        if reason:
+            raise TargetUnavailable(reason)
+        workdir = self.workdir / f"stack{self._stack_no}" / name
+        floor = Floor(FLOORS[name], workdir, self.db.port, counts=self.instrument).start()
+        self.floors[name] = floor
+        self.targets[name] = Target(name, floor.port, floor.pid, floor.counts_path)
 
     def _start_haproxy(self) -> None:
         assert self.db is not None
@@ -294,13 +414,19 @@ class BenchEnv:
         if "direct" in names:
             self.targets["direct"] = Target("direct", self.db.port, None)
         errors: dict[str, str] = {}
+        skipped: set[str] = set()
 
         def start(name: str) -> None:
             try:
                 if name == "haproxy":
                     self._start_haproxy()
+                elif name in FLOORS:
+                    self._start_floor(name)
                 else:
                     self._start_proxy(name)
+            except TargetUnavailable as exc:
+                errors[name] = str(exc).strip()
+                skipped.add(name)
             except Exception as exc:  # reported, the others still run
                 errors[name] = str(exc).strip()
 
@@ -311,8 +437,8 @@ class BenchEnv:
             t.join(timeout=120)
         for name, err in errors.items():
             self.unavailable[name] = err
-            if name == "proxy+plugins":
-                self.log(f"SKIP proxy+plugins: {err.splitlines()[0]}")
+            if name in skipped:
+                self.log(f"SKIP {name}: {err.splitlines()[0]}")
             else:
                 self.problems.append(f"{name} failed to start: {err[:2000]}")
                 self.log(f"{name} failed to start: {err.splitlines()[0] if err else '?'}")
@@ -328,6 +454,14 @@ class BenchEnv:
             what = f"haproxy died (exit {self.haproxy.proc.returncode if self.haproxy else '?'})"
             self.problems.append(what)
             self._start_haproxy()
+            return what
+        if name in FLOORS:
+            floor = self.floors.get(name)
+            if floor is None or floor.pid is not None:
+                return None
+            what = f"{name} died (exit {floor.proc.returncode if floor.proc else '?'}):\n{floor.log_text()[-2000:]}"
+            self.problems.append(what)
+            self._start_floor(name)
             return what
         proxy = self.proxies.get(name)
         if proxy is None or proxy.proc is None or proxy.proc.poll() is None:
@@ -382,6 +516,12 @@ class BenchEnv:
             except Exception as exc:
                 self.problems.append(f"haproxy did not stop cleanly: {exc}")
             self.haproxy = None
+        for name, floor in list(self.floors.items()):
+            try:
+                floor.stop()
+            except Exception as exc:
+                self.problems.append(f"{name} did not stop cleanly: {exc}")
+        self.floors = {}
         self.targets = {n: t for n, t in self.targets.items() if n == "direct"}
         self._stack_names = None
 

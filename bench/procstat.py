@@ -1,8 +1,10 @@
 """Per-process counters from /proc: CPU time (utime + stime) and resident memory.
 
-Everything here reads the counters of *one* process (the proxy, HAProxy or mariadbd), so a
-benchmark can say "the proxy spent N µs of CPU per statement" independently of what the client
-and the server cost on the same machine.
+Everything here reads the counters of the process in the middle (the proxy, HAProxy, a pump or
+mariadbd), so a benchmark can say "the proxy spent N µs of CPU per statement" independently of
+what the client and the server cost on the same machine. CPU is summed over the process and its
+descendants (``process_tree``): ``replay-proxy --workers N`` serves from child processes of a
+supervisor; for a single process the tree is that process.
 """
 
 from __future__ import annotations
@@ -15,14 +17,64 @@ from pathlib import Path
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of the whole process (all threads), in seconds."""
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(utime, stime) of the whole process (all threads), in seconds: user space and kernel."""
     data = Path(f"/proc/{pid}/stat").read_text()
     # comm (field 2) may contain spaces and parentheses: split after the last ')'.
     fields = data[data.rindex(")") + 2 :].split()
     # fields[0] is field 3 (state); utime is field 14, stime field 15.
-    utime, stime = int(fields[11]), int(fields[12])
-    return (utime + stime) / CLK_TCK
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the whole process (all threads), in seconds."""
+    return sum(cpu_times(pid))
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid``: /proc/<pid>/task/*/children, or a scan of /proc by parent pid."""
+    task_dir = Path(f"/proc/{pid}/task")
+    found: list[int] = []
+    try:
+        tids = [t.name for t in task_dir.iterdir()]
+        for tid in tids:
+            found.extend(int(c) for c in (task_dir / tid / "children").read_text().split())
+        return found
+    except FileNotFoundError:
+        pass  # no CONFIG_PROC_CHILDREN (or pid gone): scan
+    except OSError:
+        return found
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            data = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(data[data.rindex(")") + 2 :].split()[1]) == pid:  # field 4: ppid
+            found.append(int(entry.name))
+    return found
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants (those alive now)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children(p))
+    return out
+
+
+def tree_cpu_times(pid: int) -> dict[int, tuple[float, float]]:
+    """(utime, stime) of every process of the tree, by pid (processes that vanish meanwhile skipped)."""
+    out = {}
+    for p in process_tree(pid):
+        try:
+            out[p] = cpu_times(p)
+        except (OSError, ValueError):
+            pass
+    return out
 
 
 def status_kib(pid: int, key: str) -> int:
@@ -51,24 +103,38 @@ def reset_peak_rss(pid: int) -> bool:
 
 
 class CpuMeter:
-    """CPU seconds a process used between start() and stop() (None for no process)."""
+    """CPU seconds a process and its descendants used between start() and stop() (None for no
+    process). A descendant that exits in between loses its CPU since start() (``lost`` lists
+    it); one started in between counts from 0."""
 
     def __init__(self, pid: int | None) -> None:
         self.pid = pid
-        self.before: float | None = None
+        self.before: dict[int, tuple[float, float]] | None = None
         self.used: float | None = None
+        self.used_sys: float | None = None  # of which in the kernel (stime)
+        self.pids: list[int] = []
+        self.lost: list[int] = []
+        self.by_pid: dict[int, float] = {}  # CPU seconds of each process over the run
 
     def start(self) -> "CpuMeter":
         if self.pid is not None:
-            self.before = cpu_seconds(self.pid)
+            self.before = tree_cpu_times(self.pid)
+            if self.pid not in self.before:
+                raise ProcessLookupError(f"process {self.pid} is gone")
         return self
 
     def stop(self) -> float | None:
         if self.pid is not None and self.before is not None:
-            try:
-                self.used = cpu_seconds(self.pid) - self.before
-            except (OSError, ValueError):
+            after = tree_cpu_times(self.pid)
+            if self.pid not in after:
                 self.used = None  # the process died: the caller reports that
+            else:
+                self.pids = sorted(after)
+                self.lost = sorted(set(self.before) - set(after))
+                user = sum(u - self.before.get(p, (0.0, 0.0))[0] for p, (u, _) in after.items())
+                self.used_sys = sum(s - self.before.get(p, (0.0, 0.0))[1] for p, (_, s) in after.items())
+                self.used = user + self.used_sys
+                self.by_pid = {p: u + s - sum(self.before.get(p, (0.0, 0.0))) for p, (u, s) in after.items()}
         return self.used
 
 

@@ -12,7 +12,8 @@ The results document (results.json) is plain JSON:
          "extra": {target: [{...per run: counts, p99, rss before/after...}]},
          "errors": [{"round", "target", "error"}],
          "unavailable": {target: reason},
-         "proxy_log": {target: [warning/error lines, first 50]}}},
+         "proxy_log": {target: [warning/error lines, first 50]},
+         "profile": {target: {"svg", "samples", "self_by_layer_pct", "self_by_function_pct"} | {"error"}}}},
      "checks": [{"name", "value", "threshold", "op", "unit", "pass": bool | null}],
      "problems": [str]}
 """
@@ -26,7 +27,11 @@ from typing import Any
 
 from bench.workloads import Metric
 
-RATIO_COLUMNS = (("proxy", "direct"), ("haproxy", "direct"), ("proxy+plugins", "proxy"))
+# Ratio columns; every target's throughput relative to direct is a row of its own ("÷ direct").
+RATIO_COLUMNS = (("proxy+plugins", "proxy"),)
+# Workloads whose CPU per statement is compared with the trio pump's (the floor of a trio relay).
+FLOOR_WORKLOADS = ("write_only_16t", "point_select_1t", "point_select_16t", "replicator", "write_only_1t", "cpu_per_stmt")
+FLOOR_TARGET = 1.10  # proxy CPU/stmt <= 1.10 x trio pump CPU/stmt
 
 
 def median(values: list[float | None]) -> float | None:
@@ -46,6 +51,7 @@ def new_workload_record(wl) -> dict[str, Any]:
         "errors": [],
         "unavailable": {},
         "proxy_log": {},
+        "profile": {},
     }
 
 
@@ -87,6 +93,27 @@ def checks(results: dict[str, Any]) -> list[dict[str, Any]]:
         b = _med(results, wl, "cpu_us_per_stmt", "proxy")
         if a is not None and b is not None:
             add(f"plugin chain overhead per statement ({wl}): proxy+plugins - proxy", a - b, "<=", None, "µs")
+    # The floors: the proxy's CPU per statement against a bare trio pump's, and what --workers gains.
+    for wl in FLOOR_WORKLOADS:
+        rec = results["workloads"].get(wl)
+        if not rec or rec.get("skipped"):
+            continue
+        a, b = _med(results, wl, "cpu_us_per_stmt", "proxy"), _med(results, wl, "cpu_us_per_stmt", "trio_pump")
+        if a is not None and b:
+            add(f"{wl}: proxy CPU/stmt ÷ trio_pump CPU/stmt ({a:.0f} / {b:.0f} µs)", a / b, "<=", FLOOR_TARGET, "x")
+        a, b = _med(results, wl, "cpu_us_per_stmt", "uvloop_pump"), _med(results, wl, "cpu_us_per_stmt", "trio_pump")
+        if a is not None and b:
+            add(f"{wl}: uvloop_pump CPU/stmt ÷ trio_pump CPU/stmt", a / b, "<=", None, "x")
+        key = _throughput_metric(rec)
+        if key and wl != "cpu_per_stmt":
+            a, b = _med(results, wl, key, "proxy_workers"), _med(results, wl, key, "proxy")
+            if a is not None and b:
+                add(f"{wl}: proxy_workers {key} ÷ proxy {key}", a / b, "<=", None, "x")
+    workers_off = next((rec["unavailable"]["proxy_workers"] for rec in results["workloads"].values()
+                        if rec.get("unavailable", {}).get("proxy_workers")), None)
+    if workers_off:
+        out.append({"name": "proxy_workers ÷ proxy", "value": None, "op": "", "threshold": None, "unit": "x",
+                    "pass": None, "note": f"skipped: {workers_off.splitlines()[0]}"})
     if not any(c["name"].startswith("plugin chain") for c in out):
         reason = next(
             (rec["unavailable"].get("proxy+plugins") for rec in results["workloads"].values()
@@ -96,6 +123,14 @@ def checks(results: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"name": "plugin chain overhead per statement", "value": None, "op": "", "threshold": None,
                     "unit": "µs", "pass": None, "note": f"skipped: {reason.splitlines()[0]}"})
     return out
+
+
+def _throughput_metric(rec: dict[str, Any]) -> str | None:
+    """The first higher-is-better metric that has a ratio (QPS, statements/s, MB/s, ...)."""
+    if rec.get("metrics") and rec["metrics"][0]["key"] == "txn_per_s":
+        return "stmt_per_s"  # the replicator: statements, comparable with sysbench's queries
+    return next((m["key"] for m in rec.get("metrics", []) if m["better"] == "higher" and m["ratio"]
+                 and not m["intermediary_only"]), None)
 
 
 def _fmt(value: float | None, digits: int) -> str:
@@ -138,7 +173,8 @@ def render_table(results: dict[str, Any]) -> str:
                     cells.append("n/a" if t in rec.get("unavailable", {}) else "")
                     continue
                 got = len([v for v in samples if v is not None])
-                mark = "" if got == len(samples) and got > 0 else "*"
+                failed = any(e.get("target") == t for e in rec.get("errors", []))
+                mark = "*" if got < len(samples) and failed else ""
                 cells.append(_fmt(med.get(t), metric.digits) + mark)
             for a, b in ratio_cols:
                 va, vb = med.get(a), med.get(b)
@@ -148,6 +184,14 @@ def render_table(results: dict[str, Any]) -> str:
                 else:
                     cells.append(f"{va / vb:.2f}x")
             rows.append(cells)
+            direct = med.get("direct")
+            if (metric.better == "higher" and metric.ratio and not metric.intermediary_only and direct
+                    and len(targets) > 1):
+                ratio_row = [name, f"  {metric.label} ÷ direct"]
+                for t in targets:
+                    v = med.get(t)
+                    ratio_row.append("" if t == "direct" or v is None else f"{v / direct:.2f}x")
+                rows.append(ratio_row + [""] * len(ratio_cols))
     widths = [max(len(str(r[i])) for r in [columns, *rows]) for i in range(len(columns))]
     lines = list(head)
     fmt_row = lambda r: "  ".join(  # noqa: E731
@@ -162,8 +206,13 @@ def render_table(results: dict[str, Any]) -> str:
     lines.append("")
     lines.append("'*' = some rounds failed for that cell (see errors below / results.json); "
                  "empty = not applicable; n/a = target unavailable")
-    lines.append("CPU/stmt, CPU/MB, peak RSS: the intermediary process's own counters (/proc/<pid>/stat, status); "
-                 "idle RSS/conn for direct is mariadbd's growth (reference only)")
+    lines.append("CPU/stmt, CPU/MB, peak RSS: the intermediary process's own counters (/proc/<pid>/stat, status; "
+                 "proxy_workers: supervisor + workers); idle RSS/conn for direct is mariadbd's growth (reference only)")
+    if meta.get("instrument"):
+        lines.append("--instrument: proxy, proxy+plugins and trio_pump ran with a trio Instrument (task steps, epoll "
+                     "waits); its own cost is in their CPU/stmt, compare CPU with a run without --instrument")
+    for note in meta.get("notes") or []:
+        lines.append(f"note: {note}")
     lines.append("")
     lines.append("Targets:")
     for c in results.get("checks", []):
@@ -176,6 +225,19 @@ def render_table(results: dict[str, Any]) -> str:
         else:
             verdict = {True: "PASS", False: "FAIL", None: " -- "}[c["pass"]]
             lines.append(f"  [{verdict}] {c['name']}: {val} (target {c['op']} {c['threshold']:g} {c['unit']})")
+    profiles = [(n, t, p) for n, rec in results["workloads"].items() for t, p in rec.get("profile", {}).items()]
+    if profiles:
+        lines.append("")
+        lines.append("Profiles (py-spy, one extra run; self time in % of the samples outside epoll_wait; a socket "
+                     "call's kernel time is in the Python line that made it):")
+        for name, t, p in profiles:
+            if p.get("error"):
+                lines.append(f"  {name} {t}: no profile: {p['error'].splitlines()[0][:300]}")
+                continue
+            what = "GIL-holding samples only" if p.get("gil_only") else f"{p['epoll_wait_samples_pct']}% in epoll_wait left out"
+            lines.append(f"  {name} {t}: {p['svg']} ({p['samples']} samples, {what})")
+            lines.append("    by layer:    " + ", ".join(f"{k} {v}%" for k, v in list(p["self_by_layer_pct"].items())[:8]))
+            lines.append("    by function: " + ", ".join(f"{k} {v}%" for k, v in list(p["self_by_function_pct"].items())[:8]))
     skipped = [(n, rec["skipped"]) for n, rec in results["workloads"].items() if rec.get("skipped")]
     if skipped:
         lines.append("")
@@ -218,7 +280,9 @@ def write_chart(results: dict[str, Any], path: Path) -> str | None:
     except ImportError:
         return "matplotlib is not installed (pip install matplotlib, or pip install -e '.[bench]'): no chart"
 
-    colors = {"direct": "#777777", "haproxy": "#4c72b0", "proxy": "#dd8452", "proxy+plugins": "#c44e52"}
+    colors = {"direct": "#777777", "haproxy": "#4c72b0", "trio_pump": "#8172b3", "uvloop_pump": "#64b5cd",
+              "proxy": "#dd8452", "proxy_workers": "#937860", "proxy+plugins": "#c44e52"}
+    middle = [t for t in results["targets"] if t != "direct"]
     wls = results["workloads"]
     meta = results["meta"]
     fig, axes = plt.subplots(2, 2, figsize=(15, 10))
@@ -257,7 +321,7 @@ def write_chart(results: dict[str, Any], path: Path) -> str | None:
         ax.legend(fontsize=7, loc="best")
 
     # 1. Throughput relative to direct.
-    labels, series = [], {t: [] for t in ("haproxy", "proxy", "proxy+plugins")}
+    labels, series = [], {t: [] for t in middle}
     for name, rec in wls.items():
         if rec.get("skipped"):
             continue
@@ -276,7 +340,7 @@ def write_chart(results: dict[str, Any], path: Path) -> str | None:
             refs=[(1.0, "direct"), (0.40, "0.40x target (write_only 16t)")])
 
     # 2. CPU per statement.
-    labels, series = [], {t: [] for t in ("haproxy", "proxy", "proxy+plugins")}
+    labels, series = [], {t: [] for t in middle}
     for name, rec in wls.items():
         med = rec.get("median", {}).get("cpu_us_per_stmt")
         if rec.get("skipped") or not med:

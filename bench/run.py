@@ -1,11 +1,12 @@
 """One command for the whole benchmark suite: ``python -m bench.run`` (or ``python bench/run.py``).
 
-Starts a throwaway MariaDB and intermediaries in front of it (HAProxy in TCP mode, the proxy with
-an empty plugin chain, the proxy with a chain of plugins; started afresh for the workloads that
-measure memory), runs the
+Starts a throwaway MariaDB and intermediaries in front of it (HAProxy in TCP mode, bare trio and
+uvloop byte pumps, the proxy with an empty plugin chain, the proxy with ``--workers N``, the proxy
+with a chain of plugins; started afresh for the workloads that measure memory), runs the
 workload against every target interleaved within each round (the order rotates from round to
 round to cancel drift), and prints a table of medians and ratios to direct. Results go to
-``bench/results/<timestamp>/`` (gitignored): results.json, table.txt, chart.png.
+``bench/results/<timestamp>/`` (gitignored): results.json, table.txt, chart.png (and flame graphs
+with ``--profile``).
 
 See bench/README.md for what each workload measures.
 """
@@ -26,8 +27,11 @@ if __package__ in (None, ""):  # python bench/run.py
 
 from bench.env import ALL_TARGETS, DEFAULT_PLUGIN_CHAIN, REPO, BenchEnv, PluginVariant, missing_tools, \
     raise_nofile, run_meta, sigterm_as_interrupt  # noqa: E402
+from bench.middle import Profile, flame_summary, perf_counts_instructions, perf_unavailable_reason, \
+    pyspy_unavailable_reason  # noqa: E402
 from bench.report import finalize, new_workload_record, render_table, write_chart, write_json  # noqa: E402
-from bench.workloads import Settings, Workload, WorkloadError, WorkloadSkipped  # noqa: E402
+from bench.workloads import LOOP_METRICS, PERF_METRICS, SYS_METRIC, Settings, Workload, WorkloadError, \
+    WorkloadSkipped  # noqa: E402
 from bench.workloads.bulk import BigResult, BigStatement  # noqa: E402
 from bench.workloads.idle import IdleConnections  # noqa: E402
 from bench.workloads.replicator import ReplicatorWorkload  # noqa: E402
@@ -86,6 +90,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--big-statement-mb", type=int, help="size of the big statement (default 60)")
     p.add_argument("--idle-conns", type=int, help="idle connections to open (default 2000)")
     p.add_argument("--haproxy-threads", type=int, default=1, help="HAProxy nbthread (default 1, like the proxy)")
+    p.add_argument("--workers-n", type=int, default=os.cpu_count() or 1, metavar="N",
+                   help="worker processes of the proxy_workers target (replay-proxy --workers N; default: "
+                        "cores, %(default)s)")
+    p.add_argument("--instrument", action="store_true",
+                   help="run the proxy (and the trio pump) with a trio Instrument: task steps and epoll waits per "
+                        "statement next to CPU/stmt (the instrument's own cost shows in their CPU/stmt)")
+    p.add_argument("--perf", action="store_true",
+                   help="perf stat of the middle process(es) over every run: context switches (and instructions, "
+                        "where the CPU exposes counters) per statement")
+    p.add_argument("--profile", action="append", default=[], metavar="WORKLOAD",
+                   help="after this workload's rounds, one extra run per --profile-targets target with py-spy "
+                        "attached: a flame graph (SVG) in the results folder and self time by layer in the table "
+                        "(not counted in the medians)")
+    p.add_argument("--profile-gil", action="store_true",
+                   help="py-spy --gil: only samples running Python code (leaves out socket calls and waits)")
+    p.add_argument("--profile-targets", default="proxy", metavar="T[,T]",
+                   help="targets profiled by --profile (Python processes: proxy, proxy+plugins, trio_pump, "
+                        "uvloop_pump; default %(default)s)")
     p.add_argument("--out", type=Path, help="results folder (default bench/results/<timestamp>)")
     p.add_argument("--workdir", type=Path, help="where MariaDB and the proxies keep their files (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the work dir (databases, proxy logs) afterwards")
@@ -154,7 +176,39 @@ def summarize(values: dict) -> str:
     return " ".join(parts)
 
 
-def run_workload(env: BenchEnv, wl: Workload, settings: Settings, targets: list[str], results: dict) -> None:
+def profile_workload(env: BenchEnv, wl: Workload, settings: Settings, targets: list[str], out: Path,
+                     rec: dict, gil: bool = False) -> None:
+    """One extra run per target with py-spy attached (not part of the samples)."""
+    for t in targets:
+        target = env.targets.get(t)
+        if target is None or target.pid is None:
+            rec["profile"][t] = {"error": f"{t} is not running"}
+            continue
+        svg = out / f"flame-{wl.name}-{t.replace('+', '_')}{'-gil' if gil else ''}.svg"
+        try:
+            wl.before_run(env, settings)
+        except Exception as e:
+            rec["profile"][t] = {"error": f"before_run: {e}"}
+            continue
+        prof = Profile(target.pid, svg, gil=gil)
+        error = None
+        try:
+            wl.run(env, target, settings)
+        except Exception as e:
+            error = f"the profiled run failed: {str(e)[:500]}"
+        finally:
+            problem = prof.stop()
+        env.check_alive(t)
+        if problem:
+            rec["profile"][t] = {"error": problem}
+            continue
+        rec["profile"][t] = {"svg": str(svg), "gil_only": gil, **flame_summary(svg),
+                             **({"run_error": error} if error else {})}
+        env.log(f"{wl.name}: {t} flame graph {svg}")
+
+
+def run_workload(env: BenchEnv, wl: Workload, settings: Settings, targets: list[str], results: dict,
+                 profile: tuple[list[str], Path, bool] | None = None) -> None:
     rec = new_workload_record(wl)
     results["workloads"][wl.name] = rec
     wanted = [t for t in targets if t in wl.targets]
@@ -225,12 +279,16 @@ def run_workload(env: BenchEnv, wl: Workload, settings: Settings, targets: list[
                     if m.intermediary_only and t == "direct":
                         v = None
                     rec["samples"][m.key][t].append(v)
-                rec["extra"][t].append({k[1:]: v for k, v in values.items() if k.startswith("_")})
+                shown = {m.key for m in wl.metrics}
+                rec["extra"][t].append({k.removeprefix("_"): v for k, v in values.items()
+                                        if k.startswith("_") or k not in shown})
                 if values.get("errors"):
                     env.problems.append(
                         f"{wl.name}: {t} round {rnd + 1}: {values['errors']:.0f} client-visible errors "
                         f"without any restart: {values.get('_error_kinds')}"
                     )
+        if profile is not None:
+            profile_workload(env, wl, settings, [t for t in profile[0] if t in running], profile[1], rec, profile[2])
         for name in list(env.proxies):
             lines = env.proxy_log_findings(name, mark)
             if lines:
@@ -267,13 +325,36 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown target(s) {unknown}; targets: {', '.join(ALL_TARGETS)}")
     if args.no_plugins and "proxy+plugins" in targets:
         targets.remove("proxy+plugins")
+    notes: list[str] = []
+    if args.perf:
+        reason = perf_unavailable_reason()
+        if reason:
+            raise SystemExit(f"--perf: {reason}")
+    perf_metrics = list(PERF_METRICS) if args.perf else []
+    if args.perf and not perf_counts_instructions():
+        perf_metrics = [m for m in perf_metrics if m.key != "instructions_per_stmt"]
+        notes.append("--perf: no hardware counters here (perf stat: instructions <not supported>); software events only")
+    profiled = select_workloads(argparse.Namespace(only=args.profile, skip=[])) if args.profile else []
+    profile_targets = [t.strip() for t in args.profile_targets.split(",") if t.strip()]
+    if profiled:
+        reason = pyspy_unavailable_reason()
+        if reason:
+            notes.append(f"--profile: {reason}; no flame graph")
+            profiled = []
+    for wl in workloads:
+        if wl.per_statement_meter:
+            explain = [SYS_METRIC] if args.instrument or args.perf else []
+            at = next((i + 1 for i, m in enumerate(wl.metrics) if m.key == "cpu_us_per_stmt"), len(wl.metrics))
+            wl.metrics = [*wl.metrics[:at], *explain, *wl.metrics[at:], *(LOOP_METRICS if args.instrument else []),
+                          *perf_metrics]
     raise_nofile(max(16384, settings.idle_conns * 2 + 1024))
 
     now = _dt.datetime.now(_dt.timezone.utc)
     out = args.out or RESULTS_DIR / (now.strftime("%Y%m%d-%H%M%S") + ("-quick" if settings.quick else ""))
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {
-        "meta": run_meta(now, "bench.run", argv, settings=settings.__dict__.copy(), targets=targets, plugin_chain=None),
+        "meta": run_meta(now, "bench.run", argv, settings=settings.__dict__.copy(), targets=targets, plugin_chain=None,
+                         workers=args.workers_n, instrument=args.instrument, perf=args.perf, notes=notes),
         "targets": targets,
         "workloads": {},
         "checks": [],
@@ -282,14 +363,17 @@ def main(argv: list[str] | None = None) -> int:
     plugins = plugin_variant(args)
     results["meta"]["plugin_chain"] = plugins.describe()
     started = time.monotonic()
-    env = BenchEnv(args.workdir, keep=args.keep, plugins=plugins, haproxy_threads=args.haproxy_threads)
+    env = BenchEnv(args.workdir, keep=args.keep, plugins=plugins, haproxy_threads=args.haproxy_threads,
+                   workers=args.workers_n, instrument=args.instrument, perf=args.perf)
     SysbenchSetup.done = False
     interrupted = False
     try:
         env.log(f"work dir {env.workdir}; results to {out}")
         env.start_db()
+        profiled_names = {w.name for w in profiled}
         for wl in workloads:
-            run_workload(env, wl, settings, targets, results)
+            run_workload(env, wl, settings, targets, results,
+                         (profile_targets, out, args.profile_gil) if wl.name in profiled_names else None)
     except KeyboardInterrupt as e:
         interrupted = True
         env.log(f"interrupted ({e}); stopping everything and writing partial results")

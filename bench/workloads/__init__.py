@@ -60,10 +60,14 @@ class Workload:
     name: str
     title: str
     metrics: list[Metric]
-    targets: tuple[str, ...] = ("direct", "haproxy", "proxy", "proxy+plugins")
+    targets: tuple[str, ...] = ("direct", "haproxy", "trio_pump", "uvloop_pump", "proxy", "proxy_workers",
+                                "proxy+plugins")
     info: dict[str, Any] = field(default_factory=dict)
     # Start the intermediaries afresh for this workload and for each of its rounds (memory).
     fresh_stack: bool = False
+    # Its runs report per-statement numbers of the middle process through bench.middle.MiddleMeter,
+    # so --instrument / --perf add their metrics to it (LOOP_METRICS, PERF_METRICS).
+    per_statement_meter: bool = False
 
     def setup(self, env: "BenchEnv", settings: Settings) -> None:
         """Once per benchmark run, before the first round, directly against MariaDB."""
@@ -76,6 +80,18 @@ class Workload:
 
     def teardown(self, env: "BenchEnv", settings: Settings) -> None:
         """After the last round."""
+
+
+# With --instrument or --perf ("where does the time go"): the kernel's share of CPU/stmt first.
+SYS_METRIC = Metric("sys_us_per_stmt", "  of which kernel (stime)", "µs", "lower", intermediary_only=True)
+LOOP_METRICS = [
+    Metric("steps_per_stmt", "trio task steps/stmt", "", "lower", intermediary_only=True, digits=2),
+    Metric("io_waits_per_stmt", "epoll waits/stmt", "", "lower", intermediary_only=True, digits=2),
+]
+PERF_METRICS = [
+    Metric("ctx_switches_per_stmt", "context switches/stmt (perf)", "", "lower", intermediary_only=True, digits=2),
+    Metric("instructions_per_stmt", "instructions/stmt (perf)", "", "lower", intermediary_only=True, digits=0),
+]
 
 
 def cpu_us_per_statement(cpu_seconds: float | None, statements: int) -> float | None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bench.procstat import CpuMeter
-from bench.workloads import Metric, Settings, Workload, WorkloadError, WorkloadSkipped, cpu_us_per_statement
+from bench.middle import MiddleMeter
+from bench.workloads import Metric, Settings, Workload, WorkloadError, WorkloadSkipped
 
 if TYPE_CHECKING:
     from bench.env import BenchEnv, Target
@@ -39,6 +39,7 @@ class ReplicatorWorkload(Workload):
                 Metric("cpu_us_per_stmt", "CPU/stmt", "µs", "lower", intermediary_only=True),
             ],
         )
+        self.per_statement_meter = True
 
     def setup(self, env: "BenchEnv", settings: Settings) -> None:
         gc = goclient()
@@ -53,7 +54,7 @@ class ReplicatorWorkload(Workload):
 
     def run(self, env: "BenchEnv", target: "Target", settings: Settings) -> dict[str, float | None]:
         gc = goclient()
-        meter = CpuMeter(target.pid).start()
+        meter = MiddleMeter(env, target).start()
         try:
             run = gc.run_goclient(
                 "workload", port=target.port, conns=settings.replicator_conns,
@@ -62,7 +63,8 @@ class ReplicatorWorkload(Workload):
             )
         except gc.GoClientError as e:
             raise WorkloadError(str(e)) from None
-        cpu = meter.stop()
+        finally:
+            meter.stop()
         data = run.data
         if run.returncode != 0 or not data.get("ok", False):
             raise WorkloadError(f"goclient workload failed against {target.name}:\n{run.describe()}")
@@ -76,7 +78,7 @@ class ReplicatorWorkload(Workload):
             "stmt_per_s": statements / elapsed,
             "p95_ms": lat.get("p95"),
             "errors": float(data.get("error_count", 0)),
-            "cpu_us_per_stmt": cpu_us_per_statement(cpu, statements),
+            **meter.per_statement(statements),
             "_p99_ms": lat.get("p99"),
             "_max_ms": lat.get("max"),
             "_committed_txns": txns,

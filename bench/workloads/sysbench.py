@@ -16,8 +16,8 @@ import shutil
 import subprocess
 from typing import TYPE_CHECKING
 
-from bench.procstat import CpuMeter
-from bench.workloads import Metric, Settings, Workload, WorkloadError, WorkloadSkipped, cpu_us_per_statement
+from bench.middle import MiddleMeter
+from bench.workloads import Metric, Settings, Workload, WorkloadError, WorkloadSkipped
 
 if TYPE_CHECKING:
     from bench.env import BenchEnv, Target
@@ -119,6 +119,7 @@ class SysbenchWorkload(Workload):
         )
         self.test = test
         self.threads = threads
+        self.per_statement_meter = True
 
     def setup(self, env: "BenchEnv", settings: Settings) -> None:
         SysbenchSetup.ensure(env, settings)
@@ -126,13 +127,15 @@ class SysbenchWorkload(Workload):
         self.info["tables"] = f"{settings.sysbench_tables} x {settings.sysbench_table_size} rows"
 
     def run(self, env: "BenchEnv", target: "Target", settings: Settings) -> dict[str, float | None]:
-        meter = CpuMeter(target.pid).start()
-        out = run_sysbench(self.test, settings, target.port, self.threads, settings.sysbench_time)
-        cpu = meter.stop()
+        meter = MiddleMeter(env, target).start()
+        try:
+            out = run_sysbench(self.test, settings, target.port, self.threads, settings.sysbench_time)
+        finally:
+            meter.stop()
         return {
             "qps": out["qps"],
             "p95_ms": out["p95_ms"],
-            "cpu_us_per_stmt": cpu_us_per_statement(cpu, int(out["queries"])),
+            **meter.per_statement(out["queries"]),
             "_queries": out["queries"],
             "_ignored_errors": out.get("ignored_errors", 0),
             "_reconnects": out.get("reconnects", 0),
@@ -152,6 +155,7 @@ class CpuPerStatement(Workload):
                 Metric("p95_ms", "p95 latency", "ms", "lower", digits=2),
             ],
         )
+        self.per_statement_meter = True
 
     def setup(self, env: "BenchEnv", settings: Settings) -> None:
         SysbenchSetup.ensure(env, settings)
@@ -159,11 +163,13 @@ class CpuPerStatement(Workload):
         self.info["ps_mode"] = settings.sysbench_ps_mode
 
     def run(self, env: "BenchEnv", target: "Target", settings: Settings) -> dict[str, float | None]:
-        meter = CpuMeter(target.pid).start()
-        out = run_sysbench("oltp_write_only", settings, target.port, 4, settings.cpu_time, rate=settings.cpu_rate)
-        cpu = meter.stop()
+        meter = MiddleMeter(env, target).start()
+        try:
+            out = run_sysbench("oltp_write_only", settings, target.port, 4, settings.cpu_time, rate=settings.cpu_rate)
+        finally:
+            meter.stop()
         return {
-            "cpu_us_per_stmt": cpu_us_per_statement(cpu, int(out["queries"])),
+            **meter.per_statement(out["queries"]),
             "qps": out["qps"],
             "p95_ms": out["p95_ms"],
             "_queries": out["queries"],

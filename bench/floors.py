@@ -1,0 +1,215 @@
+"""The event loops' floors: two bare byte pumps run as intermediaries, like HAProxy.
+
+- ``trio``: trio, two tasks per connection, ``trio.SocketStream`` receive_some / send_all: what
+  any trio relay costs before it looks at a single byte;
+- ``uvloop``: an asyncio ``Protocol`` pair on uvloop: callbacks, no tasks, libuv's loop in C.
+
+They parse nothing: a MySQL session passes through unchanged. The proxy's CPU per statement is
+compared with the trio pump's (bench/report.py): what the proxy's own work costs on top of its
+event loop.
+
+Run one: ``python -m bench.floors trio --port P --backend-port B [--counts FILE]`` (``--counts``:
+count trio's scheduler steps and I/O waits, bench/instrument.py). ``Floor`` starts one as a
+subprocess, waits until it listens and stops it (also at interpreter exit), as bench/haproxy.py
+does for HAProxy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+KINDS = ("trio", "uvloop")
+BUFSIZE = 256 * 1024
+
+
+# -- the pumps (the child process) ---------------------------------------------------------------
+
+async def trio_pump(port: int, backend_port: int) -> None:
+    import trio
+
+    async def pipe(src: trio.SocketStream, dst: trio.SocketStream, done: trio.CancelScope) -> None:
+        try:
+            while data := await src.receive_some(BUFSIZE):
+                await dst.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        done.cancel()  # either side gone: the connection is over
+
+    async def handle(client: trio.SocketStream) -> None:
+        try:
+            server = await trio.open_tcp_stream("127.0.0.1", backend_port)
+        except OSError:
+            await client.aclose()
+            return
+        async with client, server, trio.open_nursery() as nursery:
+            nursery.start_soon(pipe, client, server, nursery.cancel_scope)
+            nursery.start_soon(pipe, server, client, nursery.cancel_scope)
+
+    async with trio.open_nursery() as nursery:
+        with trio.open_signal_receiver(signal.SIGTERM) as signals:
+            await nursery.start(partial(trio.serve_tcp, handle, port, host="127.0.0.1", backlog=4096))
+            async for _ in signals:
+                nursery.cancel_scope.cancel()
+                break
+
+
+def uvloop_pump(port: int, backend_port: int) -> None:
+    import asyncio
+
+    import uvloop
+
+    class Side(asyncio.Protocol):
+        """One socket; ``peer`` is the other side. A peer that cannot write pauses our reads."""
+
+        def __init__(self, peer: "Side | None" = None) -> None:
+            self.peer, self.transport = peer, None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:
+            self.transport = transport
+            if self.peer is not None:  # the server side: the client side may read now
+                self.peer.peer = self
+                self.peer.transport.resume_reading()
+            else:  # a client: connect to the server before reading anything
+                transport.pause_reading()
+                asyncio.get_running_loop().create_task(self.connect())
+
+        async def connect(self) -> None:
+            try:
+                await asyncio.get_running_loop().create_connection(lambda: Side(self), "127.0.0.1", backend_port)
+            except OSError:
+                self.transport.close()
+                return
+            if self.transport.is_closing():
+                self.peer.transport.close()
+
+        def data_received(self, data: bytes) -> None:
+            self.peer.transport.write(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.peer is not None and self.peer.transport is not None:
+                self.peer.transport.close()
+
+        def pause_writing(self) -> None:
+            self.peer.transport.pause_reading()
+
+        def resume_writing(self) -> None:
+            self.peer.transport.resume_reading()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Side, "127.0.0.1", port, backlog=4096)
+        stop = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        async with server:
+            await stop.wait()
+
+    uvloop.run(main())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.floors", description=__doc__.split("\n\n")[0])
+    p.add_argument("kind", choices=KINDS)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--backend-port", type=int, required=True)
+    p.add_argument("--counts", type=Path, help="trio only: write scheduler counts here on SIGUSR1 and at exit")
+    args = p.parse_args(argv)
+    if args.kind == "uvloop":
+        uvloop_pump(args.port, args.backend_port)
+        return 0
+    import trio
+
+    instruments = []
+    if args.counts:
+        from bench.instrument import LoopCounter, dump_on_signal
+
+        counter = LoopCounter()
+        dump_on_signal(counter, args.counts)
+        instruments.append(counter)
+    try:
+        trio.run(trio_pump, args.port, args.backend_port, instruments=instruments)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if args.counts:
+            counter.dump(args.counts, final=True)
+    return 0
+
+
+# -- the parent side: a Floor is started and stopped like bench.haproxy.HAProxy ------------------
+
+def floor_unavailable_reason(kind: str) -> str | None:
+    if kind == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        return "uvloop is not installed (pip install uvloop, or pip install -e '.[bench]')"
+    return None
+
+
+class Floor:
+    def __init__(self, kind: str, workdir: Path, backend_port: int, counts: bool = False) -> None:
+        from tests.lab.mariadb import free_port
+
+        self.kind = kind
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.backend_port = backend_port
+        self.log_path = self.workdir / f"{kind}_pump.log"
+        self.counts_path = self.workdir / "loop-counts.json" if counts and kind == "trio" else None
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 20) -> "Floor":
+        from bench.env import REPO
+        from tests.lab.procs import kill_at_exit, wait_listening
+
+        reason = floor_unavailable_reason(self.kind)
+        if reason:
+            raise RuntimeError(reason)
+        cmd = [sys.executable, "-m", "bench.floors", self.kind, "--port", str(self.port),
+               "--backend-port", str(self.backend_port)]
+        if self.counts_path is not None:
+            cmd += ["--counts", str(self.counts_path)]
+        self._log = open(self.log_path, "ab")
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=subprocess.STDOUT, env=env)
+        kill_at_exit(self.proc)
+        try:
+            wait_listening(self.proc, self.port, timeout, f"{self.kind} pump", self.log_text)
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def log_text(self) -> str:
+        from tests.lab.procs import read_log
+
+        return read_log(self.log_path)
+
+    def stop(self, timeout: float = 10) -> None:
+        from tests.lab.procs import forget
+
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        forget(self.proc)
+        self._log.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
