@@ -61,6 +61,7 @@ _DO_INSERT_ID = re.compile(rb"\s*(?:DO|SELECT)\s+LAST_INSERT_ID\s*\(\s*(\d+)\s*\
 _INSERT_TEXT = 64 * 1024  # an INSERT whose OK carried an id is kept up to this size, to tell "generated" later
 _NO_TRANSACTION_EFFECT = frozenset({Kind.INSERT, Kind.REPLACE, Kind.UPDATE, Kind.DELETE, Kind.SELECT})
 _FAST_STATEMENTS = {verb: Statement(Kind[verb.decode()]) for verb in FAST_VERBS}
+_FAST_STATEMENTS[b"SELECT"] = Statement(Kind.SELECT, read_only=True)
 
 # Commands that change nothing but session-level state (never data).
 SESSION_ONLY_COMMANDS = frozenset(
@@ -414,7 +415,7 @@ class SessionTracker:
         if not tx.writes:
             stmt = done.statement
             tx.writes = (
-                done.verb is not None
+                (done.verb is not None and done.verb != b"SELECT")
                 or (done.analysis is not None and done.analysis.writes)
                 or (cmd.code == C.COM_STMT_EXECUTE and (stmt is None or stmt.analysis is None or stmt.analysis.writes))
             )

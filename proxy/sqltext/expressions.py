@@ -83,6 +83,8 @@ def effects(tokens: list[Token]) -> tuple[bool, str | None, bool]:
                 read_only = False
             elif word == "NEXT" and nxt == "VALUE":  # MariaDB NEXT VALUE FOR seq
                 read_only = False
+            elif word == "NEXTVAL" and tk.is_punct(tokens, i - 1, "."):  # seq.nextval (sql_mode=ORACLE)
+                read_only = False
         elif kind is TokenKind.PUNCT and tok.text == ":=" and i and tokens[i - 1].kind is TokenKind.USER_VAR:
             read_only = False
             if reason is None:

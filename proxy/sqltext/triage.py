@@ -3,10 +3,15 @@
 Most statements a replicator sends are one INSERT / REPLACE / UPDATE / DELETE that starts
 right with its verb. Such a statement cannot end or begin a transaction, and when the session
 cannot send several statements at once (or there is no ``;`` in it) it is exactly one
-statement. (A SELECT is not on the fast path: whether it calls a stored function decides
-whether it may be resent.) What such a statement calls is judged at recovery, from the journal. Everything else (a leading comment or space, any other verb, a possible
-multi-statement) goes through ``classify.analyze``, so the two never disagree: the fast path
-only answers when the answer is certain.
+statement. What such a statement calls is judged at recovery, from the journal.
+
+A SELECT is on the fast path only when its bytes cannot hide anything but a plain read: no
+``(`` anywhere (so no call of any function, stored or built-in), no ``@`` (variables), no
+comment or ``;``, and none of the words that make a read lock or write (INTO, FOR UPDATE /
+SHARE, LOCK IN SHARE MODE, NEXT VALUE FOR, seq.NEXTVAL). A byte inside a string literal counts
+too: such a SELECT is simply analyzed. Everything else (a leading comment or space, any other
+verb, a possible multi-statement) goes through ``classify.analyze``, so the two never
+disagree: the fast path only answers when the answer is certain.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ import re
 
 __all__ = ["fast_verb", "FAST_VERBS", "may_pin_session"]
 
-FAST_VERBS = frozenset({b"INSERT", b"REPLACE", b"UPDATE", b"DELETE"})
+FAST_VERBS = frozenset({b"INSERT", b"REPLACE", b"UPDATE", b"DELETE", b"SELECT"})
+# What keeps a SELECT off the fast path (see above); one C-level scan.
+_SELECT_DOUBT = re.compile(rb"[(@;#]|/\*|--|\b(?:INTO|FOR|LOCK|NEXT|NEXTVAL)\b", re.IGNORECASE)
 _LETTERS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
 _WORD_END = frozenset(b" \t\n\r\f\v")  # after the verb
 
@@ -31,6 +38,8 @@ def fast_verb(payload: bytes, multi: bool) -> bytes | None:
     verb = payload[1:end].upper()
     if verb not in FAST_VERBS or end >= len(payload) or payload[end] not in _WORD_END:
         return None
+    if verb == b"SELECT":
+        return None if _SELECT_DOUBT.search(payload, end) else verb
     if multi and b";" in payload:
         return None
     return verb

@@ -344,6 +344,9 @@ def test_set_autocommit_value():
         ("SELECT SLEEP(1)", False),
         ("SELECT NEXTVAL(s)", False),
         ("SELECT NEXT VALUE FOR s", False),
+        ("SELECT s.nextval", False),  # MariaDB, sql_mode=ORACLE
+        ("SELECT db.s.NEXTVAL FROM dual", False),
+        ("SELECT nextval FROM t", True),  # a column
         ("SELECT SETVAL(s, 5)", False),
         ("SELECT LAST_INSERT_ID()", True),
         ("SELECT LAST_INSERT_ID(5)", False),
@@ -823,3 +826,58 @@ def test_triggers_and_foreign_keys_forbid_the_proof():
 )
 def test_stored_code_is_told_from_table_names(sql, runs_code):
     assert classify(sql).runs_code is runs_code
+
+
+# ---------------------------------------------------------------------------- the fast path
+
+from proxy.sqltext.triage import fast_verb  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "sql, verb",
+    [
+        ("SELECT c FROM sbtest1 WHERE id=5012", b"SELECT"),
+        ("select `c` from `db`.`t` where `id` = 'a;b'", None),  # a ";" anywhere: analyzed
+        ("SELECT * FROM t WHERE a = 'x' UNION SELECT * FROM u", b"SELECT"),
+        ("SELECT f(1)", None),
+        ("SELECT * FROM t WHERE a = '('", None),
+        ("SELECT @x", None),
+        ("SELECT @@max_allowed_packet", None),
+        ("SELECT a INTO @x FROM t", None),
+        ("SELECT * FROM t FOR UPDATE", None),
+        ("SELECT * FROM t LOCK IN SHARE MODE", None),
+        ("SELECT NEXT VALUE FOR s", None),
+        ("SELECT s.nextval", None),
+        ("SELECT 1 /*!99999 , 2 */", None),
+        ("SELECT 1 -- x", None),
+        ("SELECT 1 # x", None),
+        ("SELECT 1; DELETE FROM t", None),
+        ("SELECTED", None),
+        (" SELECT 1", None),
+        ("INSERT INTO t VALUES (1)", b"INSERT"),
+        ("INSERT INTO t VALUES (1); COMMIT", None),
+    ],
+)
+def test_fast_verb(sql, verb):
+    assert fast_verb(b"\x03" + sql.encode(), multi=True) == verb
+
+
+_select_words = st.sampled_from(
+    ["SELECT", "a", "t", "FROM", "WHERE", "=", "1", "'s'", "(", ")", "@v", ";", "INTO", "FOR", "UPDATE", "LOCK", "IN",
+     "SHARE", "MODE", "NEXT", "VALUE", "s.nextval", "/*!", "*/", "--", "#", ",", "f", "GET_LOCK", "UNION", "`q`", "\\'"]
+)  # fmt: skip
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(_select_words, min_size=1, max_size=12).map(lambda words: "SELECT " + " ".join(words)), st.booleans())
+def test_the_fast_path_never_disagrees_with_the_classifier(sql, nbe):
+    """Whenever the fast path calls a text a plain SELECT, the whole-text classifier finds one
+    read-only SELECT that changes no session state (or text it cannot lex, which the server
+    rejects before running anything)."""
+    if fast_verb(b"\x03" + sql.encode(), multi=True) != b"SELECT":
+        return
+    analysis = sqltext.analyze(sql, dialect=sqltext.MARIADB, no_backslash_escapes=nbe)
+    if analysis.unknown is not None and "not understood" in analysis.unknown:
+        return
+    assert analysis.single and analysis.first.kind is sqltext.Kind.SELECT, sql
+    assert analysis.first.read_only and analysis.first.session_unrestorable is None and not analysis.first.runs_code, sql
