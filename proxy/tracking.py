@@ -185,7 +185,7 @@ class SessionTracker:
             a = done.analysis
             kind = a.first.kind if a.single and a.unknown is None else None
         elif done.verb is not None:
-            kind = Kind[done.verb.decode()]
+            kind = _FAST_STATEMENTS[done.verb].kind
         else:  # COM_STMT_EXECUTE
             a = done.statement.analysis if done.statement is not None else None
             kind = a.first.kind if a is not None and a.single and a.unknown is None else None

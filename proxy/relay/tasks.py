@@ -302,7 +302,7 @@ class Session:
             statement.long_data.append(cmd.payload)
         elif analysis is not None and analysis.single and analysis.first.kind is Kind.SELECT and oversize.asks_max_packet(cmd):
             cmd = inflight.command = oversize.tell_effective_limit(cmd, self.limit, self.backend)
-        elif analysis is not None and analysis.keywords(0, 1) == ("KILL",):
+        elif analysis is not None and analysis.first.kind is Kind.OTHER and analysis.keywords(0, 1) == ("KILL",):
             cmd = inflight.command = await self._translate_kill(cmd)
         self.inflight = inflight
         if self.backend_ok:
