@@ -7,6 +7,7 @@ command to simulate what real servers do when they go away:
 - ``"drop"``: close the connection without running the command (TiDB shutdown mode);
 - ``"run_then_drop"``: run it (and commit, for COMMIT) but close before answering (crash);
 - ``"error_1053"``: answer ERR 1053 without running it, then close;
+- ``"deadlock"``: the command is the deadlock victim: its transaction is rolled back, ERR 1213;
 - ``None``: normal processing.
 
 Mini dialect: ``INSERT INTO t VALUES (k, 'v')``, ``REPLACE INTO t VALUES (k, 'v')``,
@@ -226,6 +227,11 @@ class FakeConnection:
         if action == "error_1053":
             await self._send([make_err(1053, "08S01", "Server shutdown in progress")], 1)
             return self.close()
+        if action == "deadlock":  # InnoDB rolls back the victim's whole transaction
+            self.pending.clear()
+            self.in_tx = False
+            await self._send([make_err(1213, "40001", "Deadlock found when trying to get lock; try restarting transaction")], 1)
+            return None
         if action == "killed":  # KILL <this connection> while the command ran: not executed
             await self._send([make_err(1927, "70100", "Connection was killed")], 1)
             return self.close()

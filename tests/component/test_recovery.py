@@ -397,6 +397,25 @@ async def test_commit_marker_resolves_an_in_doubt_commit_exactly(nursery, autoju
     assert db.rows == {1: "a", 2: "b"} and len(db.markers) == 1
 
 
+async def test_a_commit_marker_that_fails_is_the_commits_answer(nursery, autojump):
+    """The marker upsert is the deadlock victim: the server rolled the transaction back, so the
+    client's COMMIT gets the 1213 and is never sent (an OK from it would be a lie: nothing committed)."""
+    lab = Lab(nursery, make_config(recovery={"commit_marker": True}))
+    c = await lab.client()
+    await c.must("BEGIN")
+    await c.must("INSERT INTO t VALUES (1, 'a')")
+    lab.server.intercept = drop_once("commit_markers (slot, txn)", "deadlock")
+    result = await c.query("COMMIT")
+    assert result.code == 1213 and "Deadlock" in result.message
+    assert "COMMIT" not in lab.server.queries
+    db = lab.server.db
+    assert db.rows == {} and db.commits == 0 and db.markers == {}
+    await c.must("BEGIN")  # the session goes on: DM retries the batch
+    await c.must("INSERT INTO t VALUES (1, 'a')")
+    await c.must("COMMIT")
+    assert db.rows == {1: "a"} and db.commits == 1
+
+
 async def test_commit_marker_after_server_restart(nursery, autojump):
     lab = Lab(nursery, make_config(recovery={"commit_marker": True}))
     c = await lab.client()

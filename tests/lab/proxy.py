@@ -82,6 +82,7 @@ class ProxyProcess:
             else:
                 sections[key] = value
         self.config_path = write_config(self.workdir / "proxy.toml", sections)
+        self._own_admin = sections.get("admin", {}).get("address") == f"127.0.0.1:{self.admin_port}"
         self.log_path = self.workdir / "proxy.log"
         self.proc: subprocess.Popen | None = None
 
@@ -94,6 +95,8 @@ class ProxyProcess:
         )
         kill_at_exit(self.proc)
         wait_listening(self.proc, self.port, timeout, "proxy", self.log_text)
+        if self._own_admin:  # the admin endpoint starts beside the listener, not before it
+            wait_listening(self.proc, self.admin_port, timeout, "proxy admin", self.log_text)
         return self
 
     def log_text(self) -> str:
