@@ -7,10 +7,11 @@ from proxy.protocol.constants import Commands
 from proxy.recovery import StatementFacts
 from proxy.session import PreparedStatement
 from proxy.sqltext import Kind
+from proxy.sqltext.expressions import reads_last_results
 from proxy.sqltext.idempotence import changes_no_rows, claim
 from proxy.tracking import SESSION_ONLY_COMMANDS, SessionTracker
 
-__all__ = ["text_of", "statement_facts"]
+__all__ = ["text_of", "statement_facts", "needs_last_results"]
 
 C = Commands
 
@@ -23,6 +24,13 @@ def text_of(payload: bytes, stmt: PreparedStatement | None) -> str | None:
     if code == C.COM_STMT_EXECUTE and stmt is not None:
         return stmt.prepare_payload[1:].decode("utf-8", "surrogateescape")
     return None
+
+
+def needs_last_results(tracker: SessionTracker, payload: bytes, stmt: PreparedStatement | None) -> bool:
+    """Does this command read what the session's previous statement left (FOUND_ROWS(),
+    warnings, ...)? Asked only of the first command on a new backend connection."""
+    text = text_of(payload, stmt)
+    return text is not None and reads_last_results(text, tracker.dialect, tracker.nbe)
 
 
 def statement_facts(tracker: SessionTracker, payload: bytes, stmt: PreparedStatement | None, complete: bool = True, idempotent: bool | None = None) -> StatementFacts:

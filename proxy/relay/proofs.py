@@ -1,8 +1,10 @@
 """What a table's keys prove, read from information_schema on the backend.
 
 Safe mode: before a statement that may already have run is applied again, the table's keys
-must show that doing so leaves the same rows (``proxy.sqltext.idempotence``). LAST_INSERT_ID():
-after a reconnect, whether the last INSERTs generated their ids (``last_insert_id``).
+must show that doing so leaves the same rows (``proxy.sqltext.idempotence``). Every mode: a
+statement that reads a view may run the stored functions the view calls, which the text does
+not show (``code_in_views``). LAST_INSERT_ID(): after a reconnect, whether the last INSERTs
+generated their ids (``last_insert_id``).
 
 The keys, triggers and foreign keys of a table are read from information_schema on the new
 backend connection and cached per target for a minute; a DDL seen through the proxy drops the
@@ -21,14 +23,15 @@ import trio
 from proxy.backend import Backend, BackendError
 from proxy.facts import text_of
 from proxy.session import PreparedStatement, SessionState
-from proxy.sqltext import TokenKind, quote_string
+from proxy.sqltext import Dialect, SqlParseError, TokenKind, analyze, iter_tokens, quote_string
 from proxy.sqltext.idempotence import Claim, TableKeys, changes_no_rows, claim, proves
 from proxy.sqltext.inserts import InsertHead, insert_head, insert_rows, insert_target
+from proxy.sqltext.tokens import name
 
 if TYPE_CHECKING:
     from proxy.relay.tasks import Session
 
-__all__ = ["KeyCache", "unproven", "last_insert_id"]
+__all__ = ["KeyCache", "unproven", "code_in_views", "last_insert_id"]
 
 log = logging.getLogger("replay_proxy.session")
 
@@ -158,6 +161,68 @@ async def _disproof(s: Session, backend: Backend, c: Claim, current_db: str | No
     if not proves(c, keys, fk_checks):
         return f"{database}.{table}: the statement does not pin a unique key with constants (or the table has triggers / is referenced by foreign keys)"
     return None
+
+
+# --- Views ------------------------------------------------------------------------------------
+
+_VIEW_DEPTH = 8  # views of views of ...: deeper than this is "cannot tell"
+_NAMES_PER_QUERY = 500
+_NAME_MAX = 64  # longer is no table's name
+
+
+async def code_in_views(s: Session, backend: Backend, commands: list[tuple[bytes, PreparedStatement | None]]) -> str | None:
+    """Why running these commands again may run stored code hidden in a view (``SELECT * FROM
+    v`` where v calls a stored function that writes); None when no name they use is a view
+    that calls anything but side-effect-free built-ins. Every name is looked up, not just
+    table positions: a column or alias that is also a view's name only costs a look."""
+    tracking = s.tracking
+    names: set[str] = set()
+    seen: set[str] = set()
+    try:
+        for payload, stmt in commands:
+            text = text_of(payload, stmt)
+            if text is not None:
+                names |= _names(text, tracking.dialect, tracking.nbe)
+    except SqlParseError:
+        return "a statement the proxy cannot read"
+    for _ in range(_VIEW_DEPTH):
+        new = sorted(names - seen)
+        if not new:
+            return None
+        seen.update(new)
+        names = set()
+        try:
+            for i in range(0, len(new), _NAMES_PER_QUERY):
+                rows = await backend.query(
+                    "SELECT TABLE_SCHEMA, TABLE_NAME, VIEW_DEFINITION FROM information_schema.VIEWS WHERE TABLE_NAME IN ("
+                    + ", ".join(quote_string(n) for n in new[i : i + _NAMES_PER_QUERY]) + ")"
+                )
+                for schema, view, definition in rows:
+                    label = f"{_text(schema)}.{_text(view)}"
+                    body = (definition or b"").decode("utf-8", "surrogateescape")
+                    analysis = analyze(body, dialect=tracking.dialect) if body.strip() else None
+                    if analysis is None or analysis.unknown is not None or analysis.writes:
+                        return f"the view {label} calls stored code (or its definition cannot be read)"
+                    names |= _names(body, tracking.dialect, False)
+        except BackendError as exc:
+            return f"cannot read information_schema.VIEWS: {exc}"
+        except SqlParseError:
+            return "a view definition the proxy cannot read"
+    return f"views nested more than {_VIEW_DEPTH} deep"
+
+
+def _names(text: str, dialect: Dialect, nbe: bool) -> set[str]:
+    """Every word, quoted name and double-quoted string (a name under ANSI_QUOTES) of ``text``
+    that could name a table: a superset of the tables it reads. Raises SqlParseError where the
+    lexer does."""
+    found = set()
+    for tok in iter_tokens(text, dialect=dialect, no_backslash_escapes=nbe):
+        kind = tok.kind
+        if kind is TokenKind.WORD or kind is TokenKind.QUOTED_IDENT or (kind is TokenKind.STRING and tok.text[0] == '"'):
+            value = name(tok, nbe)
+            if 0 < len(value) <= _NAME_MAX:
+                found.add(value)
+    return found
 
 
 # --- LAST_INSERT_ID() -------------------------------------------------------------------------------

@@ -15,14 +15,14 @@ import trio
 from proxy.backend import Backend, BackendError, backoff_delays, restarted_since, server_status
 from proxy.hooks import CommandInfo
 from proxy.netio import PeerClosed
-from proxy.protocol.constants import Err
+from proxy.protocol.constants import Commands, Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ProtocolError, make_err
 from proxy.protocol.response import Expect
-from proxy.facts import statement_facts, text_of
+from proxy.facts import needs_last_results, statement_facts, text_of
 from proxy.recovery import Outcome, Plan, Sent, StatementFacts, plan_recovery
 from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, ConnectionFailed, Inflight
-from proxy.relay.proofs import last_insert_id, unproven
+from proxy.relay.proofs import code_in_views, last_insert_id, unproven
 from proxy.session import PreparedStatement, SessionState
 from proxy.sqltext import Kind
 
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 __all__ = ["recover", "failure"]
 
 log = logging.getLogger("replay_proxy.session")
+
+C = Commands
 
 
 def failure(s: Session, reason: str) -> ConnectionFailed:
@@ -104,6 +106,7 @@ async def recover(s: Session, reason: str, rejected: bool = False, clean: bool =
     did not run it. ``clean``: the server closed the connection (a FIN), as after a KILL."""
     lost_at = s.lost_at = trio.current_time()
     old = s.backend
+    s.results_gone = True
     s.backend_ok = False
     if old is not None:
         old.close()
@@ -180,6 +183,12 @@ async def recover(s: Session, reason: str, rejected: bool = False, clean: bool =
                 if not plan.replay:
                     _fail_retryable_later(s, f"transaction did not commit and cannot be replayed: {tx.not_replayable}")
                     break
+            again = _run_again(s, inflight, plan, sent)
+            if again:
+                with trio.fail_after(s.config.backend.io_timeout):
+                    why = await code_in_views(s, backend, again)
+                if why is not None:
+                    raise failure(s, f"a statement to run again may call stored code: {why}")
             if plan.proof:
                 with trio.fail_after(s.config.backend.io_timeout):
                     why = await unproven(s, backend, _proof_commands(s, inflight))
@@ -199,9 +208,15 @@ async def recover(s: Session, reason: str, rejected: bool = False, clean: bool =
         except (PeerClosed, BackendError, ProtocolError, trio.TooSlowError) as exc:
             log.warning("session %d: new backend connection failed during replay (%s); reconnecting", s.id, exc or "no answer within io_timeout")
             backend.close()
+    current = s.inflight
+    if replayed:
+        s.results_gone = False  # the replayed journal left what the client's statements left
+    if s.results_gone and current is not None and current.state == NOT_SENT and not current.internal and s.pending_error is None:
+        s.results_gone = current.command.code not in (C.COM_QUERY, C.COM_STMT_EXECUTE)
+        if needs_last_results(s.tracking, current.command.payload, current.statement):
+            raise failure(s, "the command reads the previous statement's results (FOUND_ROWS(), warnings...), which stayed on the lost connection")
     s.backend_ok = True
     waited = trio.current_time() - lost_at
-    current = s.inflight
     log.warning(
         "session %d: recovered on %s (connection %d) after %.0f ms; replayed %d statement(s)%s",
         s.id, backend.address, backend.connection_id, waited * 1000, replayed,
@@ -220,6 +235,15 @@ async def recover(s: Session, reason: str, rejected: bool = False, clean: bool =
             return None
         return current
     return None
+
+
+def _run_again(s: Session, inflight: Inflight | None, plan: Plan, sent: Sent | None) -> list[tuple[bytes, PreparedStatement | None]]:
+    """What the plan runs a second time: the journal it replays, the command in flight it
+    resends although it may have run."""
+    commands = [(e.payload, e.statement) for e in s.tracking.tx.entries] if plan.replay and s.tracking.tx.active else []
+    if inflight is not None and plan.resend and sent is Sent.MAYBE_EXECUTED:
+        commands.append((inflight.command.payload, inflight.statement))
+    return commands
 
 
 def _proof_commands(s: Session, inflight: Inflight | None) -> list[tuple[bytes, PreparedStatement | None]]:
@@ -431,6 +455,7 @@ async def migrate(s: Session) -> None:
         return
     old = s.backend
     s.migrating, s.backend_ok = True, False
+    results_gone, s.results_gone = s.results_gone, True  # a command arriving meanwhile runs on the new one
     s.backend_replaced = trio.Event()
     started = trio.current_time()
     backend = None
@@ -447,6 +472,7 @@ async def migrate(s: Session) -> None:
         if backend is not None:
             backend.close()
         s.use_backend(old)
+        s.results_gone = results_gone
         s.tracking.generation = generation  # the statements' ids on the old connection still hold
         for stmt, (backend_id, gen, bound) in ids.items():
             stmt.backend_id, stmt.generation, stmt.types_bound_on_backend = backend_id, gen, bound

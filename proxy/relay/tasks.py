@@ -21,6 +21,7 @@ import struct
 import trio
 
 from proxy.backend import Backend
+from proxy.facts import needs_last_results
 from proxy.hooks import AnswerOk, CommandInfo, PluginError, Reject, Rewrite, SessionInfo
 from proxy.intake import Command, Oversized, read_command
 from proxy.netio import Channel, PeerClosed
@@ -95,6 +96,7 @@ class Session:
         self.move_requested = False  # its backend is draining: move between transactions
         self.lost_at = 0.0  # when the backend was last lost (recovery)
         self.migrating = False
+        self.results_gone = False  # on a new backend connection, before the client's first command ran there
         self.last_activity = trio.current_time()  # when the last command completed (wait_timeout)
 
     async def handshake(self) -> bool:
@@ -281,6 +283,8 @@ class Session:
             if statement is not None and statement.long_data_bytes >= self.limit and code == C.COM_STMT_EXECUTE:
                 await oversize.refuse_long_data(self, cmd, statement)
                 return
+        if self.results_gone and (self.backend_ok or self.migrating):  # mid-recovery: recover() asks
+            await self._first_on_new_connection(cmd, statement)
         verb, analysis = tracking.triage(cmd.payload) if code == C.COM_QUERY else (None, None)
         # A marker only for a transaction that wrote: a read-only one (START TRANSACTION READ
         # ONLY) would refuse it, and replaying reads is always safe.
@@ -307,6 +311,21 @@ class Session:
         self.inflight = inflight
         if self.backend_ok:
             await self.send_inflight(inflight)
+
+    async def _first_on_new_connection(self, cmd: Command, statement: PreparedStatement | None) -> None:
+        """The backend connection was replaced while the client was idle: its previous
+        statement's results (FOUND_ROWS(), warnings, ...) stayed on the old one. A command that
+        reads them gets 1158, as a direct client would after losing its connection. (PING and
+        the like leave the results as they are.)"""
+        if cmd.code not in (C.COM_QUERY, C.COM_STMT_EXECUTE):
+            return
+        self.results_gone = False
+        if needs_last_results(self.tracking, cmd.payload, statement):
+            msg = ("Lost connection to backend during query (replay-proxy: the backend connection was replaced; "
+                   "the previous statement's results, such as FOUND_ROWS() and warnings, are gone)")
+            log.warning("session %d: %s; the client gets 1158 and the session ends", self.id, msg)
+            await self.answer_error(cmd, *Err.CONNECTION_LOST, msg)
+            raise SessionClosed(msg)
 
     async def _translate_kill(self, cmd: Command) -> Command:
         """Clients KILL by the connection id of the proxy's greeting (the mariadb CLI on Ctrl-C:

@@ -8,9 +8,10 @@ import attrs
 
 from proxy.sqltext import tokens as tk
 from proxy.sqltext.functions import BUILTIN_EFFECTS, PAREN_KEYWORDS, PURE_FUNCTIONS
-from proxy.sqltext.lexer import NAME_KINDS, Token, TokenKind
+from proxy.sqltext.dialect import Dialect
+from proxy.sqltext.lexer import NAME_KINDS, SqlParseError, Token, TokenKind, iter_tokens
 
-__all__ = ["Calls", "calls", "effects", "GET_LOCK_REASON"]
+__all__ = ["Calls", "calls", "effects", "reads_last_results", "GET_LOCK_REASON"]
 
 GET_LOCK_REASON = "GET_LOCK() holds a named lock that belongs to the session"
 
@@ -90,3 +91,45 @@ def effects(tokens: list[Token]) -> tuple[bool, str | None, bool]:
             if reason is None:
                 reason = "a user variable is assigned inside a query (@v := ...)"
     return read_only, reason, found.stored
+
+
+# What the previous statement of the session left behind, which a new connection does not have.
+_LAST_RESULT_CALLS = frozenset({"FOUND_ROWS", "ROW_COUNT", "LASTVAL"})
+_LAST_RESULT_VARIABLES = ("warning_count", "error_count", "last_gtid")
+_LAST_RESULT_WORDS = frozenset({"WARNINGS", "ERRORS", "DIAGNOSTICS", "PREVIOUS"})  # SHOW WARNINGS, GET DIAGNOSTICS, PREVIOUS VALUE FOR s
+
+
+def reads_last_results(sql: str, dialect: Dialect, nbe: bool) -> bool:
+    """Does the first statement of ``sql`` read what the session's previous statement left
+    (FOUND_ROWS(), ROW_COUNT(), warnings and errors, a sequence's previous value)? On a new
+    connection those belong to the proxy's restore statements: such a read cannot be answered
+    truthfully. Later statements of a multi-statement text read what the earlier ones left, which
+    they reproduce. Text the lexer rejects: True (cannot tell)."""
+    try:
+        tokens = iter_tokens(sql, dialect=dialect, no_backslash_escapes=nbe)
+        previous = None
+        for tok in tokens:
+            kind = tok.kind
+            if kind is TokenKind.PUNCT:
+                if tok.text == ";":
+                    return False
+                if tok.text == "(" and previous in _LAST_RESULT_CALLS:
+                    return True
+                previous = None
+                continue
+            if kind is TokenKind.WORD:
+                previous = tok.text.upper()
+                if previous in _LAST_RESULT_WORDS:
+                    return True
+                continue
+            if kind is TokenKind.QUOTED_IDENT:
+                previous = tk.name(tok).upper()
+                continue
+            if kind is TokenKind.SYS_VAR:
+                name = tok.text.lower().replace("`", "")
+                if any(name.endswith(v) for v in _LAST_RESULT_VARIABLES):
+                    return True
+            previous = None
+    except SqlParseError:
+        return True
+    return False

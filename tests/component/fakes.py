@@ -14,7 +14,8 @@ Mini dialect: ``INSERT INTO t VALUES (k, 'v')``, ``REPLACE INTO t VALUES (k, 'v'
 ``UPDATE c SET n = n + 1``, ``DELETE FROM t WHERE k = n``, ``SELECT COUNT(*) FROM t``,
 ``SELECT v FROM t WHERE k = n``, ``SELECT n FROM c``, ``BEGIN``/``START TRANSACTION``,
 ``COMMIT``, ``ROLLBACK``, ``SET name = value`` (kept per connection), ``SELECT @@name``,
-``SELECT GET_LOCK('x', 1)``, ``KILL n``, plus the proxy's own probes.
+``SELECT GET_LOCK('x', 1)``, ``KILL n``, plus the proxy's own probes and look-ups (commit
+markers, information_schema.VIEWS from ``FakeDB.views``).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class FakeDB:
     locks: dict[str, int] = attrs.Factory(dict)  # GET_LOCK name -> connection id
     markers: dict[str, int] = attrs.Factory(dict)  # commit-marker table: slot -> txn
     kills: int = 0  # KILL statements run (Com_kill)
+    views: dict[str, str] = attrs.Factory(dict)  # view name -> its definition (information_schema.VIEWS)
 
 
 def trickle_stream_pair() -> tuple[trio.StapledStream, trio.StapledStream]:
@@ -333,6 +335,10 @@ class FakeConnection:
             self.pending.clear()
             self.in_tx = False
             return [make_ok(self.status())]
+        if s.startswith("SELECT TABLE_SCHEMA, TABLE_NAME, VIEW_DEFINITION FROM information_schema.VIEWS WHERE TABLE_NAME IN ("):
+            asked = set(re.findall(r"'([^']*)'", s))
+            return self._table(["TABLE_SCHEMA", "TABLE_NAME", "VIEW_DEFINITION"],
+                               [["test", name, body] for name, body in db.views.items() if name in asked])
         if up == "SELECT @@MAX_ALLOWED_PACKET":
             return self._result("@@max_allowed_packet", [str(64 << 20)])
         if up == "SELECT @@MAX_ALLOWED_PACKET, @@WAIT_TIMEOUT, @@HOSTNAME, @@PORT, UNIX_TIMESTAMP()":

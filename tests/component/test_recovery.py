@@ -5,6 +5,8 @@ Every test runs on trio's autojump clock, so backoff, buffer windows and timeout
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import trio
 import trio.testing
@@ -57,6 +59,69 @@ async def test_idle_backend_loss_is_invisible(nursery, autojump):
     await trio.sleep(0.01)
     assert len(lab.server.live()) == 1  # replaced before the client's next command
     assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["1"]
+
+
+@pytest.mark.parametrize("first", ["SELECT FOUND_ROWS()", "SHOW WARNINGS", "SELECT @@warning_count"])
+async def test_the_previous_statements_results_stay_on_the_lost_connection(nursery, autojump, first):
+    """After an idle reconnect, a read of what the previous statement left (FOUND_ROWS(),
+    warnings) would be answered by the proxy's restore statements: 1158 instead of a wrong answer."""
+    lab = Lab(nursery)
+    c = await lab.client()
+    await c.must("SELECT COUNT(*) FROM t")
+    lab.backend_of().close()
+    await trio.sleep(0.01)
+    result = await c.query(first)
+    assert result.code == 1158 and "FOUND_ROWS()" in result.message
+    assert first not in lab.server.queries
+
+
+async def test_results_are_the_new_connections_after_the_clients_next_statement(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    lab.backend_of().close()
+    await trio.sleep(0.01)
+    await c.must("SELECT COUNT(*) FROM t")  # PING would not do: it leaves the results as they are
+    result = await c.query("SELECT FOUND_ROWS()")
+    assert result.code != 1158 and "SELECT FOUND_ROWS()" in lab.server.queries
+
+
+async def test_a_lost_read_of_the_previous_results_is_not_resent(nursery, autojump):
+    lab = Lab(nursery)
+    c = await lab.client()
+    await c.must("SELECT COUNT(*) FROM t")
+    lab.server.intercept = drop_once("FOUND_ROWS")
+    result = await c.query("SELECT FOUND_ROWS()")
+    assert result.code == 1158 and lab.server.queries.count("SELECT FOUND_ROWS()") == 1
+
+
+@pytest.mark.parametrize("definition, resent", [
+    ("select `test`.`x`.`a` AS `a` from `test`.`x`", True),  # built-ins only: safe to read again
+    ("select `test`.`f`() AS `x`", False),  # a stored function: it may write
+    ("select `a` AS `a` from `test`.`inner`", False),  # a view of a view that calls f()
+    ("", False),  # no SHOW VIEW privilege: the definition cannot be read
+])
+async def test_a_read_through_a_view_that_calls_stored_code_is_not_resent(nursery, autojump, definition, resent):
+    lab = Lab(nursery)
+    lab.server.db.views.update({"t": definition, "inner": "select `test`.`f`() AS `a`"})
+    c = await lab.client()
+    await c.must("INSERT INTO t VALUES (1, 'a')")
+    lab.server.intercept = drop_once("SELECT COUNT", "run_then_drop")
+    result = await c.query("SELECT COUNT(*) FROM t")
+    runs = lab.server.queries.count("SELECT COUNT(*) FROM t")
+    if resent:
+        assert result.rows == ["1"] and runs == 2
+    else:
+        assert result.code == 1158 and "view" in result.message and runs == 1
+
+
+async def test_no_log_line_shows_a_secret_from_the_command_in_flight(nursery, autojump, caplog):
+    caplog.set_level(logging.DEBUG)  # not at any level
+    lab = Lab(nursery)
+    c = await lab.client()
+    lab.server.intercept = drop_once("ALTER USER", "run_then_drop")
+    result = await c.query("ALTER USER app IDENTIFIED BY 'sekrit-pw'")
+    assert result.code == 1158  # a DDL in flight: the outcome is unknown
+    assert "in flight: COM_QUERY DDL (sent)" in caplog.text and "sekrit" not in caplog.text
 
 
 async def test_begin_dropped_without_reply_is_resent(nursery, autojump):

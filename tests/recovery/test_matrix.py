@@ -520,6 +520,21 @@ add("multi-selects", "default", ["SELECT 1; SELECT 2", "SELECT 3"], fault(DROP, 
 add("multi-set-vars", "default", ["SET @a = 1; SET @b = 2", "SELECT @a, @b"], fault(DROP, 0), [],
     [Alt([OK(), OK(rows=((1, 2),))], {})], multi=True)
 
+# What the previous statement left (FOUND_ROWS(), warnings) stays on the lost connection: a read
+# of it on the new one is a 1158, never the restore statements' numbers; a replayed transaction
+# or a multi-statement text that makes them again is fine.
+CALC = "SELECT SQL_CALC_FOUND_ROWS id FROM t ORDER BY id LIMIT 1"
+for label, script, flt, exp, kw in (
+    ("found-rows-after-idle-loss", [CALC, "SELECT FOUND_ROWS()"], fault(IDLE, 1), [OK(rows=((3,),)), CONN], {}),
+    ("warnings-after-idle-loss", ["SELECT CAST('1x' AS INT)", "SHOW WARNINGS"], fault(IDLE, 1), [OK(), CONN], {}),
+    ("found-rows-inflight", [CALC, "SELECT FOUND_ROWS()"], fault(DROP, 1), [OK(rows=((3,),)), CONN], {}),
+    ("found-rows-in-tx-replayed", ["BEGIN", CALC, "SELECT FOUND_ROWS()", "COMMIT"], fault(IDLE, 2),
+     [OK(), OK(rows=((3,),)), OK(rows=((2,),)), OK()], {}),
+    ("found-rows-multi-resent", [f"{CALC}; SELECT FOUND_ROWS()", "SELECT 1"], fault(DROP, 0),
+     [OK(results=[((3,),), ((2,),)]), ONE], {"multi": True}),
+):
+    add(label, "default", script, flt, [T, T_ROWS], [Alt(exp, {QT: [(3, "c"), (4, "d")]})], **kw)
+
 # =============================================================================================
 # 4. What the proxy cannot judge: never replayed, never resent
 
@@ -528,6 +543,20 @@ unjudgeable("call-proc-commits", ["CALL p()", "SELECT 1"], 0, setup=ROUTINES, be
             faults=(DROP, CLOSE))
 unjudgeable("select-function-writes", ["SELECT f()", "SELECT 1"], 0, setup=ROUTINES, before=R, after={**R, QM: [(1,)]},
             faults=(DROP, CLOSE))
+# A view hides the stored function it calls: the text is a plain SELECT, the server runs f().
+VIEWS = [*ROUTINES, "CREATE VIEW vf AS SELECT f() AS x", "CREATE VIEW `v v` AS SELECT x FROM vf"]
+unjudgeable("select-view-function", ["SELECT x FROM vf", "SELECT 1"], 0, setup=VIEWS, before=R, after={**R, QM: [(1,)]},
+            faults=(DROP, CLOSE))
+unjudgeable("select-nested-view-function", ["SELECT * FROM `v v` WHERE x > 0", "SELECT 1"], 0, setup=VIEWS,
+            before=R, after={**R, QM: [(1,)]}, modes=("default",))
+unjudgeable("prepared-select-view-function", [Prepared("SELECT x FROM vf WHERE x > ?", (0,)), "SELECT 1"], 0, setup=VIEWS,
+            before=R, after={**R, QM: [(1,)]}, modes=("default",), driver="connector")
+add("select-plain-view", "default", ["SELECT id FROM vt ORDER BY id", "SELECT 1"], fault(DROP, 0),
+    [T, T_ROWS, "CREATE VIEW vt AS SELECT id, UPPER(v) AS v FROM t"], [Alt([OK(rows=((3,), (4,))), ONE], {QT: [(3, "c"), (4, "d")]})])
+for m in MODES:
+    add("tx-view-function-then-loss", m, ["BEGIN", "INSERT INTO t VALUES (1, 'a')", "SELECT x FROM vf",
+                                          "INSERT INTO t VALUES (2, 'b')", "COMMIT", "SELECT 1"],
+        fault(IDLE, 3), VIEWS, [Alt(ended(oks(3), CONN, 2), {QT: [], QM: [(1,)]})])
 for label, sql in (("do-function", "DO f()"), ("set-var-function", "SET @x = f()"), ("select-quoted-function", "SELECT `f`()"),
                    ("select-comment-100000-function", "SELECT 1 /*!100000 + f() */"),
                    ("select-comment-M100000-function", "SELECT 1 /*M!100000 + f() */")):

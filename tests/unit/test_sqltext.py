@@ -31,6 +31,7 @@ from proxy.sqltext import (
     render_set,
     tokenize,
 )
+from proxy.sqltext.expressions import reads_last_results
 from proxy.sqltext.tokens import unquote
 
 # The lab's server reads these texts: executable comments run as on MariaDB 10.11.
@@ -881,3 +882,16 @@ def test_the_fast_path_never_disagrees_with_the_classifier(sql, nbe):
         return
     assert analysis.single and analysis.first.kind is sqltext.Kind.SELECT, sql
     assert analysis.first.read_only and analysis.first.session_unrestorable is None and not analysis.first.runs_code, sql
+
+
+@pytest.mark.parametrize("sql, reads", [
+    ("SELECT FOUND_ROWS()", True), ("select found_rows ( )", True), ("SELECT ROW_COUNT()", True),
+    ("SHOW WARNINGS", True), ("SHOW COUNT(*) ERRORS", True), ("SELECT @@session.warning_count", True),
+    ("SELECT @@`error_count`", True), ("GET DIAGNOSTICS @n = NUMBER", True), ("SELECT PREVIOUS VALUE FOR s", True),
+    ("SELECT LASTVAL(s)", True), ("/*!100000 SELECT FOUND_ROWS() */", True), ("SELECT 'open", True),
+    ("SELECT 1; SELECT FOUND_ROWS()", False),  # the first statement makes the results the second reads
+    ("SELECT found_rows FROM t", False), ("SELECT 'FOUND_ROWS()'", False), ("/* FOUND_ROWS() */ SELECT 1", False),
+    ("SELECT 1 /*!999999 + FOUND_ROWS() */", False), ("INSERT INTO t VALUES (1)", False), ("SELECT @@gtid_slave_pos", False),
+])
+def test_reads_last_results(sql, reads):
+    assert reads_last_results(sql, MARIADB, False) is reads
