@@ -23,7 +23,7 @@ import trio
 from proxy.backend import Backend, BackendError
 from proxy.facts import text_of
 from proxy.session import PreparedStatement, SessionState
-from proxy.sqltext import Dialect, SqlParseError, TokenKind, analyze, iter_tokens, quote_string
+from proxy.sqltext import Dialect, SqlParseError, Token, TokenKind, analyze, iter_tokens, quote_string
 from proxy.sqltext.idempotence import Claim, TableKeys, changes_no_rows, claim, proves
 from proxy.sqltext.inserts import InsertHead, insert_head, insert_rows, insert_target
 from proxy.sqltext.tokens import name
@@ -174,36 +174,46 @@ async def code_in_views(s: Session, backend: Backend, commands: list[tuple[bytes
     """Why running these commands again may run stored code hidden in a view (``SELECT * FROM
     v`` where v calls a stored function that writes); None when no name they use is a view
     that calls anything but side-effect-free built-ins. Every name is looked up, not just
-    table positions: a column or alias that is also a view's name only costs a look."""
+    table positions (a column that is also a view's name only costs a look): ``db.name`` in db,
+    a bare name in every database the session used (a view's own names: in the view's)."""
     tracking = s.tracking
-    names: set[str] = set()
-    seen: set[str] = set()
+    state = tracking.state
+    before = tracking.tx.session_before if tracking.tx.active else None
+    databases = {db for db in (state.database if state else None, before.database if before else None) if db}
+    wanted: set[tuple[str, str]] = set()
     try:
         for payload, stmt in commands:
+            if payload[:1] == b"\x02":  # COM_INIT_DB
+                databases.add(payload[1:].decode("utf-8", "surrogateescape"))
             text = text_of(payload, stmt)
             if text is not None:
-                names |= _names(text, tracking.dialect, tracking.nbe)
+                bare, qualified, used = _names(text, tracking.dialect, tracking.nbe)
+                databases |= used
+                wanted |= qualified
+                wanted |= {(db, n) for db in databases for n in bare}
     except SqlParseError:
         return "a statement the proxy cannot read"
+    seen: set[tuple[str, str]] = set()
     for _ in range(_VIEW_DEPTH):
-        new = sorted(names - seen)
+        new = sorted(wanted - seen)
         if not new:
             return None
         seen.update(new)
-        names = set()
+        wanted = set()
         try:
             for i in range(0, len(new), _NAMES_PER_QUERY):
+                pairs = ", ".join(f"({quote_string(db)}, {quote_string(n)})" for db, n in new[i : i + _NAMES_PER_QUERY])
                 rows = await backend.query(
-                    "SELECT TABLE_SCHEMA, TABLE_NAME, VIEW_DEFINITION FROM information_schema.VIEWS WHERE TABLE_NAME IN ("
-                    + ", ".join(quote_string(n) for n in new[i : i + _NAMES_PER_QUERY]) + ")"
+                    f"SELECT TABLE_SCHEMA, TABLE_NAME, VIEW_DEFINITION FROM information_schema.VIEWS WHERE (TABLE_SCHEMA, TABLE_NAME) IN ({pairs})"
                 )
                 for schema, view, definition in rows:
-                    label = f"{_text(schema)}.{_text(view)}"
                     body = (definition or b"").decode("utf-8", "surrogateescape")
                     analysis = analyze(body, dialect=tracking.dialect) if body.strip() else None
                     if analysis is None or analysis.unknown is not None or analysis.writes:
-                        return f"the view {label} calls stored code (or its definition cannot be read)"
-                    names |= _names(body, tracking.dialect, False)
+                        return f"the view {_text(schema)}.{_text(view)} calls stored code (or its definition cannot be read)"
+                    bare, qualified, _used = _names(body, tracking.dialect, False)
+                    home = (schema or b"").decode("utf-8", "surrogateescape")
+                    wanted |= qualified | {(home, n) for n in bare}
         except BackendError as exc:
             return f"cannot read information_schema.VIEWS: {exc}"
         except SqlParseError:
@@ -211,18 +221,30 @@ async def code_in_views(s: Session, backend: Backend, commands: list[tuple[bytes
     return f"views nested more than {_VIEW_DEPTH} deep"
 
 
-def _names(text: str, dialect: Dialect, nbe: bool) -> set[str]:
-    """Every word, quoted name and double-quoted string (a name under ANSI_QUOTES) of ``text``
-    that could name a table: a superset of the tables it reads. Raises SqlParseError where the
-    lexer does."""
-    found = set()
-    for tok in iter_tokens(text, dialect=dialect, no_backslash_escapes=nbe):
-        kind = tok.kind
-        if kind is TokenKind.WORD or kind is TokenKind.QUOTED_IDENT or (kind is TokenKind.STRING and tok.text[0] == '"'):
-            value = name(tok, nbe)
-            if 0 < len(value) <= _NAME_MAX:
-                found.add(value)
-    return found
+def _names(text: str, dialect: Dialect, nbe: bool) -> tuple[set[str], set[tuple[str, str]], set[str]]:
+    """The names of ``text`` that could name a table: bare ones, ``db.name`` pairs, and the
+    databases of ``USE db``. Words, quoted names and double-quoted strings (names under
+    ANSI_QUOTES) all count: a superset. Raises SqlParseError where the lexer does."""
+    tokens = list(iter_tokens(text, dialect=dialect, no_backslash_escapes=nbe))
+    values = [name(tok, nbe) if _could_name(tok) else None for tok in tokens]
+    bare: set[str] = set()
+    qualified: set[tuple[str, str]] = set()
+    used: set[str] = set()
+    for i, value in enumerate(values):
+        if value is None or not 0 < len(value) <= _NAME_MAX:
+            continue
+        if i + 2 < len(tokens) and tokens[i + 1].text == "." and values[i + 2] is not None:
+            qualified.add((value, values[i + 2]))
+        elif not (i >= 2 and tokens[i - 1].text == "." and values[i - 2] is not None):  # not the name after "db."
+            bare.add(value)
+        if i > 0 and tokens[i - 1].kind is TokenKind.WORD and tokens[i - 1].text.upper() == "USE":
+            used.add(value)
+    return bare, qualified, used
+
+
+def _could_name(tok: Token) -> bool:
+    kind = tok.kind
+    return kind is TokenKind.WORD or kind is TokenKind.QUOTED_IDENT or (kind is TokenKind.STRING and tok.text[0] == '"')
 
 
 # --- LAST_INSERT_ID() -------------------------------------------------------------------------------

@@ -335,10 +335,10 @@ class FakeConnection:
             self.pending.clear()
             self.in_tx = False
             return [make_ok(self.status())]
-        if s.startswith("SELECT TABLE_SCHEMA, TABLE_NAME, VIEW_DEFINITION FROM information_schema.VIEWS WHERE TABLE_NAME IN ("):
-            asked = set(re.findall(r"'([^']*)'", s))
+        if s.startswith("SELECT TABLE_SCHEMA, TABLE_NAME, VIEW_DEFINITION FROM information_schema.VIEWS WHERE (TABLE_SCHEMA, TABLE_NAME) IN ("):
+            asked = set(re.findall(r"\('([^']*)', '([^']*)'\)", s))  # every view lives in database "test"
             return self._table(["TABLE_SCHEMA", "TABLE_NAME", "VIEW_DEFINITION"],
-                               [["test", name, body] for name, body in db.views.items() if name in asked])
+                               [["test", name, body] for name, body in db.views.items() if ("test", name) in asked])
         if up == "SELECT @@MAX_ALLOWED_PACKET":
             return self._result("@@max_allowed_packet", [str(64 << 20)])
         if up == "SELECT @@MAX_ALLOWED_PACKET, @@WAIT_TIMEOUT, @@HOSTNAME, @@PORT, UNIX_TIMESTAMP()":
