@@ -32,7 +32,7 @@ from proxy.protocol.resultset import decode_text_row
 from proxy.sqltext.redact import redact
 from proxy.tls import BackendTLS, TLSError, describe, start_tls
 
-__all__ = ["Backend", "BackendError", "Instance", "Login", "connect_backend", "restarted_since", "RETRYABLE_LOGIN_ERRORS"]
+__all__ = ["Backend", "BackendError", "Instance", "Login", "connect_backend", "restarted_since", "kill_own", "RETRYABLE_LOGIN_ERRORS"]
 
 log = logging.getLogger("replay_proxy.backend")
 
@@ -72,6 +72,13 @@ class Instance:
     port: int
     started: float
     kills: int | None = None  # the server's KILL statements so far (Com_kill), when known
+    own_kills: int = 0  # how many of them this process had sent (``kill_own``)
+
+    def operator_kills_since(self, kills_now: int) -> int:
+        """KILLs the server ran since this snapshot that did not come from this process's
+        recoveries (which KILL the old connections of other sessions)."""
+        assert self.kills is not None
+        return (kills_now - self.kills) - (_own_kills.get((self.hostname, self.port), 0) - self.own_kills)
 
     def same_as(self, other: "Instance") -> bool:
         # Start times come from whole seconds (UNIX_TIMESTAMP() - Uptime): off by one at most.
@@ -331,9 +338,24 @@ async def _learn_server(backend: Backend) -> None:
         status = await server_status(backend)
         started = float(now) - float(status["uptime"])
         kills = int(status["com_kill"]) if "com_kill" in status else None
-        backend.instance = Instance((hostname or b"").decode("utf-8", "replace"), int(port or 0), started, kills)
+        host = (hostname or b"").decode("utf-8", "replace")
+        backend.instance = Instance(host, int(port or 0), started, kills, _own_kills.get((host, int(port or 0)), 0))
     except (BackendError, ValueError, IndexError, TypeError, KeyError):
         backend.instance = None  # recovery then cannot tell instances apart, and says so
+
+
+# The proxy's own KILLs (of a lost session's old connection), per server (hostname, port), in
+# this process: an operator's KILL is told apart by Com_kill rising by more than these.
+_own_kills: dict[tuple[str, int], int] = {}
+
+
+async def kill_own(backend: Backend, connection_id: int) -> None:
+    """KILL a connection the proxy itself left behind. Raises BackendError (unknown thread)."""
+    instance = backend.instance
+    if instance is not None:
+        key = (instance.hostname, instance.port)
+        _own_kills[key] = _own_kills.get(key, 0) + 1
+    await backend.query(f"KILL {int(connection_id)}")
 
 
 async def server_status(backend: Backend) -> dict[str, bytes]:

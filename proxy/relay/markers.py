@@ -13,7 +13,7 @@ import os
 
 import trio
 
-from proxy.backend import Backend, BackendError, restarted_since
+from proxy.backend import Backend, BackendError, kill_own, restarted_since
 
 __all__ = ["MarkerTable", "CommitMarkers"]
 
@@ -90,7 +90,7 @@ async def _old_session_gone(backend: Backend, old: Backend, io_timeout: float) -
         return False  # another server behind the address, or no way to tell: nothing proves it
     conn_id = int(old.connection_id)  # the same server process: the id is still ours to KILL
     try:
-        await backend.query(f"KILL {conn_id}")
+        await kill_own(backend, conn_id)
     except BackendError:
         pass  # unknown thread: gone already
     deadline = trio.current_time() + io_timeout

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from proxy.backend import Backend, BackendError, backoff_delays, restarted_since, server_status
+from proxy.backend import Backend, BackendError, backoff_delays, kill_own, restarted_since, server_status
 from proxy.hooks import CommandInfo
 from proxy.netio import PeerClosed
 from proxy.protocol.constants import Commands, Err
@@ -51,7 +51,8 @@ async def killed_by_operator(s: Session) -> bool:
     KILL, or a server going away (a shutdown kills every session; another server may answer
     behind the same address), or a load balancer dropping it? It is a KILL only when a new
     connection reaches the very same server process, still up, and that server ran a KILL
-    since this connection opened (Com_kill went up); a closed door, a restarted or another
+    since this connection opened (Com_kill went up by more than the KILLs this proxy process sent
+    itself, for other sessions' recoveries); a closed door, a restarted or another
     server, an idle session dropped after its wait_timeout, a close without any KILL: recovery."""
     old = s.backend
     if old is None or s.login is None or old.instance is None:
@@ -74,7 +75,7 @@ async def killed_by_operator(s: Session) -> bool:
         probe.close()
     # The same process, still up, and a KILL was run since this connection opened. (Without a
     # KILL, a clean close with the server up is a load balancer or a network: recover.)
-    if kills is not None and kills > old.instance.kills:
+    if kills is not None and old.instance.operator_kills_since(kills) > 0:
         log.warning("session %d: backend connection %d closed by %s, which is still up and ran a KILL since: an "
                     "operator's KILL; the client is told, the session ends", s.id, old.connection_id, old.instance.hostname)
         return True
@@ -380,7 +381,7 @@ async def _kill_if_alive(s: Session, backend: Backend, old: Backend) -> None:
     the id may belong to someone else."""
     if await restarted_since(backend, old) is False:
         try:
-            await backend.query(f"KILL {int(old.connection_id)}")
+            await kill_own(backend, old.connection_id)
             log.info("session %d: killed old backend connection %d", s.id, old.connection_id)
         except BackendError:
             pass  # already gone

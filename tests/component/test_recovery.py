@@ -313,6 +313,23 @@ async def test_a_clean_close_without_any_kill_is_recovered(nursery, autojump):
     assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]
 
 
+async def test_the_proxys_own_kills_are_not_an_operators(nursery, autojump):
+    """A load balancer drops two sessions' connections (FIN, the server up). The first one's
+    recovery KILLs its old connection id on the server, which raises Com_kill: the second must
+    not read that as an operator's KILL (1927), only KILLs beyond the proxy's own count."""
+    lab = Lab(nursery)
+    a, b = await lab.client(), await lab.client()
+    await trio.sleep(10)
+    first, second = lab.server.live()
+    first.close(clean=True)
+    await trio.sleep(1)
+    assert lab.server.db.kills == 1  # the proxy's own KILL of a's old connection id
+    second.close(clean=True)
+    await trio.sleep(1)
+    assert (await a.must("SELECT COUNT(*) FROM t")).rows == ["0"]
+    assert (await b.must("SELECT COUNT(*) FROM t")).rows == ["0"]
+
+
 async def test_an_operators_kill_of_a_running_statement_is_not_undone(nursery, autojump):
     lab = Lab(nursery)
     c = await lab.client()
