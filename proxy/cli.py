@@ -115,7 +115,7 @@ def reload(proxy, path: str | None, retired: list) -> bool:
         new = load_config(path)
         hooks = load_chain(new)
     except ConfigError as exc:
-        log.error("config reload rejected, the running config is kept: %s", str(exc).replace("\n", "; "), extra={"event": "reload_rejected"})
+        log.error("config reload rejected, the running config is kept: %s", str(exc).replace(":\n", ": ").replace("\n", "; "), extra={"event": "reload_rejected"})
         return False
     restart = [".".join(k) for k in _RESTART_ONLY if getattr(getattr(old, k[0]), k[1]) != getattr(getattr(new, k[0]), k[1])]
     retired.append(proxy.target.hooks)
