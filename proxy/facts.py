@@ -40,6 +40,8 @@ def statement_facts(tracker: SessionTracker, payload: bytes, stmt: PreparedState
     if code in SESSION_ONLY_COMMANDS:
         return StatementFacts(writes=False, idempotent=True, session_only=True)
     if code == C.COM_QUERY:
+        if not complete:  # spooled: only its head is in memory, and the rest may call or write anything
+            return StatementFacts(commits=True, writes=True, unknown="a statement over limits.spool_threshold, judged by its head only")
         analysis = tracker.analyze(payload)
     elif code == C.COM_STMT_EXECUTE and stmt is not None and stmt.analysis is not None:
         analysis = stmt.analysis

@@ -124,6 +124,18 @@ async def test_no_log_line_shows_a_secret_from_the_command_in_flight(nursery, au
     assert "in flight: COM_QUERY DDL (sent)" in caplog.text and "sekrit" not in caplog.text
 
 
+async def test_a_spooled_statement_is_not_judged_by_its_head(nursery, autojump):
+    """Over spool_threshold only the head of a command is in memory: a head that reads like a
+    SELECT says nothing of what follows (``, f()``, ``; INSERT ...``): never resent."""
+    lab = Lab(nursery, make_config(limits={"spool_threshold": "1KiB"}))
+    c = await lab.client()
+    big = "SELECT COUNT(*) FROM t" + " " * 4096
+    lab.server.intercept = drop_once("SELECT COUNT", "run_then_drop")
+    result = await c.query(big)
+    assert result.code == 1158 and "head" in result.message
+    assert lab.server.queries.count(big) == 1
+
+
 async def test_begin_dropped_without_reply_is_resent(nursery, autojump):
     lab = Lab(nursery)
     c = await lab.client()

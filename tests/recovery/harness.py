@@ -140,7 +140,8 @@ class Outcome:
             parts = [f"rows={r!r}" if r is not None else f"affected={a}"
                      for r, a in zip(self.results, self.affected)]
             what = "OK " + "; ".join(parts)
-        return f"{self.sql!r} -> {what} ({self.elapsed:.2f}s)"
+        sql = self.sql if len(self.sql) <= 300 else f"{self.sql[:150]}...<{len(self.sql)} chars>...{self.sql[-100:]}"
+        return f"{sql!r} -> {what} ({self.elapsed:.2f}s)"
 
 
 @dataclasses.dataclass

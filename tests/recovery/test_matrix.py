@@ -572,6 +572,8 @@ unjudgeable("sql-prepare-execute", ["PREPARE st FROM 'INSERT INTO d VALUES (''p'
             setup=ROUTINES, before=R, after={**R, QD: [("p",)]}, modes=("default", "safe_mode"))
 unjudgeable("sequence-nextval", ["SELECT NEXT VALUE FOR sq", "SELECT 1"], 0, setup=[SEQ],
             before={"SELECT next_not_cached_value FROM sq": [(1,)]}, after={"SELECT next_not_cached_value FROM sq": [(2,)]})
+unjudgeable("spooled-select-function", ["SELECT 1" + " " * (5 << 20) + ", f()", "SELECT 1"], 0, setup=ROUTINES,
+            before=R, after={**R, QM: [(1,)]}, modes=("default",))  # over spool_threshold: only the head is judged
 unjudgeable("unknown-statement", ["CHECKSUM TABLE t", "SELECT 1"], 0, setup=[T], before={QT: []}, after={QT: []},
             modes=("default",))
 
