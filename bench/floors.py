@@ -196,18 +196,11 @@ class Floor:
         return read_log(self.log_path)
 
     def stop(self, timeout: float = 10) -> None:
-        from tests.lab.procs import forget
+        from tests.lab.procs import terminate
 
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        forget(self.proc)
+        terminate(self.proc, timeout)
         self._log.close()
 
 

@@ -9,12 +9,11 @@ Runs in the foreground (``-db``) as a child process; ``stop()`` (and interpreter
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 
 from tests.lab.mariadb import free_port
-from tests.lab.procs import forget, kill_at_exit, read_log, wait_listening
+from tests.lab.procs import kill_at_exit, read_log, terminate, wait_listening
 
 def haproxy_unavailable_reason() -> str | None:
     if shutil.which("haproxy") is None:
@@ -91,14 +90,7 @@ class HAProxy:
     def stop(self, timeout: float = 10) -> None:
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            # SIGUSR1 is HAProxy's soft stop; with client timeouts of 1 h it could wait for
-            # idle connections, so use SIGTERM (hard stop) and then SIGKILL.
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        forget(self.proc)
+        # SIGUSR1 is HAProxy's soft stop; with client timeouts of 1 h it could wait for idle
+        # connections, so SIGTERM (hard stop) and then SIGKILL.
+        terminate(self.proc, timeout)
         self._log.close()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from proxy.backend import Backend, BackendError, backoff_delays, kill_own, restarted_since, server_status
+from proxy.backend import Backend, BackendError, backoff_delays
 from proxy.hooks import CommandInfo
 from proxy.netio import PeerClosed
 from proxy.protocol.constants import Commands, Err
@@ -22,6 +22,7 @@ from proxy.protocol.response import Expect
 from proxy.facts import needs_last_results, statement_facts, text_of
 from proxy.recovery import Outcome, Plan, Sent, StatementFacts, plan_recovery
 from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, ConnectionFailed, Inflight
+from proxy.relay.kills import kill_if_alive, killed, killed_by_operator
 from proxy.relay.proofs import code_in_views, last_insert_id, unproven
 from proxy.session import PreparedStatement, SessionState
 from proxy.sqltext import Kind
@@ -44,49 +45,6 @@ def failure(s: Session, reason: str) -> ConnectionFailed:
     log.error("session %d: recovery aborted, the client gets 1158 and the session ends: %s", s.id, msg)
     s.target.stats.recovered("aborted_1158", trio.current_time() - s.lost_at if s.lost_at else 0.0)
     return ConnectionFailed(make_err(*Err.CONNECTION_LOST, msg), msg)
-
-
-async def killed_by_operator(s: Session) -> bool:
-    """The backend connection ended (a clean close, or ER_CONNECTION_KILLED): an operator's
-    KILL, or a server going away (a shutdown kills every session; another server may answer
-    behind the same address), or a load balancer dropping it? It is a KILL only when a new
-    connection reaches the very same server process, still up, and that server ran a KILL
-    since this connection opened (Com_kill went up by more than the KILLs this proxy process sent
-    itself, for other sessions' recoveries); a closed door, a restarted or another
-    server, an idle session dropped after its wait_timeout, a close without any KILL: recovery."""
-    old = s.backend
-    if old is None or s.login is None or old.instance is None:
-        return False
-    if old.wait_timeout and trio.current_time() - s.last_activity >= old.wait_timeout - 1:
-        return False
-    try:
-        with trio.fail_after(s.config.backend.io_timeout):
-            probe = await s.target.connect(s.login)
-    except (BackendError, trio.TooSlowError):
-        return False  # not accepting connections: going down
-    kills = None
-    try:
-        with trio.fail_after(s.config.backend.io_timeout):
-            if await restarted_since(probe, old) is False and old.instance.kills is not None:
-                kills = int((await server_status(probe)).get("com_kill", -1))
-    except (trio.TooSlowError, PeerClosed, ProtocolError, BackendError, ValueError):
-        kills = None
-    finally:
-        probe.close()
-    # The same process, still up, and a KILL was run since this connection opened. (Without a
-    # KILL, a clean close with the server up is a load balancer or a network: recover.)
-    if kills is not None and old.instance.operator_kills_since(kills) > 0:
-        log.warning("session %d: backend connection %d closed by %s, which is still up and ran a KILL since: an "
-                    "operator's KILL; the client is told, the session ends", s.id, old.connection_id, old.instance.hostname)
-        return True
-    return False
-
-
-def killed(s: Session, reason: str) -> ConnectionFailed:
-    """What the client gets after an operator's KILL: the server's error, then the end."""
-    msg = f"Connection was killed (replay-proxy: {reason})"
-    s.target.stats.recovered("killed_1927", 0.0)
-    return ConnectionFailed(make_err(1927, "70100", msg), msg)
 
 
 def _fail_retryable_later(s: Session, reason: str) -> None:
@@ -364,7 +322,7 @@ async def _restore(s: Session, backend: Backend, state: SessionState, old: Backe
     """Make the new connection look like the old session: variables, prepared statements;
     and free the old session's locks if it may still be alive."""
     if old is not None and s.config.recovery.kill_old_session:
-        await _kill_if_alive(s, backend, old)
+        await kill_if_alive(s, backend, old)
     for statement in state.restore_statements():
         await backend.query(statement)
     insert_id = await last_insert_id(s, backend, state)
@@ -374,17 +332,6 @@ async def _restore(s: Session, backend: Backend, state: SessionState, old: Backe
         await backend.query(f"DO LAST_INSERT_ID({int(insert_id)})")
     for stmt in list(s.tracking.prepared.values()):
         await _prepare_on(s, backend, stmt)
-
-
-async def _kill_if_alive(s: Session, backend: Backend, old: Backend) -> None:
-    """KILL the old connection id, but only on the same server instance: after a restart
-    the id may belong to someone else."""
-    if await restarted_since(backend, old) is False:
-        try:
-            await kill_own(backend, old.connection_id)
-            log.info("session %d: killed old backend connection %d", s.id, old.connection_id)
-        except BackendError:
-            pass  # already gone
 
 
 async def _prepare_on(s: Session, backend: Backend, stmt: PreparedStatement) -> None:

@@ -21,6 +21,7 @@ from proxy.protocol.packets import ERR_HEADER, ErrPacket, ProtocolError, make_er
 from proxy.protocol.response import Expect, ResponseTracker
 from proxy.relay import reconnect
 from proxy.relay.inflight import NOT_SENT, ConnectionFailed, Inflight, SessionClosed
+from proxy.relay.kills import killed_by_operator
 from proxy.sqltext import Kind
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ async def backend_task(s: Session) -> None:
             inflight = s.inflight
             if inflight is None or inflight.state == NOT_SENT:
                 err = _unsolicited_err(data)
-                if err is not None and err.code == KILLED and await reconnect.killed_by_operator(s):
+                if err is not None and err.code == KILLED and await killed_by_operator(s):
                     # An operator killed this session's connection: the client hears the
                     # server's error at its next command, and the session ends, as direct.
                     s.target.stats.recovered("killed_1927", 0.0)
@@ -101,7 +102,7 @@ async def on_response_data(s: Session, inflight: Inflight, data: bytes) -> None:
             # on and end the session, as the server does, instead of bringing it back.
             await complete(s, inflight, data)
             raise SessionClosed("the client killed its own backend connection")
-        if error.code == KILLED and await reconnect.killed_by_operator(s):
+        if error.code == KILLED and await killed_by_operator(s):
             # Not a shutdown: an operator's KILL. It is not undone by running the command
             # again; the client gets the server's error and the session ends, as direct.
             s.target.stats.recovered("killed_1927", 0.0)

@@ -4,6 +4,7 @@ and never leave one running when the interpreter exits."""
 from __future__ import annotations
 
 import atexit
+import signal
 import socket
 import subprocess
 import time
@@ -20,6 +21,22 @@ def kill_at_exit(proc: subprocess.Popen) -> None:
 
 def forget(proc: subprocess.Popen) -> None:
     _LIVE.discard(proc)
+
+
+def terminate(proc: subprocess.Popen, timeout: float) -> bool:
+    """SIGTERM, wait up to ``timeout`` seconds, else SIGKILL; then forget it. False when it
+    had to be killed."""
+    clean = True
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            clean = False
+            proc.kill()
+            proc.wait(5)
+    forget(proc)
+    return clean
 
 
 def _kill_all() -> None:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from tests.lab.mariadb import free_port
-from tests.lab.procs import forget, kill_at_exit, read_log, wait_listening
+from tests.lab.procs import kill_at_exit, read_log, terminate, wait_listening
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -106,15 +105,8 @@ class ProxyProcess:
         """SIGTERM, wait, and return the log. Raises if the proxy crashed or logged a traceback."""
         if self.proc is None:
             return self.log_text()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                raise RuntimeError(f"proxy ignored SIGTERM for {timeout}s:\n{self.log_text()[-3000:]}")
-        forget(self.proc)
+        if not terminate(self.proc, timeout):
+            raise RuntimeError(f"proxy ignored SIGTERM for {timeout}s:\n{self.log_text()[-3000:]}")
         self._log.close()
         text = self.log_text()
         if "Traceback" in text:

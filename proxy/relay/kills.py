@@ -1,0 +1,76 @@
+"""Who closed the backend connection: an operator's KILL (the client is told, the session ends,
+nothing is run again) or a server going away (recovery)? And the proxy's own KILL of a lost
+session's old connection, so that its locks go away before a replay."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from proxy.backend import Backend, BackendError, kill_own, restarted_since, server_status
+from proxy.netio import PeerClosed
+from proxy.protocol.packets import ProtocolError, make_err
+from proxy.relay.inflight import ConnectionFailed
+
+if TYPE_CHECKING:
+    from proxy.relay.tasks import Session
+
+__all__ = ["killed_by_operator", "killed", "kill_if_alive"]
+
+log = logging.getLogger("replay_proxy.session")
+
+
+async def killed_by_operator(s: Session) -> bool:
+    """The backend connection ended (a clean close, or ER_CONNECTION_KILLED): an operator's
+    KILL, or a server going away (a shutdown kills every session; another server may answer
+    behind the same address), or a load balancer dropping it? It is a KILL only when a new
+    connection reaches the very same server process, still up, and that server ran a KILL
+    since this connection opened (Com_kill went up by more than the KILLs this proxy process sent
+    itself, for other sessions' recoveries); a closed door, a restarted or another
+    server, an idle session dropped after its wait_timeout, a close without any KILL: recovery."""
+    old = s.backend
+    if old is None or s.login is None or old.instance is None:
+        return False
+    if old.wait_timeout and trio.current_time() - s.last_activity >= old.wait_timeout - 1:
+        return False
+    try:
+        with trio.fail_after(s.config.backend.io_timeout):
+            probe = await s.target.connect(s.login)
+    except (BackendError, trio.TooSlowError):
+        return False  # not accepting connections: going down
+    kills = None
+    try:
+        with trio.fail_after(s.config.backend.io_timeout):
+            if await restarted_since(probe, old) is False and old.instance.kills is not None:
+                kills = int((await server_status(probe)).get("com_kill", -1))
+    except (trio.TooSlowError, PeerClosed, ProtocolError, BackendError, ValueError):
+        kills = None
+    finally:
+        probe.close()
+    # The same process, still up, and a KILL was run since this connection opened. (Without a
+    # KILL, a clean close with the server up is a load balancer or a network: recover.)
+    if kills is not None and old.instance.operator_kills_since(kills) > 0:
+        log.warning("session %d: backend connection %d closed by %s, which is still up and ran a KILL since: an "
+                    "operator's KILL; the client is told, the session ends", s.id, old.connection_id, old.instance.hostname)
+        return True
+    return False
+
+
+def killed(s: Session, reason: str) -> ConnectionFailed:
+    """What the client gets after an operator's KILL: the server's error, then the end."""
+    msg = f"Connection was killed (replay-proxy: {reason})"
+    s.target.stats.recovered("killed_1927", 0.0)
+    return ConnectionFailed(make_err(1927, "70100", msg), msg)
+
+
+async def kill_if_alive(s: Session, backend: Backend, old: Backend) -> None:
+    """KILL the old connection id, but only on the same server instance: after a restart
+    the id may belong to someone else."""
+    if await restarted_since(backend, old) is False:
+        try:
+            await kill_own(backend, old.connection_id)
+            log.info("session %d: killed old backend connection %d", s.id, old.connection_id)
+        except BackendError:
+            pass  # already gone
