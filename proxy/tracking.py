@@ -331,8 +331,9 @@ class SessionTracker:
         # A failed statement that may have committed is never journaled: if it did nothing, the
         # transaction goes on without it; if it committed, there is nothing left to replay.
         record = failed is None or not failed.may_end_transaction
+        ender = statements[boundary] if boundary is not None else None
         self._journal_step(done, boundary, analysis.single, long_data, in_doubt=in_doubt, record=record,
-                           begins=boundary is not None and statements[boundary].kind is Kind.BEGIN)
+                           begins=ender is not None and ender.kind is Kind.BEGIN, chained=ender is not None and ender.chain)
         return captures
 
     def _failed(self, st: Statement, code: int) -> None:
@@ -374,6 +375,7 @@ class SessionTracker:
         *,
         in_doubt: str | None = None,
         begins: bool = False,
+        chained: bool = False,
         record: bool = True,
     ) -> None:
         """Move the transaction on by one command: ``boundary`` is the index of the last of its
@@ -395,10 +397,15 @@ class SessionTracker:
             if state is not None:
                 state.next_transaction = None
             if boundary is not None and not begins:
+                if single and chained:
+                    return  # COMMIT|ROLLBACK AND CHAIN: the new transaction starts empty
                 if single:
-                    return  # COMMIT|ROLLBACK AND CHAIN, ...: the new transaction starts empty
-                # Part of this command belongs to the new transaction: it cannot be replayed alone.
-                tx.mark_not_replayable("a transaction began inside a multi-statement query")
+                    # Judged to end the transaction, yet the server kept one open: if the judgement
+                    # was wrong, the journal has lost statements that did not commit.
+                    tx.mark_in_doubt("a statement judged to end the transaction left one open")
+                else:
+                    # Part of this command belongs to the new transaction: it cannot be replayed alone.
+                    tx.mark_not_replayable("a transaction began inside a multi-statement query")
         if in_doubt is not None:
             tx.mark_in_doubt(in_doubt)
         if self.xa is not None:

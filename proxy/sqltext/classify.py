@@ -322,7 +322,10 @@ def _classify_analyze(sql: str, kws: tuple[str, ...], r: tk.Reading) -> Statemen
         inner = classify(sql[r.after_keywords(sql, 1) :], dialect=r.dialect, no_backslash_escapes=r.nbe)
         return attrs.evolve(inner, kind=Kind.SHOW) if inner.read_only else inner
     r.tokens(sql)
-    return OTHER_COMMIT
+    if kws[1:2] in (("TABLE",), ("LOCAL",), ("NO_WRITE_TO_BINLOG",)):
+        return OTHER_COMMIT
+    # ANALYZE FORMAT=JSON <statement> runs the statement, inside the transaction.
+    return Statement(Kind.OTHER, unknown=f"ANALYZE {' '.join(kws[1:2])} is not known to the proxy")
 
 
 def _classify_flush(sql: str, kws: tuple[str, ...], r: tk.Reading) -> Statement:

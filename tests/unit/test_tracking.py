@@ -235,3 +235,24 @@ def test_insert_ids_kept_are_bounded_in_count_and_text():
     for i in range(100):
         state.insert_id(i + 1, None)
     assert len(state.insert_ids) == 64 and state.insert_text_bytes == 0 and state.insert_id_unknown
+
+
+def test_a_statement_judged_to_commit_that_leaves_the_transaction_open_puts_it_in_doubt():
+    """If the judge says "this ends the transaction" and the server's status word still says a
+    transaction is open, the judge was wrong (or the server differs): the statements before it
+    are no longer in the journal but did not commit, so the transaction may not be replayed."""
+    t = tracker()
+    run(t, "BEGIN", in_trans=True)
+    run(t, "INSERT INTO t VALUES (1)")
+    run(t, "FLUSH TABLES", in_trans=True)  # judged an implicit commit; pretend the server disagrees
+    assert t.tx.active and t.tx.in_doubt is not None
+    run(t, "COMMIT AND CHAIN", in_trans=True)  # a chain really opens a new, empty transaction
+    assert t.tx.active and t.tx.in_doubt is None and not t.tx.entries
+
+
+def test_analyze_of_a_statement_is_not_analyze_table():
+    assert statement_facts(tracker(), b"\x03ANALYZE FORMAT=JSON DELETE FROM t", None).unknown is not None
+    t = tracker()
+    run(t, "BEGIN", in_trans=True)
+    run(t, "ANALYZE TABLE t", in_trans=False)  # ANALYZE TABLE does commit
+    assert not t.tx.active
