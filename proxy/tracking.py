@@ -33,7 +33,7 @@ from proxy.session import PreparedStatement, SessionState
 from proxy.sqltext import Analysis, Dialect, Kind, SqlParseError, Statement, analyze, classify, parse_set, quote_string
 from proxy.sqltext.triage import FAST_VERBS, fast_verb, may_pin_session
 from proxy.sqltext.dialect import UNKNOWN
-from proxy.transaction import JournalEntry, Transaction
+from proxy.transaction import CONNECTION_FATAL, PARSE_ERRORS, ROLLS_BACK, STATEMENT_ERRORS, JournalEntry, Transaction
 
 __all__ = ["SessionTracker", "IN_TRANS", "AUTOCOMMIT", "SESSION_ONLY_COMMANDS", "CONNECTION_FATAL"]
 
@@ -43,19 +43,6 @@ IN_TRANS = int(ServerStatus.SERVER_STATUS_IN_TRANS)
 AUTOCOMMIT = int(ServerStatus.SERVER_STATUS_AUTOCOMMIT)
 NO_BACKSLASH_ESCAPES = int(ServerStatus.SERVER_STATUS_NO_BACKSLASH_ESCAPES)
 
-# Errors after which the server closes the connection (1153: packet too large; going away).
-CONNECTION_FATAL = frozenset({1153, 1053, 1927})
-# Errors that roll the whole transaction back: deadlock, XA branch rolled back.
-ROLLS_BACK = frozenset({1213, 1402, 1614})
-# Errors of a statement that failed without touching the transaction (parsing, names, data,
-# privileges): the open transaction goes on. Any other error may have ended it.
-STATEMENT_ERRORS = frozenset(
-    {
-        1044, 1045, 1046, 1048, 1049, 1051, 1054, 1062, 1064, 1065, 1091, 1110, 1136, 1142, 1143, 1146,
-        1166, 1264, 1265, 1292, 1305, 1364, 1365, 1366, 1406, 1451, 1452, 1644, 1690, 3140, 4025,
-    }
-)  # fmt: skip
-_PARSE_ERRORS = frozenset({1064, 1065})  # nothing of the statement ran
 _SETS_INSERT_ID = re.compile(rb"LAST_INSERT_ID\s*\(\s*(?!\))", re.I)  # LAST_INSERT_ID(expr)
 _DO_INSERT_ID = re.compile(rb"\s*(?:DO|SELECT)\s+LAST_INSERT_ID\s*\(\s*(\d+)\s*\)\s*;?\s*", re.I)
 _INSERT_TEXT = 64 * 1024  # an INSERT whose OK carried an id is kept up to this size, to tell "generated" later
@@ -301,7 +288,7 @@ class SessionTracker:
         if analysis is None:  # a prepared statement the proxy could not judge at PREPARE
             analysis = Analysis("", (Statement(Kind.OTHER, unknown="unknown prepared statement"),), ((0, 0),), "unknown prepared statement")
         statements = analysis.statements
-        if err is not None and err.code in _PARSE_ERRORS and tracker.results == 0:
+        if err is not None and err.code in PARSE_ERRORS and tracker.results == 0:
             return []  # rejected before anything ran
         ran = len(statements) if err is None else min(tracker.results, len(statements))
         failed = statements[ran] if err is not None and ran < len(statements) else None

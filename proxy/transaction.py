@@ -1,9 +1,10 @@
 """Transaction tracking and the journal of the open transaction.
 
 Whether a transaction is open comes from the server: the IN_TRANS bit of every OK/EOF status
-word. Statement classification only adds what the status word cannot say: a BEGIN, COMMIT AND
-CHAIN or DDL inside a transaction ends the old one even though IN_TRANS stays set, and a
-deadlock error (1213) means the server rolled the transaction back.
+word. Statement classification only adds what the status word cannot say: a BEGIN or COMMIT
+AND CHAIN inside a transaction ends the old one even though IN_TRANS stays set (any other
+statement judged to end it that leaves IN_TRANS set puts the new one in doubt: the judgement
+may be wrong), and a deadlock error (1213) means the server rolled the transaction back.
 
 The journal holds every command of the open transaction as the client sent it, with a
 fingerprint of the response the client saw, so the transaction can be replayed on a new
@@ -17,7 +18,21 @@ import attrs
 from proxy.protocol.response import Expect
 from proxy.session import PreparedStatement, SessionState
 
-__all__ = ["JournalEntry", "Transaction"]
+__all__ = ["JournalEntry", "Transaction", "CONNECTION_FATAL", "ROLLS_BACK", "STATEMENT_ERRORS", "PARSE_ERRORS"]
+
+# Errors after which the server closes the connection (1153: packet too large; going away).
+CONNECTION_FATAL = frozenset({1153, 1053, 1927})
+# Errors that roll the whole transaction back: deadlock, XA branch rolled back.
+ROLLS_BACK = frozenset({1213, 1402, 1614})
+# Errors of a statement that failed without touching the transaction (parsing, names, data,
+# privileges): the open transaction goes on. Any other error may have ended it.
+STATEMENT_ERRORS = frozenset(
+    {
+        1044, 1045, 1046, 1048, 1049, 1051, 1054, 1062, 1064, 1065, 1091, 1110, 1136, 1142, 1143, 1146,
+        1166, 1264, 1265, 1292, 1305, 1364, 1365, 1366, 1406, 1451, 1452, 1644, 1690, 3140, 4025,
+    }
+)  # fmt: skip
+PARSE_ERRORS = frozenset({1064, 1065})  # nothing of the statement ran
 
 
 @attrs.define(slots=True, eq=False)

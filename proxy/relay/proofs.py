@@ -1,4 +1,4 @@
-"""What a table's keys prove, read from information_schema on the backend.
+"""What information_schema on the backend proves: a table's keys, the views a statement reads.
 
 Safe mode: before a statement that may already have run is applied again, the table's keys
 must show that doing so leaves the same rows (``proxy.sqltext.idempotence``). Every mode: a
