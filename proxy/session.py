@@ -86,6 +86,13 @@ class SessionState:
         self.insert_text_bytes = 0
         self.insert_id_unknown = True
 
+    def forced_insert_id_used(self, value: int) -> None:
+        """An OK carried insert id ``value``: a pending SET INSERT_ID = value was used up (it
+        holds until an INSERT generates an id), so it is not set again on a new connection."""
+        forced = self.variables.get("insert_id")
+        if forced is not None and forced.isdigit() and int(forced) == value:
+            del self.variables["insert_id"]
+
     def insert_id(self, value: int, text: str | None) -> None:
         """An INSERT/REPLACE answered with id ``value``: generated, or given by the statement."""
         if text is not None and len(text) > self._MAX_INSERT_TEXT:
@@ -105,7 +112,9 @@ class SessionState:
         for a in assignments:
             scope = a.scope
             if scope == sql.SetScope.SESSION:
-                if a.is_constant:
+                if a.name in _NEXT_STATEMENT_ONLY:
+                    self.mark_unrestorable(f"SET {a.name} holds for what runs next only: it cannot be set again later")
+                elif a.is_constant:
                     self.variables.pop(a.name, None)  # keep assignment order = last write order
                     self.variables[a.name] = a.value_sql
                 else:
@@ -150,6 +159,9 @@ class SessionState:
         return out
 
 
+# Session variables that the server uses up (the next RAND(), the next GTID): set again on a new
+# connection later, they would apply to a statement they were never meant for.
+_NEXT_STATEMENT_ONLY = frozenset({"rand_seed1", "rand_seed2", "gtid_seq_no"})
 _TRANSACTION_PREFIX = "transaction:"  # keys of SET SESSION TRANSACTION characteristics
 _PLAIN_IDENT = re.compile(r"[A-Za-z0-9_$]+")
 

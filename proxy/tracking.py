@@ -167,6 +167,8 @@ class SessionTracker:
         state = self.state
         ok = done.tracker.ok
         value = ok.last_insert_id if ok is not None else 0
+        if value:
+            state.forced_insert_id_used(value)
         cmd = done.command
         if done.analysis is not None:
             a = done.analysis

@@ -535,6 +535,13 @@ for label, script, flt, exp, kw in (
 ):
     add(label, "default", script, flt, [T, T_ROWS], [Alt(exp, {QT: [(3, "c"), (4, "d")]})], **kw)
 
+# SET INSERT_ID holds until an INSERT uses it: set again after that, it would force the same id twice.
+add("set-insert-id-used-then-idle-loss", "default", ["SET INSERT_ID = 100", "INSERT INTO a (v) VALUES ('x')", "SELECT 1",
+                                                     "INSERT INTO a (v) VALUES ('y')"],
+    fault(IDLE, 3), [A], [Alt([OK(), OK(), ONE, OK()], {QA: [(100, "x"), (101, "y")]})])
+add("set-insert-id-pending-then-idle-loss", "default", ["SET INSERT_ID = 100", "SELECT 1", "INSERT INTO a (v) VALUES ('x')"],
+    fault(IDLE, 2), [A], [Alt([OK(), ONE, OK()], {QA: [(100, "x")]})])
+
 # =============================================================================================
 # 4. What the proxy cannot judge: never replayed, never resent
 

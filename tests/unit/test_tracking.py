@@ -36,10 +36,10 @@ def tracker(autocommit: bool = True, multi: bool = True, safe_mode: bool = False
     return t
 
 
-def run(t: SessionTracker, sql: str, *answers, in_trans: bool | None = None) -> Done:
+def run(t: SessionTracker, sql: str, *answers, in_trans: bool | None = None, insert_id: int = 0) -> Done:
     """Complete ``sql`` with ``answers`` ("ok" or an error code per statement, in order); the
     status word of OKs: IN_TRANS as given (default: what the tracker believes), autocommit as
-    the tracker believes."""
+    the tracker believes; ``insert_id`` in every OK."""
     payload = b"\x03" + sql.encode()
     verb, analysis = t.triage(payload)
     in_trans = t.tx.active if in_trans is None else in_trans
@@ -48,7 +48,7 @@ def run(t: SessionTracker, sql: str, *answers, in_trans: bool | None = None) -> 
     raw = b""
     for i, answer in enumerate(answers):
         more = 0x0008 if i < len(answers) - 1 and answer == OK else 0
-        payload_ = make_ok(status | more) if answer == OK else make_err(answer, "HY000", "error")
+        payload_ = make_ok(status | more, 0, insert_id) if answer == OK else make_err(answer, "HY000", "error")
         raw += encode_packet(payload_, 1)[0]
     rt = ResponseTracker(expect_for(3), False, t.wants_fingerprint(analysis))
     assert rt.feed(raw) == len(raw)
@@ -256,3 +256,22 @@ def test_analyze_of_a_statement_is_not_analyze_table():
     run(t, "BEGIN", in_trans=True)
     run(t, "ANALYZE TABLE t", in_trans=False)  # ANALYZE TABLE does commit
     assert not t.tx.active
+
+
+def test_set_insert_id_is_restored_until_an_insert_uses_it():
+    """MariaDB keeps SET INSERT_ID = N through SELECTs, SETs and UPDATEs until an INSERT
+    generates an id (measured); set again after that, it would force N on a later INSERT."""
+    t = tracker()
+    run(t, "SET INSERT_ID = 100")
+    run(t, "SELECT 1")
+    assert "insert_id = 100" in " ".join(t.state.restore_statements())
+    run(t, "INSERT INTO a (v) VALUES (1)", insert_id=100)
+    assert "insert_id" not in " ".join(t.state.restore_statements())
+
+
+@pytest.mark.parametrize("name", ["rand_seed1", "gtid_seq_no"])
+def test_variables_used_up_by_what_runs_next_make_the_session_unrestorable(name):
+    t = tracker()
+    run(t, f"SET {name} = 7")
+    assert t.state.unrestorable and name in t.state.unrestorable
+
