@@ -108,7 +108,9 @@ async def on_response_data(s: Session, inflight: Inflight, data: bytes) -> None:
             s.target.stats.recovered("killed_1927", 0.0)
             await complete(s, inflight, data)
             raise SessionClosed(f"backend connection killed by an operator ({error})")
-        await recover(s, f"backend answered {error}", rejected=True)
+        # Rejected -- nothing ran -- only when the error is the first result: after an OK of
+        # a multi-statement text, the statements before the error did run.
+        await recover(s, f"backend answered {error}", rejected=tracker.results == 0)
         return
     if tracker.local_infile and not inflight.refuse_infile:
         await _refuse_local_infile(s, inflight)

@@ -15,6 +15,7 @@ from proxy.frontend import Proxy
 from proxy.hooks import Hooks, Veto
 from proxy.netio import StreamChannel
 from proxy.protocol.framing import encode_packet
+from proxy.protocol.packets import make_err, make_ok
 from proxy.protocol.response import Expect
 from tests.component.fakes import FakeClient, FakeServer, make_config, trickle_stream_pair
 
@@ -134,6 +135,27 @@ async def test_a_spooled_statement_is_not_judged_by_its_head(nursery, autojump):
     result = await c.query(big)
     assert result.code == 1158 and "head" in result.message
     assert lab.server.queries.count(big) == 1
+
+
+async def test_a_going_away_error_after_the_first_result_is_no_rejection(nursery, autojump):
+    """INSERT ...; SELECT SLEEP(5): the INSERT ran (OK, more results), then the shutdown stopped
+    the SLEEP (1053). Not "refused, nothing ran": running the text again would apply the INSERT twice."""
+    lab = Lab(nursery)
+    c = await lab.client()
+    text = "INSERT INTO t VALUES (1, 'a'); SELECT SLEEP(5)"
+
+    async def shutdown_mid_text(conn, payload):
+        if payload[1:] == text.encode():
+            conn._execute(b"\x03INSERT INTO t VALUES (1, 'a')")
+            first = encode_packet(make_ok(conn.status() | 0x0008, 1), 1)[0]  # SERVER_MORE_RESULTS_EXISTS
+            await conn.stream.send_all(first + encode_packet(make_err(1053, "08S01", "Server shutdown in progress"), 2)[0])
+            return "drop"
+        return None
+
+    lab.server.intercept = shutdown_mid_text
+    result = await c.query(text)
+    assert result.code == 1158
+    assert lab.server.db.rows == {1: "a"} and lab.server.queries.count(text) == 1
 
 
 async def test_begin_dropped_without_reply_is_resent(nursery, autojump):
