@@ -31,20 +31,21 @@ _BEFORE_TABLE = frozenset({"INTO", "TABLE", "INSERT", "REPLACE", "LOW_PRIORITY",
                            "EXISTS", "ON"})  # CREATE TABLE IF NOT EXISTS t (..), CREATE INDEX i ON t (..)
 
 
-def _names_a_table(tokens: list[Token], i: int) -> bool:
+def _names_a_table(tokens: list[Token], i: int, parens: dict[int, int]) -> bool:
     """tokens[i], followed by "(", names a table (``INTO t (a, b)``, ``INTO db.t (a)``) or a CTE
-    with its columns (``WITH c (a) AS (...)``, ``, c (a) AS``)."""
+    with its columns (``WITH c (a) AS (...)``, ``, c (a) AS``). ``parens``: tk.matching_parens."""
     j = i - 2 if tk.is_punct(tokens, i - 1, ".") else i  # db.t: look before db
     if tk.word(tokens, j - 1) in _BEFORE_TABLE or tk.word(tokens, j - 1) in ("WITH", "RECURSIVE"):
         return True
-    close = tk.closing_paren(tokens, i + 1)
+    close = parens.get(i + 1, -1)
     return close > 0 and tk.word(tokens, close + 1) == "AS" and tk.is_punct(tokens, close + 2, "(")
 
 
 def calls(tokens: list[Token]) -> Calls:
     first, stored, get_lock = None, False, False
+    parens = tk.matching_parens(tokens)  # once: looking each one up again is quadratic in nesting
     for i, tok in enumerate(tokens):
-        if not tk.is_punct(tokens, i + 1, "(") or tok.kind not in NAME_KINDS or _names_a_table(tokens, i):
+        if not tk.is_punct(tokens, i + 1, "(") or tok.kind not in NAME_KINDS or _names_a_table(tokens, i, parens):
             continue
         if tok.kind is TokenKind.QUOTED_IDENT:  # `f`(...): only stored functions are called so
             first, stored = first or tok.text, True

@@ -128,7 +128,7 @@ def claim(sql: str, dialect: Dialect = UNKNOWN, nbe: bool = False, null_params: 
         if first in ("UPDATE", "DELETE"):
             tokens = tk.statement_tokens(sql, nbe, dialect)
             return _update_claim(tokens, nbe) if first == "UPDATE" else _delete_claim(tokens, nbe)
-    except SqlParseError:
+    except (SqlParseError, RecursionError):
         return None
     return None
 
@@ -321,25 +321,28 @@ def _strip_limit_one(tokens: list[Token]) -> tuple[list[Token], bool]:
     return tokens, False
 
 
-def _keyed_conjunction(tokens: list[Token]) -> dict[str, str | None] | None:
+_MAX_NESTING = 32  # ((((k = 1)))) deeper than this is no claim: each level is a pass over the rest
+
+
+def _keyed_conjunction(tokens: list[Token], depth: int = 0) -> dict[str, str | None] | None:
     """``k1 = lit AND k2 = lit AND (a, b) = (1, 2) ...`` -> {column: literal key}, else None.
     ``k IS NULL`` fixes nothing (a nullable key can match several rows): it is left out."""
     result: dict[str, str | None] = {}
     for pred in tk.split_words(tokens, "AND"):
-        pairs = _keyed_predicate(pred)
+        pairs = _keyed_predicate(pred, depth)
         if pairs is None:
             return None
         result.update(pairs)
     return result
 
 
-def _keyed_predicate(pred: list[Token]) -> dict[str, str | None] | None:
-    if not pred:
+def _keyed_predicate(pred: list[Token], depth: int) -> dict[str, str | None] | None:
+    if not pred or depth > _MAX_NESTING:
         return None
     if tk.is_punct(pred, 0, "(") and tk.closing_paren(pred, 0) == len(pred) - 1:
         inner = pred[1:-1]
         if not any(tk.is_punct(inner, j, ",") for j in range(len(inner))):
-            return _keyed_conjunction(inner)  # (k = 1 AND j = 2)
+            return _keyed_conjunction(inner, depth + 1)  # (k = 1 AND j = 2)
         return None
     if tk.is_punct(pred, 0, "("):  # (a, b) = (1, 2)
         close = tk.closing_paren(pred, 0)

@@ -87,6 +87,19 @@ def split_words(tokens: list[Token], word: str) -> list[list[Token]]:
     return split_at(tokens, TokenKind.WORD, word)
 
 
+def matching_parens(tokens: list[Token]) -> dict[int, int]:
+    """Index of every '(' -> index of its ')', in one pass (unclosed ones are left out)."""
+    found: dict[int, int] = {}
+    opened: list[int] = []
+    for j, tok in enumerate(tokens):
+        if tok.kind is TokenKind.PUNCT:
+            if tok.text == "(":
+                opened.append(j)
+            elif tok.text == ")" and opened:
+                found[opened.pop()] = j
+    return found
+
+
 def closing_paren(tokens: list[Token], i: int) -> int:
     """Index of the ')' matching the '(' at tokens[i], or -1."""
     depth = 0

@@ -31,7 +31,9 @@ from proxy.sqltext import (
     render_set,
     tokenize,
 )
+from proxy.sqltext.classify import analyze
 from proxy.sqltext.expressions import reads_last_results
+from proxy.sqltext.idempotence import changes_no_rows
 from proxy.sqltext.tokens import unquote
 
 # The lab's server reads these texts: executable comments run as on MariaDB 10.11.
@@ -176,6 +178,36 @@ def test_lexer_is_linear_on_large_text():
     started = time.perf_counter()
     assert len(tokenize(sql)) == 400_000
     assert time.perf_counter() - started < 10  # seconds; quadratic behaviour would take minutes
+
+
+# Statements a hostile client can send to stall the proxy's one event loop: the judge must take
+# time linear in the text and never recurse with it (the first two took minutes and raised
+# RecursionError before).
+HOSTILE = {
+    "nested calls": lambda n: "SELECT " + "ABS(" * n + "1" + ")" * n,
+    "nested wrappers": lambda n: "SET STATEMENT max_statement_time=1 FOR " * n + "SELECT 1",
+    "explain analyze": lambda n: "EXPLAIN ANALYZE " * n + "SELECT 1",
+    "nested keyed delete": lambda n: "DELETE FROM t WHERE " + "(" * n + "id = 1" + ")" * n,
+    "nested keyed update": lambda n: "UPDATE t SET a = 1 WHERE " + "(" * n + "id = 1" + ")" * n,
+    "nested subqueries": lambda n: "SELECT " + "(SELECT " * n + "1" + ")" * n,
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_the_judge_is_linear_on_hostile_nesting(name):
+    def judge(n: int) -> float:
+        sql = HOSTILE[name](n)
+        started = time.perf_counter()
+        analysis = analyze(sql, dialect=MARIADB)
+        claim(sql, MARIADB, False)
+        changes_no_rows(sql, MARIADB, False)
+        reads_last_results(sql, MARIADB, False)
+        assert analysis.unknown is not None or analysis.statements
+        return time.perf_counter() - started
+
+    judge(500)  # warm up
+    small, large = min(judge(4_000) for _ in range(2)), judge(32_000)
+    assert large < 3 and large < 24 * max(small, 0.005), (small, large)  # 8x the text: linear ~8x, quadratic ~64x
 
 
 # --- leading_keywords -------------------------------------------------------------------------
