@@ -47,6 +47,8 @@ C = Commands
 _STMT_COMMANDS = frozenset(
     {C.COM_STMT_EXECUTE, C.COM_STMT_SEND_LONG_DATA, C.COM_STMT_CLOSE, C.COM_STMT_RESET, C.COM_STMT_FETCH}
 )
+# Texts at least this long are judged in a thread (about 0.5 s per MB of Python).
+_JUDGE_ASIDE = 256 * 1024
 # Commands a proxy in front of a replicator's target has no business relaying.
 _REFUSED_COMMANDS = frozenset(
     {
@@ -285,7 +287,12 @@ class Session:
                 return
         if self.results_gone and (self.backend_ok or self.migrating):  # mid-recovery: recover() asks
             await self._first_on_new_connection(cmd, statement)
-        verb, analysis = tracking.triage(cmd.payload) if code == C.COM_QUERY else (None, None)
+        if code != C.COM_QUERY:
+            verb, analysis = None, None
+        elif cmd.size < _JUDGE_ASIDE:
+            verb, analysis = tracking.triage(cmd.payload)
+        else:  # seconds for megabytes: in a thread, so that the other sessions go on meanwhile
+            verb, analysis = await trio.to_thread.run_sync(tracking.triage, cmd.payload)
         # A marker only for a transaction that wrote: a read-only one (START TRANSACTION READ
         # ONLY) would refuse it, and replaying reads is always safe.
         if self.markers is not None and tracking.tx.active and tracking.tx.writes and _is_commit(analysis):
