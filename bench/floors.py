@@ -25,6 +25,8 @@ import sys
 from functools import partial
 from pathlib import Path
 
+from tests.lab.procs import ListeningChild
+
 KINDS = ("trio", "uvloop")
 BUFSIZE = 256 * 1024
 
@@ -150,7 +152,9 @@ def floor_unavailable_reason(kind: str) -> str | None:
     return None
 
 
-class Floor:
+class Floor(ListeningChild):
+    """A floor pump as a child process of the benchmark."""
+
     def __init__(self, kind: str, workdir: Path, backend_port: int, counts: bool = False) -> None:
         from tests.lab.mariadb import free_port
 
@@ -165,7 +169,6 @@ class Floor:
 
     def start(self, timeout: float = 20) -> "Floor":
         from bench.env import REPO
-        from tests.lab.procs import kill_at_exit, wait_listening
 
         reason = floor_unavailable_reason(self.kind)
         if reason:
@@ -174,34 +177,9 @@ class Floor:
                "--backend-port", str(self.backend_port)]
         if self.counts_path is not None:
             cmd += ["--counts", str(self.counts_path)]
-        self._log = open(self.log_path, "ab")
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, env=env)
-        kill_at_exit(self.proc)
-        try:
-            wait_listening(self.proc, self.port, timeout, f"{self.kind} pump", self.log_text)
-        except RuntimeError:
-            self.stop()
-            raise
+        self.launch(cmd, timeout, f"{self.kind} pump", cwd=REPO, env=env)
         return self
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
-
-    def log_text(self) -> str:
-        from tests.lab.procs import read_log
-
-        return read_log(self.log_path)
-
-    def stop(self, timeout: float = 10) -> None:
-        from tests.lab.procs import terminate
-
-        if self.proc is None:
-            return
-        terminate(self.proc, timeout)
-        self._log.close()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 from tests.lab.mariadb import free_port
-from tests.lab.procs import kill_at_exit, read_log, terminate, wait_listening
+from tests.lab.procs import ListeningChild
 
 def haproxy_unavailable_reason() -> str | None:
     if shutil.which("haproxy") is None:
@@ -43,7 +43,7 @@ backend mysql_out
 """
 
 
-class HAProxy:
+class HAProxy(ListeningChild):
     def __init__(self, workdir: Path, backend_port: int, maxconn: int = 4096, nbthread: int = 1) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -65,32 +65,7 @@ class HAProxy:
         )
         if check.returncode != 0:
             raise RuntimeError(f"haproxy rejected {self.config_path}:\n{check.stdout}{check.stderr}")
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            ["haproxy", "-db", "-f", str(self.config_path)],
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-        kill_at_exit(self.proc)
-        try:
-            wait_listening(self.proc, self.port, timeout, "haproxy", self.log_text)
-        except RuntimeError:
-            self.stop()
-            raise
+        # Stopped with SIGTERM (hard stop), then SIGKILL: SIGUSR1, HAProxy's soft stop, could wait
+        # for idle connections with client timeouts of 1 h.
+        self.launch(["haproxy", "-db", "-f", str(self.config_path)], timeout, "haproxy")
         return self
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
-
-    def log_text(self) -> str:
-        return read_log(self.log_path)
-
-    def stop(self, timeout: float = 10) -> None:
-        if self.proc is None:
-            return
-        # SIGUSR1 is HAProxy's soft stop; with client timeouts of 1 h it could wait for idle
-        # connections, so SIGTERM (hard stop) and then SIGKILL.
-        terminate(self.proc, timeout)
-        self._log.close()

@@ -1,5 +1,5 @@
-"""Child processes of the lab and the benchmarks (the proxy, HAProxy): wait until one listens,
-and never leave one running when the interpreter exits."""
+"""Child processes of the lab and the benchmarks (the proxy, HAProxy, the floors): wait until one
+listens, and never leave one running when the interpreter exits."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 _LIVE: set[subprocess.Popen] = set()
 
@@ -73,3 +73,35 @@ def read_log(path: Path) -> str:
         return path.read_text(errors="replace")
     except FileNotFoundError:
         return ""
+
+
+class ListeningChild:
+    """A child process that logs to ``log_path`` and serves on ``port``: ``launch`` starts it
+    and waits until it listens (stopping it if it does not), ``stop`` ends it."""
+
+    proc: subprocess.Popen | None = None
+    log_path: Path
+    port: int
+
+    def launch(self, cmd: list[str], timeout: float, what: str, **popen: Any) -> None:
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, **popen)
+        kill_at_exit(self.proc)
+        try:
+            wait_listening(self.proc, self.port, timeout, what, self.log_text)
+        except RuntimeError:
+            self.stop()
+            raise
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def log_text(self) -> str:
+        return read_log(self.log_path)
+
+    def stop(self, timeout: float = 10) -> None:
+        if self.proc is None:
+            return
+        terminate(self.proc, timeout)
+        self._log.close()
