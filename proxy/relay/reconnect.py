@@ -15,11 +15,11 @@ import trio
 from proxy.backend import Backend, BackendError, backoff_delays
 from proxy.hooks import CommandInfo
 from proxy.netio import PeerClosed
-from proxy.protocol.constants import Commands, Err
+from proxy.protocol.constants import Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ProtocolError, make_err
 from proxy.protocol.response import Expect
-from proxy.facts import needs_last_results, statement_facts, text_of
+from proxy.facts import statement_facts, text_of
 from proxy.recovery import Outcome, Plan, Sent, StatementFacts, plan_recovery
 from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, ConnectionFailed, Inflight
 from proxy.relay.kills import kill_if_alive, killed, killed_by_operator
@@ -33,8 +33,6 @@ if TYPE_CHECKING:
 __all__ = ["recover", "failure"]
 
 log = logging.getLogger("replay_proxy.session")
-
-C = Commands
 
 
 def failure(s: Session, reason: str) -> ConnectionFailed:
@@ -150,7 +148,7 @@ async def recover(s: Session, reason: str, rejected: bool = False, clean: bool =
                     raise failure(s, f"a statement to run again may call stored code: {why}")
             if plan.proof:
                 with trio.fail_after(s.config.backend.io_timeout):
-                    why = await unproven(s, backend, _proof_commands(s, inflight))
+                    why = await unproven(s, backend, again)
                 if why is not None:
                     raise failure(s, f"safe mode cannot prove the replay idempotent: {why}")
             if not (plan.replay and tx.active):
@@ -170,10 +168,9 @@ async def recover(s: Session, reason: str, rejected: bool = False, clean: bool =
     current = s.inflight
     if replayed:
         s.results_gone = False  # the replayed journal left what the client's statements left
-    if s.results_gone and current is not None and current.state == NOT_SENT and not current.internal and s.pending_error is None:
-        s.results_gone = current.command.code not in (C.COM_QUERY, C.COM_STMT_EXECUTE)
-        if needs_last_results(s.tracking, current.command.payload, current.statement):
-            raise failure(s, "the command reads the previous statement's results (FOUND_ROWS(), warnings...), which stayed on the lost connection")
+    if (s.results_gone and current is not None and current.state == NOT_SENT and not current.internal
+            and s.pending_error is None and s.reads_gone_results(current.command, current.statement)):
+        raise failure(s, "the command reads the previous statement's results (FOUND_ROWS(), warnings...), which stayed on the lost connection")
     s.backend_ok = True
     waited = trio.current_time() - lost_at
     log.warning(
@@ -198,17 +195,9 @@ async def recover(s: Session, reason: str, rejected: bool = False, clean: bool =
 
 def _run_again(s: Session, inflight: Inflight | None, plan: Plan, sent: Sent | None) -> list[tuple[bytes, PreparedStatement | None]]:
     """What the plan runs a second time: the journal it replays, the command in flight it
-    resends although it may have run."""
+    resends although it may have run. (For a plan with ``proof``, what safe mode must prove.)"""
     commands = [(e.payload, e.statement) for e in s.tracking.tx.entries] if plan.replay and s.tracking.tx.active else []
     if inflight is not None and plan.resend and sent is Sent.MAYBE_EXECUTED:
-        commands.append((inflight.command.payload, inflight.statement))
-    return commands
-
-
-def _proof_commands(s: Session, inflight: Inflight | None) -> list[tuple[bytes, PreparedStatement | None]]:
-    """What a safe-mode replay runs again: the journal, and the command in flight."""
-    commands = [(e.payload, e.statement) for e in s.tracking.tx.entries] if s.tracking.tx.active else []
-    if inflight is not None:
         commands.append((inflight.command.payload, inflight.statement))
     return commands
 

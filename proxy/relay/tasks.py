@@ -285,8 +285,13 @@ class Session:
             if statement is not None and statement.long_data_bytes >= self.limit and code == C.COM_STMT_EXECUTE:
                 await oversize.refuse_long_data(self, cmd, statement)
                 return
-        if self.results_gone and (self.backend_ok or self.migrating):  # mid-recovery: recover() asks
-            await self._first_on_new_connection(cmd, statement)
+        if self.results_gone and (self.backend_ok or self.migrating) and self.reads_gone_results(cmd, statement):
+            # mid-recovery, recover() asks instead
+            msg = ("Lost connection to backend during query (replay-proxy: the backend connection was replaced; "
+                   "the previous statement's results, such as FOUND_ROWS() and warnings, are gone)")
+            log.warning("session %d: %s; the client gets 1158 and the session ends", self.id, msg)
+            await self.answer_error(cmd, *Err.CONNECTION_LOST, msg)
+            raise SessionClosed(msg)
         if code != C.COM_QUERY:
             verb, analysis = None, None
         elif cmd.size < _JUDGE_ASIDE:
@@ -319,20 +324,15 @@ class Session:
         if self.backend_ok:
             await self.send_inflight(inflight)
 
-    async def _first_on_new_connection(self, cmd: Command, statement: PreparedStatement | None) -> None:
-        """The backend connection was replaced while the client was idle: its previous
-        statement's results (FOUND_ROWS(), warnings, ...) stayed on the old one. A command that
-        reads them gets 1158, as a direct client would after losing its connection. (PING and
-        the like leave the results as they are.)"""
+    def reads_gone_results(self, cmd: Command, statement: PreparedStatement | None) -> bool:
+        """The first command on a new backend connection (``results_gone``): does it read what
+        the previous statement left (FOUND_ROWS(), warnings, ...), which stayed on the old
+        connection? A statement that runs makes the results the new connection's; PING and the
+        like leave them as they are."""
         if cmd.code not in (C.COM_QUERY, C.COM_STMT_EXECUTE):
-            return
+            return False
         self.results_gone = False
-        if needs_last_results(self.tracking, cmd.payload, statement):
-            msg = ("Lost connection to backend during query (replay-proxy: the backend connection was replaced; "
-                   "the previous statement's results, such as FOUND_ROWS() and warnings, are gone)")
-            log.warning("session %d: %s; the client gets 1158 and the session ends", self.id, msg)
-            await self.answer_error(cmd, *Err.CONNECTION_LOST, msg)
-            raise SessionClosed(msg)
+        return needs_last_results(self.tracking, cmd.payload, statement)
 
     async def _translate_kill(self, cmd: Command) -> Command:
         """Clients KILL by the connection id of the proxy's greeting (the mariadb CLI on Ctrl-C:
