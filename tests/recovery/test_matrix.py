@@ -542,6 +542,10 @@ add("set-insert-id-used-then-idle-loss", "default", ["SET INSERT_ID = 100", "INS
 add("set-insert-id-pending-then-idle-loss", "default", ["SET INSERT_ID = 100", "SELECT 1", "INSERT INTO a (v) VALUES ('x')"],
     fault(IDLE, 2), [A], [Alt([OK(), ONE, OK()], {QA: [(100, "x")]})])
 
+# rand_seed1/2 are used up by the next RAND(): set again later they would seed another one.
+add("set-rand-seed-then-idle-loss", "default", ["SET rand_seed1 = 5, rand_seed2 = 7", "SELECT 1"], fault(IDLE, 1), [],
+    [Alt([OK(), CONN], {})])
+
 # =============================================================================================
 # 4. What the proxy cannot judge: never replayed, never resent
 
