@@ -20,6 +20,7 @@ import re
 
 import attrs
 
+from proxy.sqltext import ddl
 from proxy.sqltext import tokens as tk
 from proxy.sqltext.dialect import UNKNOWN, Dialect
 from proxy.sqltext.expressions import GET_LOCK_REASON, calls, effects
@@ -271,7 +272,25 @@ def _classify_create(sql: str, kws: tuple[str, ...], r: tk.Reading) -> Statement
         words = words[:1] + words[3:]
     if words[1:2] == ("TEMPORARY",):  # no implicit commit, but the table lives in the session
         return Statement(Kind.DDL, session_unrestorable="CREATE TEMPORARY TABLE: temporary tables live only in the session")
-    _read_only, reason, stored = effects(r.tokens(sql))
+    return _ddl_effects(r.tokens(sql))
+
+
+def _classify_alter(sql: str, kws: tuple[str, ...], r: tk.Reading) -> Statement:
+    return _ddl_effects(r.tokens(sql))
+
+
+def _ddl_effects(tokens: list[Token]) -> Statement:
+    """CREATE / ALTER: only what the server evaluates is judged (``proxy.sqltext.ddl``): a
+    table's expressions and query, an event's schedule; not a view's or routine's body, not
+    type, index, constraint or partition names."""
+    obj = ddl.object_word(tokens)
+    if obj >= 0:
+        body = ddl.unrun_body(tokens, obj)
+        if body is not None:
+            tokens = tokens[:body]
+        _read_only, reason, stored = effects(tokens, ddl.structural_names(tokens, obj))
+    else:
+        _read_only, reason, stored = effects(tokens)
     return _DDL_COMMIT if reason is None and not stored else attrs.evolve(_DDL_COMMIT, session_unrestorable=reason, runs_code=stored)
 
 
@@ -407,7 +426,7 @@ _HANDLERS = {
     "SAVEPOINT": classify_savepoint, "RELEASE": classify_release, "XA": classify_xa,
     "SET": _classify_set, "USE": _classify_use, "DO": _classify_do, "CALL": _classify_call, "LOAD": _classify_load,
     "CREATE": _classify_create, "DROP": _classify_drop,
-    "ALTER": _classify_ddl, "RENAME": _classify_ddl, "TRUNCATE": _classify_ddl,
+    "ALTER": _classify_alter, "RENAME": _classify_ddl, "TRUNCATE": _classify_ddl,
     "LOCK": _classify_lock, "UNLOCK": _classify_unlock,
     "PREPARE": _classify_prepare, "EXECUTE": _classify_execute, "DEALLOCATE": _classify_deallocate,
     "ANALYZE": _classify_analyze, "FLUSH": _classify_flush, "HANDLER": _classify_handler, "BACKUP": _classify_backup,

@@ -9,8 +9,13 @@ Measured on MariaDB 10.11.19 (tests/unit/test_lexer.py has the cases):
 - ``/*M! ... */`` and ``/*M!NNNNN[N]`` are MariaDB's: they run up to the server's version.
 - ``/*T![feature] ... */`` is a plain comment on MariaDB.
 
-TiDB reads ``/*!`` content as code whatever the version number; ``/*M!`` and ``/*T!`` depend
-on TiDB's own rules, which the proxy does not guess: such text is "unknown" on TiDB.
+TiDB 8.5 (pkg/parser/lexer.go ``startWithSlash``, pkg/parser/tidb/features.go) reads ``/*!``
+content as code whatever the version number, taking exactly 5 digits as the version (a sixth is
+code, fewer are code); ``/*M!`` is a plain comment; ``/*T![f1,f2] ... */`` runs when TiDB knows
+every feature named (``/*T!`` without a well-formed list runs, the list's text included). The
+feature list is TiDB 8.5's: an older TiDB that lacks one reads a comment where the proxy reads
+code, so the proxy sees more code than runs, never less code for the features it knows.
+MariaDB and MySQL read ``/*T!`` as a plain comment.
 """
 
 from __future__ import annotations
@@ -19,7 +24,10 @@ import re
 
 import attrs
 
-__all__ = ["Dialect", "MARIADB", "UNKNOWN"]
+__all__ = ["Dialect", "MARIADB", "TIDB", "UNKNOWN", "TIDB_FEATURES"]
+
+TIDB_FEATURES = frozenset({"auto_rand", "auto_id_cache", "auto_rand_base", "clustered_index", "force_inc",
+                           "placement", "ttl", "global_index"})  # fmt: skip
 
 _VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
 
@@ -58,12 +66,29 @@ class Dialect:
             if version > self.version:
                 return False
             return mariadb_only or version < 50700 or version > 99999
-        if self.flavor == "tidb" and not mariadb_only:
-            return True
+        if self.flavor == "tidb":
+            return not mariadb_only
         if self.flavor == "mysql" and not mariadb_only and len(digits) != 6:
             return not digits or int(digits) <= self.version
         return None
 
 
-MARIADB = Dialect("mariadb", 101119)  # the lab's server; tests default to it
+    def comment_opener(self, opener: str) -> str:
+        """The part of a matched ``/*!NNNNN[N]`` opener this server reads as the opener: TiDB
+        takes 5 version digits, so ``/*!123456`` is ``/*!12345`` and then the code ``6``."""
+        if self.flavor == "tidb" and not opener.startswith("/*M!") and len(opener) == 9:
+            return opener[:8]
+        return opener
+
+    def runs_tidb_comment(self, features: list[str] | None) -> bool | None:
+        """Does ``/*T![features] ... */`` run (``features`` None: no well-formed list)?"""
+        if self.flavor == "tidb":
+            return features is None or all(f in TIDB_FEATURES for f in features)
+        if self.flavor in ("mariadb", "mysql"):
+            return False
+        return None
+
+
+MARIADB = Dialect("mariadb", 101119)
+TIDB = Dialect("tidb", 80011)  # TiDB's greeting says 8.0.11-TiDB-v8.5.x  # the lab's server; tests default to it
 UNKNOWN = Dialect("unknown")

@@ -28,7 +28,7 @@ class Calls:
 
 # A name after these words, followed by "(", is a table with its column list, not a call.
 _BEFORE_TABLE = frozenset({"INTO", "TABLE", "INSERT", "REPLACE", "LOW_PRIORITY", "DELAYED", "HIGH_PRIORITY", "IGNORE",
-                           "EXISTS", "ON"})  # CREATE TABLE IF NOT EXISTS t (..), CREATE INDEX i ON t (..)
+                           "EXISTS", "ON", "REFERENCES"})  # CREATE TABLE IF NOT EXISTS t (..), CREATE INDEX i ON t (..)
 
 
 def _names_a_table(tokens: list[Token], i: int, parens: dict[int, int]) -> bool:
@@ -41,11 +41,15 @@ def _names_a_table(tokens: list[Token], i: int, parens: dict[int, int]) -> bool:
     return close > 0 and tk.word(tokens, close + 1) == "AS" and tk.is_punct(tokens, close + 2, "(")
 
 
-def calls(tokens: list[Token]) -> Calls:
+def calls(tokens: list[Token], not_calls: frozenset[int] = frozenset()) -> Calls:
+    """``not_calls``: indices of names followed by "(" known to be no call (DDL structure,
+    ``proxy.sqltext.ddl``)."""
     first, stored, get_lock = None, False, False
     parens = tk.matching_parens(tokens)  # once: looking each one up again is quadratic in nesting
     for i, tok in enumerate(tokens):
-        if not tk.is_punct(tokens, i + 1, "(") or tok.kind not in NAME_KINDS or _names_a_table(tokens, i, parens):
+        if not tk.is_punct(tokens, i + 1, "(") or tok.kind not in NAME_KINDS or i in not_calls:
+            continue
+        if _names_a_table(tokens, i, parens):
             continue
         if tok.kind is TokenKind.QUOTED_IDENT:  # `f`(...): only stored functions are called so
             first, stored = first or tok.text, True
@@ -64,11 +68,11 @@ def calls(tokens: list[Token]) -> Calls:
     return Calls(first, stored, get_lock)
 
 
-def effects(tokens: list[Token]) -> tuple[bool, str | None, bool]:
+def effects(tokens: list[Token], not_calls: frozenset[int] = frozenset()) -> tuple[bool, str | None, bool]:
     """(read_only, session_unrestorable, runs_code) of the expressions of a query: it reads
     unless it calls something that may write, takes locks, writes into variables or files, or
     moves a sequence; it runs code when it calls a stored function."""
-    found = calls(tokens)
+    found = calls(tokens, not_calls)
     read_only = found.first is None
     reason = GET_LOCK_REASON if found.get_lock else None
     n = len(tokens)

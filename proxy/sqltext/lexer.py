@@ -1,10 +1,11 @@
 """MySQL/MariaDB/TiDB statement text as the server lexes it (sql/sql_lex.cc).
 
 - ``-- `` starts a comment only when the second dash is followed by a space or control character
-  (or the end); ``1--1`` is ``1 - -1``. ``#`` comments run to the end of the line.
+  (or the end; on TiDB a space only, as Go's unicode.IsSpace has it); ``1--1`` is ``1 - -1``. ``#`` comments run to the end of the line.
 - Executable comments (``/*!``, ``/*!50001``, ``/*M!100100``) run or not as the connected
   server decides (``Dialect.runs``): content that runs is lexed as code, a comment that does
-  not run is a comment. Where the proxy cannot tell (an unknown server, TiDB's ``/*T!``), and
+  not run is a comment; TiDB's ``/*T![feature] ... */`` runs on TiDB when it knows every feature
+  named. Where the proxy cannot tell (an unknown server), and
   for a ``;`` inside an executable comment (the server splits statements there), lexing raises
   ``SqlUnknown``: such text is never judged.
 - ``'...'`` and ``"..."`` are strings with backslash escapes (unless NO_BACKSLASH_ESCAPES) and
@@ -54,6 +55,10 @@ class SqlUnknown(SqlParseError):
 WS = r"[ \t\n\r\f\v]"
 # "--" needs a space or control character after it (sql_lex.cc: my_isspace || my_iscntrl).
 DASH_COMMENT = r"--(?=[\x00-\x20\x7f]|\Z)[^\n]*+"
+# TiDB (pkg/parser/lexer.go startWithDash): a byte that unicode.IsSpace calls space, or the end.
+# Bytes 0x85 and 0xA0 alone are invalid UTF-8: text decoded with surrogateescape holds them as
+# U+DC85 / U+DCA0 (in valid UTF-8 the byte after "--" is never a continuation byte).
+_TIDB_DASH_COMMENT = r"--(?=[ \t\n\x0b\x0c\r\udc85\udca0]|\Z)[^\n]*+"
 HASH_COMMENT = r"\#[^\n]*+"
 # A plain /* */ comment (optimizer hints /*+ */ included), not an executable one.
 BLOCK_COMMENT = r"/\*(?!!|M!)[^*]*+\*++(?:[^/*][^*]*+\*++)*+/"
@@ -121,7 +126,7 @@ class Token(NamedTuple):
         return self.start + len(self.text)
 
 
-def _lexer_regex(backslash_escapes: bool) -> re.Pattern[str]:
+def _lexer_regex(backslash_escapes: bool, dash_comment: str = DASH_COMMENT) -> re.Pattern[str]:
     sq = quoted_string("'", backslash_escapes)
     dq = quoted_string('"', backslash_escapes)
     var_part = rf"(?:{IDC}+|{BACKTICK_IDENT})"
@@ -134,7 +139,7 @@ def _lexer_regex(backslash_escapes: bool) -> re.Pattern[str]:
                 # After "ident." the server reads an identifier even if it starts with digits.
                 rf"(?<={_BEFORE_DOT})(?P<dot>\.(?P<after_dot>{IDC}+)?)",
                 r"(?P<tidb>/\*T!)",
-                rf"(?P<comment>{HASH_COMMENT}|{DASH_COMMENT}|{BLOCK_COMMENT})",
+                rf"(?P<comment>{HASH_COMMENT}|{dash_comment}|{BLOCK_COMMENT})",
                 rf"(?P<exec_open>{EXEC_COMMENT_OPEN})",
                 r"(?P<exec_close>\*/)",
                 rf"(?P<string>[Nn]?{sq}|{dq})",
@@ -154,7 +159,11 @@ def _lexer_regex(backslash_escapes: bool) -> re.Pattern[str]:
     )
 
 
-_LEXERS = {False: _lexer_regex(True), True: _lexer_regex(False)}  # keyed by no_backslash_escapes
+# Keyed by (no_backslash_escapes, TiDB's dash comments).
+_LEXERS = {(nbe, tidb): _lexer_regex(not nbe, _TIDB_DASH_COMMENT if tidb else DASH_COMMENT)
+           for nbe in (False, True) for tidb in (False, True)}  # fmt: skip
+# TiDB's /*T![feature, ...] ... */: the list as TiDB scans it (scanFeatureIDs).
+_TIDB_FEATURES = re.compile(r"\[([0-9A-Za-z_$\x80-\U0010ffff]+(?:,[0-9A-Za-z_$\x80-\U0010ffff]+)*)\]")
 _GROUP_KIND = {
     "ws": TokenKind.WHITESPACE,
     "comment": TokenKind.COMMENT,
@@ -184,7 +193,7 @@ def iter_tokens(
     one that does not run is a comment. With trivia the token texts concatenate back to
     ``sql[start:]``. Raises SqlLexError (unterminated text) and SqlUnknown (see the module).
     """
-    finditer = _LEXERS[no_backslash_escapes].finditer
+    finditer = _LEXERS[no_backslash_escapes, dialect.flavor == "tidb"].finditer
     group_kind = _GROUP_KIND
     new = tuple.__new__  # Token(...) without NamedTuple's Python-level __new__
     exec_open_at = -1  # offset of the enclosing "/*!" while inside an executable comment
@@ -209,24 +218,29 @@ def iter_tokens(
                 if exec_open_at >= 0 and group == "punct" and m.group() == ";":
                     raise SqlUnknown("';' inside an executable comment", m.start())
                 yield new(Token, (kind, m.group(), m.start()))
-            elif group == "exec_open":
+            elif group == "exec_open" or group == "tidb":
                 if exec_open_at >= 0:
                     raise SqlLexError("nested executable comment", m.start())
-                runs = dialect.runs(m.group())
+                opener, content_at = m.group(), m.end()
+                if group == "tidb":
+                    features = _TIDB_FEATURES.match(sql, content_at)
+                    if features is not None:
+                        content_at = features.end()
+                    runs = dialect.runs_tidb_comment(None if features is None else features.group(1).split(","))
+                else:
+                    opener = dialect.comment_opener(opener)
+                    content_at = m.start() + len(opener)
+                    runs = dialect.runs(opener)
                 if runs is None:
                     raise SqlUnknown(f"cannot tell whether the executable comment {m.group()} runs on this {dialect.flavor} server", m.start())
                 if runs:
                     exec_open_at = m.start()
                     if trivia:
-                        yield new(Token, (TokenKind.EXEC_OPEN, m.group(), m.start()))
-                    continue
-                pos = _comment_end(sql, m.end(), m.start())
-                if trivia:
-                    yield new(Token, (TokenKind.COMMENT, sql[m.start() : pos], m.start()))
-                break
-            elif group == "tidb":
-                if dialect.flavor != "mariadb":
-                    raise SqlUnknown("whether a TiDB /*T! comment runs", m.start())
+                        yield new(Token, (TokenKind.EXEC_OPEN, sql[m.start() : content_at], m.start()))
+                    if content_at == m.end():
+                        continue
+                    pos = content_at  # TiDB reads 5 version digits, and a feature list
+                    break
                 pos = _comment_end(sql, m.end(), m.start())
                 if trivia:
                     yield new(Token, (TokenKind.COMMENT, sql[m.start() : pos], m.start()))
