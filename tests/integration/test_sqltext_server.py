@@ -102,3 +102,64 @@ def alone(conn, statement: str, dialect: Dialect) -> list:
     if sqltext.classify(statement, dialect=dialect).kind is sqltext.Kind.EMPTY:
         return []
     return run(conn, statement)[0]
+
+
+# --- DDL: a stored function is a call only where the server evaluates it --------------------
+#
+# ``probe_f`` counts its calls in @probe_calls. Generated CREATE TABLE texts put its name in
+# places that are names (an index called probe_f, a key part probe_f(4), a column probe_f, a
+# table REFERENCES probe_f (...)) and, sometimes, a call in a place the server evaluates. What
+# the server really ran must be judged a call; names alone must not be (precision).
+
+PROBE = "probe_f"
+NAME_PLACES = [
+    f"KEY {PROBE} (a)", f"UNIQUE KEY {PROBE} (a, b)", f"KEY k ({PROBE}(4))", f"INDEX {PROBE} USING BTREE (b)",
+    f"CONSTRAINT {PROBE} CHECK (a >= 0)", f"{PROBE} VARCHAR(8) DEFAULT 'x'", f"c DECIMAL(6,2) DEFAULT 1.5",
+    "d ENUM('p','q') NOT NULL DEFAULT 'p'", "e TIMESTAMP(6) NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6)",
+    "g DOUBLE PRECISION(8,2)", "h INT AS (a + 1) VIRTUAL",
+]  # fmt: skip
+CALL_PLACES = [
+    f"i INT DEFAULT ({PROBE}(1))", f"j INT AS ({PROBE}(a)) VIRTUAL", f"CHECK ({PROBE}(a) > 0)", f"KEY kf (({PROBE}(a)))",
+]  # fmt: skip
+TAILS = ["", f" SELECT {PROBE}(7) AS a", f" AS SELECT 1 AS a, {PROBE}(2) AS b", " SELECT 3 AS a",
+         f" PARTITION BY HASH (a) PARTITIONS 2", f" ((SELECT {PROBE}(5) AS a))"]  # fmt: skip
+
+
+@st.composite
+def create_table(draw):
+    parts = ["a INT NOT NULL", f"b VARCHAR(16) NOT NULL DEFAULT ''"]
+    parts += draw(st.lists(st.sampled_from(NAME_PLACES), max_size=4, unique=True))
+    calls = draw(st.lists(st.sampled_from(CALL_PLACES), max_size=1))
+    tail = draw(st.sampled_from(TAILS))
+    body = ", ".join(draw(st.permutations(parts + calls)))
+    return f"CREATE TABLE ddl_probe ({body}){tail}", bool(calls) or PROBE in tail
+
+
+@pytest.fixture(scope="module")
+def probe(server):
+    conn, dialect = server
+    cur = conn.cursor()
+    cur.execute("USE test")
+    cur.execute(f"CREATE OR REPLACE FUNCTION {PROBE}(x INT) RETURNS INT NOT DETERMINISTIC "
+                f"BEGIN SET @probe_calls = @probe_calls + 1; RETURN x; END")  # fmt: skip
+    yield conn, dialect
+    cur.execute(f"DROP FUNCTION IF EXISTS {PROBE}")
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=create_table())
+def test_ddl_calls_are_judged_as_the_server_runs_them(probe, case):
+    conn, dialect = probe
+    sql, placed_a_call = case
+    cur = conn.cursor()
+    cur.execute("DROP TABLE IF EXISTS ddl_probe")
+    cur.execute("SET @probe_calls = 0")
+    try:
+        cur.execute(sql)
+    except pymysql.MySQLError:
+        pass  # refused (MariaDB allows no stored function in DEFAULT, CHECK, ...): nothing ran
+    cur.execute("SELECT @probe_calls")
+    ran = cur.fetchone()[0] > 0
+    judged = sqltext.classify(sql, dialect=dialect).runs_code
+    assert not (ran and not judged), f"the server called {PROBE} but the proxy saw no call: {sql}"
+    assert judged is placed_a_call, sql
