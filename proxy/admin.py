@@ -75,7 +75,9 @@ def routes(proxy) -> dict[str, Route]:
 
     session.wants_query = True  # type: ignore[attr-defined]
     table: dict[str, Route] = {"/healthz": healthz, "/health": healthz, "/readyz": readyz, "/status": status,
-                               "/metrics": metrics, "/session": session}  # fmt: skip
+                               "/metrics": metrics}  # fmt: skip
+    if proxy.worker is not None:  # between workers only, on their private ports (a KILL of another's session)
+        table["/session"] = session
     for path, handler in _plugin_routes(target.hooks).items():
         table.setdefault(path, handler)
     return table
@@ -128,7 +130,8 @@ async def serve_routes(config: Config, address, table_fn, *, task_status=trio.TA
         raise OSError(exc.errno, f"admin address {address} of target {config.name}: {exc.strerror} "
                                  "(set [admin] address, or enabled = false)") from None  # fmt: skip
     bound = listeners[0].socket.getsockname()[:2]
-    log.info("admin endpoint on http://%s:%d (%s)%s", bound[0], bound[1], ", ".join(sorted(table_fn())),
+    which = "admin endpoint" if address == config.admin_address else "worker's private admin endpoint (for the supervisor)"
+    log.info("%s on http://%s:%d (%s)%s", which, bound[0], bound[1], ", ".join(sorted(table_fn())),
              "; a bearer token is required" if token else "")  # fmt: skip
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handle, listeners)

@@ -1,8 +1,10 @@
-"""Command line: ``replay-proxy --config configs/<target>.toml``.
+"""The command line: replay-proxy --config configs/<target>.toml runs the proxy of one
+target database; replay-proxy status --config configs/<target>.toml prints the running
+proxy's /status as a table; --check validates the config and exits.
 
-Signals: SIGTERM / SIGINT drain (sessions close between transactions, the rest after
-``listen.drain_timeout``); SIGHUP reloads the config file (an invalid one is rejected, the
-old config kept). ``replay-proxy status --config ...`` prints the admin endpoint's /status.
+Signals: SIGTERM or SIGINT drains (sessions close between transactions, the rest after
+listen.drain_timeout); SIGHUP reloads the config file (an invalid one is rejected and the
+running config kept). Every key is documented in configs/example.toml.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import signal
 import stat
 import sys
 import time
+import socket
+import urllib.error
 import urllib.request
 from importlib.metadata import PackageNotFoundError, version
 
@@ -145,18 +149,23 @@ def _version() -> str:
         return "unknown"
 
 
-def status(config: Config) -> int:
+def status(config: Config, path: str = "configs/<target>.toml") -> int:
     """``replay-proxy status``: the admin endpoint's /status as a table."""
     address = config.admin_address
-    request = urllib.request.Request(f"http://{address}/status")
+    url = f"http://{address}/status"
+    if not config.admin.enabled:
+        print(f"replay-proxy: target {config.name} has no admin endpoint ([admin] enabled = false), so there is no "
+              "status to read: set enabled = true (or remove the line) and restart the proxy", file=sys.stderr)  # fmt: skip
+        return 1
+    request = urllib.request.Request(url)
     token = config.admin.resolved_token()
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
             data = json.load(response)
-    except OSError as exc:
-        print(f"replay-proxy: cannot read http://{address}/status of target {config.name}: {exc}", file=sys.stderr)
+    except (OSError, ValueError) as exc:
+        print(f"replay-proxy: {_status_failure(exc, url, config, path)}", file=sys.stderr)
         return 1
     print(f"target {data['target']}: {'ready' if data['ready'] else 'NOT READY'}")
     print(f"{'BACKEND':<24} {'STATE':<9} {'SINCE':>8}  ERROR")
@@ -172,8 +181,29 @@ def status(config: Config) -> int:
     return 0
 
 
+def _status_failure(exc: BaseException, url: str, config: Config, path: str) -> str:
+    """Why ``replay-proxy status`` got nothing, as a sentence with the next step."""
+    where = f"{url} (the admin endpoint of target {config.name})"
+    if isinstance(exc, urllib.error.HTTPError):
+        if exc.code == 401:
+            return (f"{where} refused the request (401): the token is wrong or missing; set the same "
+                    "admin.token or admin.token_env as the running proxy")  # fmt: skip
+        return f"{where} answered HTTP {exc.code} {exc.reason}: see the proxy's log"
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, ConnectionRefusedError):
+        return (f"nothing answers at {where}: connection refused. The proxy is not running, or runs with another "
+                f"[admin] address: start it with replay-proxy --config {path}, or give status the file it runs with")  # fmt: skip
+    if isinstance(reason, (TimeoutError, socket.timeout)):
+        return f"{where} did not answer within 5 s: the proxy may be overloaded or stopped; look at its log, then try again"
+    if isinstance(exc, ValueError):
+        return f"{where} answered something that is not JSON ({exc}): is another program on that port?"
+    text = getattr(reason, "strerror", None) or str(reason)
+    return f"cannot reach {where}: {text}; check that the proxy is running with this config"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="replay-proxy", description=__doc__)
+    parser = argparse.ArgumentParser(prog="replay-proxy", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("command", nargs="?", choices=["run", "status"], default="run",
                         help="run the proxy (default), or print a running proxy's status")  # fmt: skip
     parser.add_argument("--config", help="TOML file of the target database (configs/<target>.toml)")
@@ -185,17 +215,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-admin", help=argparse.SUPPRESS)  # every worker's private admin port
     args = parser.parse_args(argv)
     if not args.config:
-        parser.error("--config is required")
+        parser.error("--config is required: give the TOML file of the target, for example --config configs/dm-sidecar.toml")
     try:
-        config = load_config(args.config)
+        # status needs the admin address and token only: no user passwords from the environment
+        config = load_config(args.config, secrets=args.command != "status")
         from proxy.plugin_loader import check_chain
 
         check_chain(config)  # plugin names and options are part of the config check
     except ConfigError as exc:
-        print(f"replay-proxy: configuration error in {exc}", file=sys.stderr)
+        print(f"replay-proxy: {exc}", file=sys.stderr)
         return 2
     if args.command == "status":
-        return status(config)
+        return status(config, args.config)
     if args.check:
         print(f"{args.config}: ok (target {config.name})")
         return 0
@@ -218,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         if cause is None:
             raise
         if isinstance(cause, ConfigError):  # a plugin that fails to build (its log file, ...)
-            log.error("cannot start: configuration error in %s", cause)
+            log.error("cannot start target %s: %s", config.name, cause)
             return 2
         log.error("cannot start target %s: %s", config.name, cause)
         return 1

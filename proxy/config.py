@@ -182,24 +182,27 @@ class UserConfig:
     backend_password: str | None = attrs.field(default=None, repr=False)
     backend_password_env: str | None = None
 
-    def resolved_password(self) -> str:
-        return _secret(self.password, self.password_env, f"users[{self.name}].password")
+    # ``at``: the path of this entry, ``$.users[0]``; parse_config checks every user with it, so
+    # later calls (the same environment) cannot fail.
+    def resolved_password(self, at: str = "$.users[*]") -> str:
+        return _secret(self.password, self.password_env, at, "password", self.name)
 
     def resolved_backend_user(self) -> str:
         return self.backend_user if self.backend_user is not None else self.name
 
-    def resolved_backend_password(self) -> str:
+    def resolved_backend_password(self, at: str = "$.users[*]") -> str:
         if self.backend_password is None and self.backend_password_env is None:
-            return self.resolved_password()
-        return _secret(self.backend_password, self.backend_password_env, f"users[{self.name}].backend_password")
+            return self.resolved_password(at)
+        return _secret(self.backend_password, self.backend_password_env, at, "backend_password", self.name)
 
 
-def _secret(value: str | None, env: str | None, what: str) -> str:
+def _secret(value: str | None, env: str | None, at: str, key: str, user: str) -> str:
     if value is not None and env is not None:
-        raise ConfigError(f"{what}: give either the value or the _env variable name, not both")
+        raise ConfigError(f"{at}: user {user!r} has both {key} and {key}_env: keep one of them")
     if env is not None:
         if env not in os.environ:
-            raise ConfigError(f"{what}: environment variable {env} is not set")
+            raise ConfigError(f"{at}.{key}_env: environment variable {env} is not set (user {user!r}): "
+                              f"export it where the proxy starts, or set {key} instead")  # fmt: skip
         return os.environ[env]
     return value if value is not None else ""
 
@@ -256,7 +259,8 @@ class AdminConfig:
         if self.token_env:
             value = os.environ.get(self.token_env)
             if not value:
-                raise ConfigError(f"$.admin.token_env: environment variable {self.token_env} is not set")
+                raise ConfigError(f"$.admin.token_env: environment variable {self.token_env} is not set: "
+                                  "export it where the proxy starts, or set admin.token instead")  # fmt: skip
             return value
         return self.token
 
@@ -388,7 +392,7 @@ def _describe(exc: BaseException, path: str) -> list[str]:
             out.extend(_describe(sub, path + _path_step(sub)))
         return out
     if isinstance(exc, KeyError):
-        return [f"{path}: required key missing"]
+        return [f"{path}: required key missing: add it"]
     return [f"{path}: {exc}"]
 
 
@@ -402,7 +406,9 @@ def _path_step(exc: BaseException) -> str:
     return ""
 
 
-def parse_config(data: dict[str, Any], default_name: str = "default") -> Config:
+def parse_config(data: dict[str, Any], default_name: str = "default", secrets: bool = True) -> Config:
+    """``secrets=False``: passwords given by environment variable are not looked up
+    (``replay-proxy status`` needs only the admin address and token)."""
     data = dict(data)
     data.setdefault("name", default_name)
     plugins = data.get("plugins")
@@ -416,16 +422,17 @@ def parse_config(data: dict[str, Any], default_name: str = "default") -> Config:
     names = [u.name for u in config.users]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise ConfigError(f"$.users: duplicate user name(s) {', '.join(dupes)}")
+        raise ConfigError(f"$.users: duplicate user name(s) {', '.join(dupes)}: give each [[users]] entry its own name")
     for i, user in enumerate(config.users):  # fail at start-up, not at the first login
         if user.password is None and user.password_env is None:
             raise ConfigError(f"$.users[{i}]: user {user.name!r} has no password: set password (\"\" for none) or password_env")
-        user.resolved_password()
-        user.resolved_backend_password()
+        if secrets:
+            user.resolved_password(f"$.users[{i}]")
+            user.resolved_backend_password(f"$.users[{i}]")
     _check_values(config)
     unknown = sorted(set(config.plugins.options) - set(config.plugins.chain))
     if unknown:
-        raise ConfigError(f"$.plugins: option table(s) for plugin(s) not in the chain: {', '.join(unknown)}")
+        raise ConfigError(f"$.plugins: option table(s) for plugin(s) not in the chain: {', '.join(unknown)}: add them to plugins.chain, or remove the tables")
     return config
 
 
@@ -438,34 +445,37 @@ def _check_values(config: Config) -> None:
     problems = []
     packet = config.limits.max_allowed_packet
     if not _KIB <= packet <= _GIB:
-        problems.append(f"$.limits.max_allowed_packet: {packet} bytes; the server's range is 1KiB to 1GiB")
+        problems.append(f"$.limits.max_allowed_packet: {packet} bytes is outside the server's range, 1KiB to 1GiB: set a size in it")
     rec = config.recovery
     if rec.backoff_initial > rec.backoff_max:
-        problems.append(f"$.recovery.backoff_initial: {rec.backoff_initial:g}s is more than backoff_max ({rec.backoff_max:g}s)")
+        problems.append(f"$.recovery.backoff_initial: {rec.backoff_initial:g}s is more than backoff_max ({rec.backoff_max:g}s): lower it or raise backoff_max")
     if config.admin.enabled:
         admin = config.admin_address
         if (admin.host, admin.port) == (config.listen.address.host, config.listen.address.port):
-            problems.append(f"$.admin.address: {admin} is also listen.address")
+            problems.append(f"$.admin.address: {admin} is also listen.address: give the admin endpoint another port")
         if not admin.host.startswith(_LOOPBACK) and config.admin.token is None and config.admin.token_env is None:
             problems.append(f"$.admin.address: {admin} is not loopback: set admin.token (or token_env) so /status and /metrics need it")
         if config.admin.token_env and config.admin.token_env not in os.environ:
-            problems.append(f"$.admin.token_env: environment variable {config.admin.token_env} is not set")
+            problems.append(f"$.admin.token_env: environment variable {config.admin.token_env} is not set: "
+                            "export it where the proxy starts, or set admin.token instead")  # fmt: skip
     if problems:
         raise ConfigError("\n".join(problems))
 
 
-def load_config(path: str | os.PathLike[str]) -> Config:
+def load_config(path: str | os.PathLike[str], secrets: bool = True) -> Config:
+    """Read and check a config file. Every message is a sentence that names the file and,
+    for a bad key, its path (``$.recovery.buffer_window: ...``)."""
     path = Path(path)
     try:
         with path.open("rb") as f:
             data = tomllib.load(f)
     except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+        raise ConfigError(f"cannot read the config file {path}: {exc.strerror or exc}; check the path given to --config") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}): {exc.reason}") from None
+        raise ConfigError(f"the config file {path} is not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+        raise ConfigError(f"the config file {path} is not valid TOML ({exc}); fix that line") from None
     try:
-        return parse_config(data, default_name=path.stem)
+        return parse_config(data, default_name=path.stem, secrets=secrets)
     except ConfigError as exc:
-        raise ConfigError(f"{path}:\n{exc}") from None
+        raise ConfigError(f"the config file {path} has errors; fix these keys:\n{exc}") from None
