@@ -1,9 +1,13 @@
 # Lab fixtures and hooks live in tests/lab/fixtures.py; importing them here
 # registers them for the whole test suite.
 from tests.lab.fixtures import (  # noqa: F401
+    db,
+    db_factory,
     goclient,
     mariadb,
     mariadb_factory,
+    tidb,
+    tidb_factory,
     pytest_configure,
     pytest_collection_modifyitems,
     pytest_runtest_setup,

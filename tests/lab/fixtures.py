@@ -17,6 +17,7 @@ import pytest
 
 from tests.lab.goclient import build_goclient, go_unavailable_reason
 from tests.lab.mariadb import MariaDB, mariadb_unavailable_reason
+from tests.lab.tidb import TiDB, tidb_unavailable_reason
 
 APP_USER = "app"
 APP_PASSWORD = "apppw"
@@ -71,7 +72,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         )
 
 
-def prepare_server(server: MariaDB) -> MariaDB:
+def require_tidb() -> None:
+    """Skip without a tidb-server binary, under CI=true too: it is built by hand, outside the
+    checkout, so a fresh machine cannot have it (tests/lab/tidb.py)."""
+    reason = tidb_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"needs TiDB: {reason}")
+
+
+def prepare_server(server: MariaDB | TiDB) -> MariaDB | TiDB:
     """The app user and the databases the tests use."""
     server.create_user(APP_USER, APP_PASSWORD)
     for name in DATABASES:
@@ -92,6 +101,51 @@ def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDB]:
         yield prepare_server(server)
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def tidb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TiDB]:
+    """The shared tidb-server (unistore): user app/apppw, databases test and sbtest. Chaos
+    tests may restart it but must leave it running."""
+    require_tidb()
+    server = TiDB(tmp_path_factory.mktemp("tidb"))
+    server.start()
+    try:
+        yield prepare_server(server)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session", params=["mariadb", "tidb"])
+def db(request: pytest.FixtureRequest) -> MariaDB | TiDB:
+    """The shared backend, once per flavor: suites that take ``db`` run on MariaDB and on TiDB
+    (``db.flavor`` tells which)."""
+    return request.getfixturevalue(request.param)
+
+
+@pytest.fixture
+def tidb_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., TiDB]]:
+    """Extra independent tidb-servers, e.g. ``tidb_factory(graceful_wait=3)``; stopped at teardown."""
+    require_tidb()
+    servers: list[TiDB] = []
+
+    def make(**kwargs: Any) -> TiDB:
+        server = TiDB(kwargs.pop("basedir", None) or tmp_path_factory.mktemp("tidb"), **kwargs)
+        servers.append(server)
+        server.start()
+        return prepare_server(server)
+
+    try:
+        yield make
+    finally:
+        stop_all(servers)
+
+
+@pytest.fixture(params=["mariadb", "tidb"])
+def db_factory(request: pytest.FixtureRequest) -> Callable[..., MariaDB | TiDB]:
+    """``mariadb_factory`` or ``tidb_factory``, once per flavor (``max_allowed_packet`` works on
+    both; other keyword arguments are the flavor's own)."""
+    return request.getfixturevalue(f"{request.param}_factory")
 
 
 @pytest.fixture

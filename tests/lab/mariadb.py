@@ -154,13 +154,16 @@ def _kill_group(pid: int) -> None:
             pass
 
 
-def _register(proc: subprocess.Popen, datadir: Path) -> None:
+def _register(proc: subprocess.Popen, datadir: Path, program: str = "mariadbd", marker: str | None = None) -> None:
+    """Remember a server process; ``marker``: the argument that tells it is ours (default
+    ``--datadir=<datadir>``)."""
     with _LIVE_LOCK:
         _LIVE[proc.pid] = proc
     try:
         _REGISTRY.mkdir(parents=True, exist_ok=True)
         (_REGISTRY / f"{proc.pid}.json").write_text(
-            json.dumps({"owner": os.getpid(), "datadir": str(datadir)})
+            json.dumps({"owner": os.getpid(), "datadir": str(datadir), "program": program,
+                        "marker": marker or f"--datadir={datadir}"})
         )
     except OSError:
         pass  # best effort: the registry only helps after a hard crash
@@ -176,7 +179,7 @@ def _unregister(pid: int) -> None:
 
 
 def _reap_orphans() -> None:
-    """Kill mariadbd processes started by a lab run whose process is gone."""
+    """Kill server processes started by a lab run whose process is gone."""
     try:
         entries = list(_REGISTRY.glob("*.json"))
     except OSError:
@@ -186,6 +189,8 @@ def _reap_orphans() -> None:
             pid = int(entry.stem)
             meta = json.loads(entry.read_text())
             owner, datadir = int(meta["owner"]), meta["datadir"]
+            program = meta.get("program", "mariadbd").encode()
+            marker = meta.get("marker", f"--datadir={datadir}").encode()
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if _pid_alive(owner):
@@ -194,8 +199,8 @@ def _reap_orphans() -> None:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             cmdline = []
-        # Only kill it if the pid still is the mariadbd we started.
-        if cmdline and b"mariadbd" in cmdline[0] and f"--datadir={datadir}".encode() in cmdline:
+        # Only kill it if the pid still is the server we started.
+        if cmdline and program in cmdline[0] and marker in cmdline:
             _kill_group(pid)
         try:
             entry.unlink()
@@ -234,6 +239,8 @@ def _finalize(holder: list[subprocess.Popen | None]) -> None:
 
 class MariaDB:
     """One throwaway mariadbd, listening on 127.0.0.1:port and a unix socket."""
+
+    flavor = "mariadb"
 
     def __init__(
         self,
