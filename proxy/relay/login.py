@@ -24,6 +24,7 @@ from proxy.protocol.packets import (
     parse_handshake_response,
 )
 from proxy.relay.inflight import SessionClosed
+from proxy.target import BackendProfile
 from proxy.tls import backend_tls, describe, server_context, start_tls
 from proxy.tracking import AUTOCOMMIT
 
@@ -41,8 +42,12 @@ _INSECURE_MESSAGE = "Connections using insecure transport are prohibited while -
 
 async def handshake(s: Session) -> bool:
     """Authenticate the client and open its backend connection. False: session refused.
-    listen.handshake_timeout bounds the client's part; waiting for a backend that is down
-    is bounded by recovery.buffer_window instead."""
+
+    The client's credentials are judged first, whatever the backend's state: a wrong password
+    gets 1045 at once. Then the login waits for a backend that is down, as a request does, up
+    to recovery.buffer_window (DM gives a new connection 30 s, GetBaseConn's context, so it
+    gets its connection when the backend is back within that, and 1105 otherwise).
+    listen.handshake_timeout bounds the client's part only."""
     timeout = s.config.listen.handshake_timeout
     with trio.move_on_after(timeout) as scope:
         resp, user, seq = await _client_login(s)
@@ -56,10 +61,11 @@ async def handshake(s: Session) -> bool:
         s.close_reason = f"{len(s.target.sessions)} sessions open (listen.max_connections)"
         return False
     s.login = _login_for(s, user, resp.database, resp.charset, resp.connect_attrs)
+    started = trio.current_time()
     try:
         backend = await _connect_within_window(s)
     except BackendError as exc:
-        await _send_backend_error(s, exc, seq)
+        await _send_backend_error(s, exc, seq, trio.current_time() - started)
         s.close_reason = f"backend login failed: {exc}"
         return False
     s.tracking.logged_in(user, resp.database, resp.charset, backend.status)
@@ -71,15 +77,33 @@ async def handshake(s: Session) -> bool:
     return True
 
 
+# Offered in the greeting while the backend's own abilities are not known (it has not been
+# reached since the proxy started): nothing that changes the layout of the packets relayed
+# later (DEPRECATE_EOF and SESSION_TRACK do), so any MySQL-protocol backend serves the session.
+_UNKNOWN_BACKEND_CAPABILITIES = PROXY_CAPABILITIES & ~(Capabilities.CLIENT_DEPRECATE_EOF | Capabilities.CLIENT_SESSION_TRACK)
+_UTF8MB4_GENERAL_CI = 45
+# How long the first greeting may wait to learn the backend's version and abilities.
+_PROFILE_WAIT = 2.0
+
+
+async def _greeting_profile(s: Session) -> BackendProfile:
+    """The backend's version and abilities for the greeting; while the backend cannot be
+    reached, listen.server_version and abilities every backend has. The client is always
+    greeted: an ERR in place of the greeting is what the mariadb client, which starts TLS by
+    default, reports as "Received error packet before completion of TLS handshake"."""
+    try:
+        with trio.move_on_after(min(s.config.backend.connect_timeout, _PROFILE_WAIT)):
+            return await s.target.profile()
+    except BackendError as exc:
+        log.info("session %d: backend not reachable for the greeting (%s); greeting as %s", s.id, exc,
+                 s.config.listen.server_version)  # fmt: skip
+    return BackendProfile(s.config.listen.server_version, int(_UNKNOWN_BACKEND_CAPABILITIES), _UTF8MB4_GENERAL_CI)
+
+
 async def _client_login(s: Session) -> tuple[HandshakeResponse | None, str | None, int]:
     """Greeting, handshake response, authentication: (response, user or None, next seq)."""
     client = s.client
-    try:
-        profile = await s.target.profile()
-    except BackendError as exc:
-        await s.send_client(make_err(*Err.BACKEND_UNAVAILABLE, f"Can't connect to backend: {exc}"), 0)
-        s.close_reason = f"backend unreachable: {exc}"
-        return None, None, 0
+    profile = await _greeting_profile(s)
     s.scramble = new_scramble()
     offered = (PROXY_CAPABILITIES & profile.capabilities) | (
         Capabilities.CLIENT_PROTOCOL_41 | Capabilities.CLIENT_SECURE_CONNECTION | Capabilities.CLIENT_PLUGIN_AUTH
@@ -172,11 +196,15 @@ async def _authenticate(s: Session, auth: ServerAuth, result, seq: int) -> tuple
     return result.user, seq
 
 
-async def _send_backend_error(s: Session, exc: BackendError, seq: int) -> None:
+async def _send_backend_error(s: Session, exc: BackendError, seq: int, waited: float) -> None:
     if exc.err is not None and not exc.retryable:
         payload = make_err(exc.err.code, exc.err.sqlstate, exc.err.message)
+    elif exc.retryable:
+        payload = make_err(*Err.BACKEND_UNAVAILABLE, f"Can't connect to backend through replay-proxy (tried for "
+                           f"{waited:.0f}s, recovery.buffer_window): {exc}; connect again once the backend is up")  # fmt: skip
     else:
-        payload = make_err(*Err.BACKEND_UNAVAILABLE, f"Can't connect to backend through replay-proxy: {exc}")
+        payload = make_err(*Err.BACKEND_UNAVAILABLE, f"Can't connect to backend through replay-proxy: {exc}; "
+                           "see the proxy's log and the backend's")  # fmt: skip
     await s.send_client(payload, seq)
 
 
@@ -214,10 +242,11 @@ async def change_user(s: Session, cmd: Command) -> None:
     if old is not None:
         old.close()
     s.login = _login_for(s, user, change.database, collation, change.connect_attrs)
+    started = trio.current_time()
     try:
         backend = await _connect_within_window(s)
     except BackendError as exc:
-        await _send_backend_error(s, exc, seq)
+        await _send_backend_error(s, exc, seq, trio.current_time() - started)
         raise SessionClosed(f"backend login after COM_CHANGE_USER failed: {exc}") from None
     s.tracking.logged_in(user, change.database, collation, backend.status)
     s.use_backend(backend)

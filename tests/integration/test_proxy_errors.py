@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -96,3 +97,39 @@ def test_go_sql_driver_sees_1158(shim, shimmed_proxy, mariadb):
     assert first["message"].startswith(LOST.replace("<port>", str(shim.port))), out
     assert second.get("error") and "error_number" not in second, out  # the session ended: a driver error
     assert applied_once(mariadb, row)
+
+
+@pytest.fixture(scope="module")
+def proxy_backend_down(tmp_path_factory):
+    """A proxy whose backend has never been up since it started (nothing listens there)."""
+    from tests.lab.mariadb import free_port
+    from tests.lab.proxy import ProxyProcess
+
+    proc = ProxyProcess(tmp_path_factory.mktemp("proxy-down"), free_port(), recovery={"buffer_window": "2s"}).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def mariadb_cli(port: int, password: str) -> tuple[subprocess.CompletedProcess, float]:
+    require(None if shutil.which("mariadb") else "the mariadb CLI is not installed (Debian: mariadb-client)")
+    started = time.monotonic()
+    proc = subprocess.run(["mariadb", "--no-defaults", "-h", "127.0.0.1", "-P", str(port), "-u", "app", f"-p{password}",
+                           "-e", "SELECT 1"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    return proc, time.monotonic() - started
+
+
+def test_mariadb_cli_while_the_backend_is_down(proxy_backend_down):
+    """The stock client (ssl on by default) gets plain answers: 1045 at once for a wrong
+    password, 1105 after the buffer window for a right one, and no word of a TLS handshake
+    (an ERR in place of the greeting was "Received error packet before completion of TLS
+    handshake. The authenticity of the following error cannot be verified: 1105 ...")."""
+    wrong, took = mariadb_cli(proxy_backend_down.port, "wrong")
+    assert wrong.returncode == 1 and wrong.stderr.startswith("ERROR 1045 (28000): Access denied for user 'app'"), wrong.stderr
+    assert took < 1.5
+    right, took = mariadb_cli(proxy_backend_down.port, "apppw")
+    assert right.returncode == 1, right.stderr
+    assert right.stderr.startswith("ERROR 1105 (HY000): Can't connect to backend through replay-proxy (tried for 2s"), right.stderr
+    assert "connect again once the backend is up" in right.stderr and "TLS" not in right.stderr, right.stderr
+    assert 1.8 <= took < 5
