@@ -72,9 +72,11 @@ class TiDB:
     tls = None
 
     def __init__(self, basedir: Path, port: int | None = None, max_allowed_packet: str = "64M",
-                 graceful_wait: int = 0, extra_args: Iterable[str] = ()) -> None:  # fmt: skip
+                 graceful_wait: int = 0, general_log: bool = False, extra_args: Iterable[str] = ()) -> None:  # fmt: skip
         """``graceful_wait``: TiDB's ``graceful-wait-before-shutdown`` (seconds): after SIGTERM,
-        /status answers 500 this long before TiDB closes its listeners."""
+        /status answers 500 this long before TiDB closes its listeners. ``general_log``: every
+        statement in the log (``[instance] tidb_general_log``, on from each start)."""
+        self.general_log = general_log
         self.basedir = Path(basedir).resolve()
         self.basedir.mkdir(parents=True, exist_ok=True)
         self._port = port if port is not None else free_port()
@@ -138,6 +140,7 @@ class TiDB:
             f"graceful-wait-before-shutdown = {int(self.graceful_wait)}\n"
             "[log]\nslow-threshold = 3000\n"
             "[performance]\nrun-auto-analyze = false\n"
+            f"[instance]\ntidb_general_log = {'true' if self.general_log else 'false'}\n"
         )
 
     def is_running(self) -> bool:
