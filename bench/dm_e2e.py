@@ -296,7 +296,10 @@ def dm_events(dm: DMCluster, started: float) -> dict[str, Any]:
             "failed": dict(kinds.most_common()), "failed_total": sum(kinds.values()), "retried_in_place": len(retried)}  # fmt: skip
 
 
-_GENERAL_LOG = re.compile(r'\[GENERAL_LOG\] \[conn=(\d+)\].*? \[user=([^@\]]*)@[^\]]*\].*? \[sql=(".*"|[^\]]*)\]$')
+# TiDB logs a statement as [GENERAL_LOG] ... [user=u@h] ... [sql="..."], and a DDL as
+# ["CRUCIAL OPERATION"] ... [sql="..."] [user=u@h].
+_LOGGED_SQL = re.compile(r'\[sql=("(?:[^"\\]|\\.)*"|[^\]]*)\]')
+_LOGGED_USER = re.compile(r"\[user=([^@\]]*)@")
 _GO_ESCAPE = re.compile(r'\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[0-7]{3}|.)')
 _SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v"}
 
@@ -326,21 +329,41 @@ def dm_statements(tidb_log: str, user: str = DM_USER, max_rows: int = 3) -> list
     literal = {TokenKind.STRING, TokenKind.NUMBER, TokenKind.HEX, TokenKind.BIT}
     seen: dict[str, dict[str, Any]] = {}
     for line in tidb_log.splitlines():
-        m = _GENERAL_LOG.search(line)
-        if m is None or m.group(2) != user:
+        if "[GENERAL_LOG]" not in line and '["CRUCIAL OPERATION"]' not in line:
             continue
-        sql = _go_unquote(m.group(3))
+        m, who = _LOGGED_SQL.search(line), _LOGGED_USER.search(line)
+        if m is None or who is None or who.group(1) != user:
+            continue
+        sql = _go_unquote(m.group(1))
         try:
             tokens = tokenize(sql, dialect=TIDB)
         except Exception:
             tokens = []
-        shape = " ".join("?" if t.kind in literal else t.text.upper() for t in tokens)
-        shape = re.sub(r"\(\?(?: , \?)*\)(?: , \(\?(?: , \?)*\))+", "(?) , ...", shape)
+        shape = _shape(tokens, literal)
         if shape in seen:
             seen[shape]["count"] += 1
             continue
         seen[shape] = {"sql": _first_rows(sql, tokens, max_rows), "count": 1}
     return list(seen.values())
+
+
+def _shape(tokens: list, literal: set) -> str:
+    """The statement with literals as ``?`` and a VALUES list as ``VALUES ...`` (any rows)."""
+    out, depth, in_values = [], 0, False
+    for tok in tokens:
+        text = "?" if tok.kind in literal else tok.text.upper()
+        if text == "VALUES" and depth == 0:
+            in_values = True
+            out.append("VALUES ...")
+            continue
+        depth += (text == "(") - (text == ")")
+        if in_values:
+            if depth == 0 and text not in (")", ","):
+                in_values = False
+            else:
+                continue
+        out.append(text)
+    return " ".join(out)
 
 
 def _first_rows(sql: str, tokens: list, max_rows: int) -> str:

@@ -4,7 +4,9 @@ heartbeat, and the table checksums both ends are compared by.
 The load runs against the upstream MariaDB directly (DM reads its binlog): several tables,
 transactions of several statements (new order: an INSERT with AUTO_INCREMENT, its lines, stock
 and balance UPDATEs, an event), single-statement updates that change a unique key, deletes by
-key and by range. A heartbeat row is set to the upstream clock (UTC) every 250 ms: read on
+key and by range, and every ``ddl_interval`` seconds a DDL as users write them (a new table with
+UNIQUE and prefix KEYs and DEFAULT expressions, ALTER TABLE ADD COLUMN / ADD KEY, CREATE INDEX)
+that DM replicates wrapped in SET TIMESTAMP. A heartbeat row is set to the upstream clock (UTC) every 250 ms: read on
 TiDB, it says how far behind DM is, whatever DM itself reports.
 """
 
@@ -102,8 +104,8 @@ class LoadStats:
 class ShopLoad:
     """``threads`` writers at ``rate`` transactions per second in all, and the heartbeat."""
 
-    def __init__(self, port: int, rate: float, threads: int = 4, seed: int = 11) -> None:
-        self.port, self.rate, self.threads = port, rate, threads
+    def __init__(self, port: int, rate: float, threads: int = 4, seed: int = 11, ddl_interval: float = 20) -> None:
+        self.port, self.rate, self.threads, self.ddl_interval = port, rate, threads, ddl_interval
         self.stats = LoadStats()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -122,6 +124,8 @@ class ShopLoad:
         for i in range(self.threads):
             self._workers.append(threading.Thread(target=self._writer, args=(i,), daemon=True, name=f"shop-{i}"))
         self._workers.append(threading.Thread(target=self._heartbeat, daemon=True, name="heartbeat"))
+        if self.ddl_interval > 0:
+            self._workers.append(threading.Thread(target=self._ddl, daemon=True, name="ddl"))
         for t in self._workers:
             t.start()
 
@@ -138,6 +142,33 @@ class ShopLoad:
                 cur.execute("UPDATE heartbeat SET ts = UTC_TIMESTAMP(6) WHERE id = 1")
         with conn.cursor() as cur:  # the last word: the catch-up wait looks for it downstream
             cur.execute("UPDATE heartbeat SET ts = UTC_TIMESTAMP(6) WHERE id = 1")
+        conn.close()
+
+    def _ddl(self) -> None:
+        """A new audit table, then changes to it, one DDL every ``ddl_interval`` seconds; the
+        tables get a few rows so their columns are compared too."""
+        conn = connect(self.port)
+        steps = [
+            "CREATE TABLE IF NOT EXISTS audit_{n} (id BIGINT AUTO_INCREMENT PRIMARY KEY, ref BIGINT NOT NULL, "
+            "note VARCHAR(64) NOT NULL DEFAULT 'x', at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), "
+            "UNIQUE KEY uk_ref (ref), KEY idx_note (note(8)))",
+            "ALTER TABLE audit_{n} ADD COLUMN extra INT NOT NULL DEFAULT 0, ADD KEY idx_extra (extra)",
+            "CREATE INDEX idx_ref_at ON audit_{n} (ref, at)",
+            "ALTER TABLE audit_{n} MODIFY COLUMN note VARCHAR(128) NOT NULL DEFAULT 'y'",
+        ]
+        n = 0
+        while not self._stop.wait(self.ddl_interval):
+            table = n // len(steps)
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(steps[n % len(steps)].format(n=table))
+                    cur.execute(f"INSERT INTO audit_{table} (ref, note) VALUES (%s, %s)", (n, f"ddl step {n}"))
+                with self._lock:
+                    self.stats.statements += 2
+            except pymysql.MySQLError as exc:
+                with self._lock:
+                    self.stats.errors.append(str(exc)[:200])
+            n += 1
         conn.close()
 
     def _writer(self, index: int) -> None:
@@ -220,15 +251,17 @@ class ShopLoad:
 
 
 def checksums(port: int, user: str = "root", password: str = "") -> dict[str, tuple[int, int]]:
-    """(row count, sum of the rows' CRC32) per table, computed the same way on MariaDB and TiDB."""
+    """(row count, sum of the rows' CRC32 over every column) per table of the schema but the
+    heartbeat, computed the same way on MariaDB and TiDB."""
     conn = pymysql.connect(host="127.0.0.1", port=port, user=user, password=password, database=SCHEMA, charset="utf8mb4",
                            connect_timeout=10, read_timeout=300)  # fmt: skip
     out = {}
     with conn.cursor() as cur:
-        for table, columns in COLUMNS.items():
-            if table == "heartbeat":
-                continue
-            cur.execute(f"SELECT COUNT(*), COALESCE(SUM(CRC32(CONCAT_WS('|', {columns}))), 0) FROM {table}")
+        cur.execute("SELECT table_name, GROUP_CONCAT(column_name ORDER BY ordinal_position SEPARATOR '`,`') "
+                    "FROM information_schema.columns WHERE table_schema = %s AND table_name <> 'heartbeat' "
+                    "GROUP BY table_name", (SCHEMA,))  # fmt: skip
+        for table, columns in sorted(cur.fetchall()):
+            cur.execute(f"SELECT COUNT(*), COALESCE(SUM(CRC32(CONCAT_WS('|', `{columns}`))), 0) FROM `{table}`")
             count, crc = cur.fetchone()
             out[table] = (int(count), int(crc))
     conn.close()
