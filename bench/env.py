@@ -46,6 +46,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tests.lab.mariadb import MariaDB, mariadb_unavailable_reason  # noqa: E402
+from tests.lab.tidb import TiDB, tidb_unavailable_reason  # noqa: E402
 from tests.lab.proxy import ProxyProcess, toml_key, toml_value  # noqa: E402
 
 from bench.floors import Floor, floor_unavailable_reason  # noqa: E402
@@ -299,7 +300,7 @@ class BenchEnv:
         self.workers = workers or os.cpu_count() or 1
         self.instrument = instrument  # trio loop counts of the proxy and the trio pump
         self.perf = perf  # perf stat of the middle process over every run (bench/middle.py)
-        self.db: MariaDB | None = None
+        self.db: MariaDB | TiDB | None = None
         self.haproxy: HAProxy | None = None
         self.floors: dict[str, Floor] = {}
         self.proxies: dict[str, ProxyProcess] = {}
@@ -315,7 +316,9 @@ class BenchEnv:
 
     # -- MariaDB ------------------------------------------------------------------------------
 
-    def start_db(self, tuned: bool = True) -> MariaDB:
+    def start_db(self, tuned: bool = True, backend: str = "mariadb") -> MariaDB | TiDB:
+        if backend == "tidb":
+            return self._start_tidb()
         args = [
             # The 200 MB table and the sysbench tables stay in memory: the benchmark measures the
             # hop to the server, not the disk.
@@ -338,6 +341,18 @@ class BenchEnv:
         for name in DATABASES:
             self.db.create_database(name)
         self.log(f"MariaDB on 127.0.0.1:{self.db.port} (pid {self.db.pid}), data in {self.db.datadir}")
+        return self.db
+
+    def _start_tidb(self) -> TiDB:
+        reason = tidb_unavailable_reason()
+        if reason:
+            raise SystemExit(f"bench: --backend tidb: {reason}")
+        self.db = TiDB(self.workdir / "tidb", max_allowed_packet="128M")
+        self.db.start()
+        self.db.create_user(APP_USER, APP_PASSWORD)
+        for name in DATABASES:
+            self.db.create_database(name)
+        self.log(f"tidb-server (unistore) on 127.0.0.1:{self.db.port} (pid {self.db.pid}), data in {self.db.store}")
         return self.db
 
     # -- intermediaries -----------------------------------------------------------------------

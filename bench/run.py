@@ -84,6 +84,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="TOML file with a [plugins] table (chain = [...]) and [plugins.<name>] option tables for "
                         "the proxy+plugins target (replaces the default options)")
     p.add_argument("--duration", type=float, help="seconds per sysbench/replicator/cpu run (default 20/20/15; --quick 5)")
+    p.add_argument("--backend", choices=("mariadb", "tidb"), default="mariadb",
+                   help="the database behind every target (tidb: tests/lab/tidb.py finds tidb-server)")
+    p.add_argument("--replicator-batch", type=int, help="rows per replicator transaction (default 10; DM's batch is 100)")
+    p.add_argument("--commit-marker", action="store_true",
+                   help="the proxies run with recovery.commit_marker = true (one marker upsert per transaction)")
     p.add_argument("--sysbench-ps-mode", choices=("disable", "auto"), default="disable",
                    help="disable: text protocol like the replicator (default); auto: prepared statements")
     p.add_argument("--big-result-mb", type=int, help="size of the big result (default 200; --quick 50)")
@@ -122,6 +127,8 @@ def build_settings(args: argparse.Namespace) -> Settings:
     if args.duration:
         s.sysbench_time = s.replicator_time = s.cpu_time = args.duration
     s.sysbench_ps_mode = args.sysbench_ps_mode
+    if args.replicator_batch:
+        s.replicator_batch = args.replicator_batch
     if args.big_result_mb:
         s.big_result_mb = args.big_result_mb
     if args.big_statement_mb:
@@ -354,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {
         "meta": run_meta(now, "bench.run", argv, settings=settings.__dict__.copy(), targets=targets, plugin_chain=None,
+                         backend=args.backend, commit_marker=args.commit_marker,
                          workers=args.workers_n, instrument=args.instrument, perf=args.perf, notes=notes),
         "targets": targets,
         "workloads": {},
@@ -363,13 +371,14 @@ def main(argv: list[str] | None = None) -> int:
     plugins = plugin_variant(args)
     results["meta"]["plugin_chain"] = plugins.describe()
     started = time.monotonic()
+    overrides = {"recovery": {"commit_marker": True}} if args.commit_marker else None
     env = BenchEnv(args.workdir, keep=args.keep, plugins=plugins, haproxy_threads=args.haproxy_threads,
-                   workers=args.workers_n, instrument=args.instrument, perf=args.perf)
+                   workers=args.workers_n, instrument=args.instrument, perf=args.perf, proxy_overrides=overrides)
     SysbenchSetup.done = False
     interrupted = False
     try:
         env.log(f"work dir {env.workdir}; results to {out}")
-        env.start_db()
+        env.start_db(backend=args.backend)
         profiled_names = {w.name for w in profiled}
         for wl in workloads:
             run_workload(env, wl, settings, targets, results,

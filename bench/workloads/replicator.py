@@ -1,8 +1,9 @@
 """The replicator-like workload: tests/goclient (go-sql-driver/mysql configured as TiDB DM does).
 
 16 workers each pin one connection and loop START TRANSACTION; B x REPLACE INTO (safe mode);
-UPDATE counters; COMMIT. The tables are recreated (directly on MariaDB) before every run so
-every target starts from the same table size.
+UPDATE counters; COMMIT. The tables are recreated (directly on the database) before every run
+so every target starts from the same table size. Beside the middle process's CPU per statement,
+the database's own (mariadbd or tidb-server) is measured on every target.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from bench.middle import MiddleMeter
+from bench.procstat import CpuMeter
 from bench.workloads import Metric, Settings, Workload, WorkloadError, WorkloadSkipped
 
 if TYPE_CHECKING:
@@ -37,6 +39,9 @@ class ReplicatorWorkload(Workload):
                 Metric("p95_ms", "p95 txn latency", "ms", "lower", digits=2),
                 Metric("errors", "client errors", "", "lower", digits=0),
                 Metric("cpu_us_per_stmt", "CPU/stmt", "µs", "lower", intermediary_only=True),
+                # The database's own CPU per statement, beside the middle's: what share of the
+                # gap to direct the middle process is.
+                Metric("db_cpu_us_per_stmt", "server CPU/stmt", "µs", "lower", ratio=False),
             ],
         )
         self.per_statement_meter = True
@@ -55,6 +60,7 @@ class ReplicatorWorkload(Workload):
     def run(self, env: "BenchEnv", target: "Target", settings: Settings) -> dict[str, float | None]:
         gc = goclient()
         meter = MiddleMeter(env, target).start()
+        server = CpuMeter(env.db.pid).start()
         try:
             run = gc.run_goclient(
                 "workload", port=target.port, conns=settings.replicator_conns,
@@ -65,6 +71,7 @@ class ReplicatorWorkload(Workload):
             raise WorkloadError(str(e)) from None
         finally:
             meter.stop()
+            server.stop()
         data = run.data
         if run.returncode != 0 or not data.get("ok", False):
             raise WorkloadError(f"goclient workload failed against {target.name}:\n{run.describe()}")
@@ -79,6 +86,7 @@ class ReplicatorWorkload(Workload):
             "p95_ms": lat.get("p95"),
             "errors": float(data.get("error_count", 0)),
             **meter.per_statement(statements),
+            "db_cpu_us_per_stmt": server.used * 1e6 / statements if server.used is not None and statements else None,
             "_p99_ms": lat.get("p99"),
             "_max_ms": lat.get("max"),
             "_committed_txns": txns,
