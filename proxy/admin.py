@@ -67,10 +67,13 @@ def routes(proxy) -> dict[str, Route]:
         return 200, CONTENT_TYPE, body
 
     def session(query: dict[str, str]) -> tuple[int, str, bytes]:
-        """A session's backend connection, for another worker translating ``KILL <id>``."""
+        """A session's backend connection, for another worker translating ``KILL <id>``
+        (``kill=1``: that KILL is about to be sent, as ``Session.kill_relayed`` notes)."""
         found = target.session_by_id(int(query.get("id", "0") or 0)) if query.get("id", "").isdigit() else None
         if found is None or found.backend is None:
             return json_answer(404, {"error": "no such session"})
+        if query.get("kill") == "1":
+            found.kill_relayed = (found.backend.connection_id, trio.current_time())
         return json_answer(200, {"backend": str(found.backend.address), "backend_connection": found.backend.connection_id})
 
     session.wants_query = True  # type: ignore[attr-defined]

@@ -63,12 +63,13 @@ class WorkerInfo:
         return f"http://127.0.0.1:{self.admin_ports[index]}"
 
 
-async def backend_connection_of(worker: WorkerInfo, session_id: int) -> tuple[str, int] | None:
-    """(backend address, backend connection id) of another worker's session, or None."""
+async def backend_connection_of(worker: WorkerInfo, session_id: int, killing: bool = False) -> tuple[str, int] | None:
+    """(backend address, backend connection id) of another worker's session, or None.
+    ``killing``: a KILL of that connection is about to be sent (its worker notes it)."""
     owner = worker.owner_of(session_id)
     if owner is None or owner == worker.index:
         return None
-    url = f"{worker.peer_admin(owner)}/session?id={session_id}"
+    url = f"{worker.peer_admin(owner)}/session?id={session_id}" + ("&kill=1" if killing else "")
     try:
         data = await trio.to_thread.run_sync(_get_json, url)
     except (OSError, ValueError):

@@ -28,8 +28,10 @@ async def killed_by_operator(s: Session) -> bool:
     behind the same address), or a load balancer dropping it? It is a KILL only when a new
     connection reaches the very same server process, still up, and that server ran a KILL
     since this connection opened (Com_kill went up by more than the KILLs this proxy process sent
-    itself, for other sessions' recoveries); a closed door, a restarted or another
-    server, an idle session dropped after its wait_timeout, a close without any KILL: recovery."""
+    itself, for other sessions' recoveries), or, where the server counts no KILLs (TiDB), another
+    session relayed a KILL of this very connection moments ago; a closed door, a restarted or
+    another server, an idle session dropped after its wait_timeout, a close without any KILL:
+    recovery."""
     old = s.backend
     if old is None or s.login is None or old.instance is None:
         return False
@@ -40,10 +42,11 @@ async def killed_by_operator(s: Session) -> bool:
             probe = await s.target.connect(s.login)
     except (BackendError, trio.TooSlowError):
         return False  # not accepting connections: going down
-    kills = None
+    kills, same = None, False
     try:
         with trio.fail_after(s.config.backend.io_timeout):
-            if await restarted_since(probe, old) is False and old.instance.kills is not None:
+            same = await restarted_since(probe, old) is False
+            if same and old.instance.kills is not None:
                 kills = int((await server_status(probe)).get("com_kill", -1))
     except (trio.TooSlowError, PeerClosed, ProtocolError, BackendError, ValueError):
         kills = None
@@ -54,6 +57,12 @@ async def killed_by_operator(s: Session) -> bool:
     if kills is not None and old.instance.operator_kills_since(kills) > 0:
         log.warning("session %d: backend connection %d closed by %s, which is still up and ran a KILL since: an "
                     "operator's KILL; the client is told, the session ends", s.id, old.connection_id, old.instance.hostname)
+        return True
+    relayed = s.kill_relayed  # (connection id, when): a refused KILL must not count later
+    if same and relayed is not None and relayed[0] == old.connection_id \
+            and trio.current_time() - relayed[1] < s.config.backend.io_timeout:
+        log.warning("session %d: backend connection %d closed by %s, which is still up, right after another session's "
+                    "KILL of it; the client is told, the session ends", s.id, old.connection_id, old.instance.hostname)
         return True
     return False
 

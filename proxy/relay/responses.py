@@ -48,6 +48,11 @@ async def backend_task(s: Session) -> None:
                 if s.backend is not backend or s.migrating:  # replaced on purpose (COM_CHANGE_USER, a move)
                     await s.backend_replaced.wait()
                     continue
+                if isinstance(exc, PeerFinished) and _kills(s.inflight) and s.inflight.state != NOT_SENT:
+                    # The client's KILL closed its own connection, and TiDB sends nothing
+                    # before the FIN: close the client's too, as the server did; the KILL is
+                    # never sent again (a replay used to send it again and again).
+                    raise SessionClosed("the client killed its own backend connection")
                 await recover(s, str(exc), clean=isinstance(exc, PeerFinished))
                 continue
             inflight = s.inflight
@@ -73,6 +78,11 @@ async def backend_task(s: Session) -> None:
             raise SessionClosed(str(failed)) from None
         s.failed = failed.payload  # an idle client hears it at its next command
 
+def _kills(inflight: Inflight | None) -> bool:
+    """Is the command in flight a KILL statement (its own connection's end is no loss)?"""
+    return inflight is not None and inflight.analysis is not None and inflight.analysis.keywords(0, 1) == ("KILL",)
+
+
 async def recover(s: Session, reason: str, rejected: bool = False, clean: bool = False) -> None:
     resend = await reconnect.recover(s, reason, rejected, clean)
     if resend is not None:
@@ -97,7 +107,7 @@ async def on_response_data(s: Session, inflight: Inflight, data: bytes) -> None:
         data = data[:end]
     error = tracker.error
     if error is not None and error.code in SERVER_GOING_AWAY and not inflight.forwarded:
-        if inflight.analysis is not None and inflight.analysis.keywords(0, 1) == ("KILL",):
+        if _kills(inflight):
             # The client killed its own connection (KILL CONNECTION_ID()): pass the answer
             # on and end the session, as the server does, instead of bringing it back.
             await complete(s, inflight, data)

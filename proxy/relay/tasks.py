@@ -100,6 +100,7 @@ class Session:
         self.migrating = False
         self.results_gone = False  # on a new backend connection, before the client's first command ran there
         self.last_activity = trio.current_time()  # when the last command completed (wait_timeout)
+        self.kill_relayed: tuple[int, float] | None = None  # (backend connection id, when): another session's KILL of it
 
     async def handshake(self) -> bool:
         return await login.handshake(self)
@@ -343,11 +344,14 @@ class Session:
             return cmd
         session_id = int(m.group(2))
         session = self.target.session_by_id(session_id)
+        killing = not m.group(1).upper().startswith(b"QUERY")
         if session is not None and session.backend is not None:
             address, connection_id = str(session.backend.address), session.backend.connection_id
+            if killing:  # the server may not count KILLs (TiDB): tell the victim's recovery
+                session.kill_relayed = (connection_id, trio.current_time())
         else:
             worker = self.target.worker
-            found = await backend_connection_of(worker, session_id) if worker is not None else None
+            found = await backend_connection_of(worker, session_id, killing) if worker is not None else None
             if found is None:
                 return cmd  # not a proxy session: the server will judge the id
             address, connection_id = found

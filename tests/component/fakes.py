@@ -8,6 +8,7 @@ command to simulate what real servers do when they go away:
 - ``"run_then_drop"``: run it (and commit, for COMMIT) but close before answering (crash);
 - ``"error_1053"``: answer ERR 1053 without running it, then close;
 - ``"deadlock"``: the command is the deadlock victim: its transaction is rolled back, ERR 1213;
+- ``"error_1095"``: a KILL refused (another user's connection): ERR 1095, nothing killed;
 - ``None``: normal processing.
 
 Mini dialect: ``INSERT INTO t VALUES (k, 'v')``, ``REPLACE INTO t VALUES (k, 'v')``,
@@ -98,6 +99,9 @@ class FakeServer:
         self.next_id = 100
         self.queries: list[str] = []  # every COM_QUERY text received, all connections
         self.wait_timeout = 28800
+        # "tidb": as TiDB does, no Com_kill in SHOW GLOBAL STATUS, and a KILLed connection gets
+        # a FIN without an error packet (measured on v8.5.3).
+        self.flavor = "mariadb"
 
     async def opener(self, address: Address) -> StreamChannel:
         if not self.up:
@@ -234,6 +238,9 @@ class FakeConnection:
             self.in_tx = False
             await self._send([make_err(1213, "40001", "Deadlock found when trying to get lock; try restarting transaction")], 1)
             return None
+        if action == "error_1095":  # a KILL refused: the connection is another user's
+            await self._send([make_err(1095, "HY000", f"You are not owner of thread {payload[6:].decode()}")], 1)
+            return None
         if action == "killed":  # KILL <this connection> while the command ran: not executed
             await self._send([make_err(1927, "70100", "Connection was killed")], 1)
             return self.close()
@@ -347,7 +354,8 @@ class FakeConnection:
             return self._table(["@@max_allowed_packet", "@@wait_timeout", "@@hostname", "@@port", "UNIX_TIMESTAMP()"], [row])
         if up == "SHOW GLOBAL STATUS WHERE VARIABLE_NAME IN ('UPTIME', 'COM_KILL')":
             uptime = str(int(trio.current_time() - db.started_at))
-            return self._table(["Variable_name", "Value"], [["Uptime", uptime], ["Com_kill", str(db.kills)]])
+            kills = [["Com_kill", str(db.kills)]] if self.server.flavor == "mariadb" else []
+            return self._table(["Variable_name", "Value"], [["Uptime", uptime], *kills])
         if up == "SHOW GLOBAL STATUS LIKE 'UPTIME'":
             out = [b"\x02", _coldef("Variable_name"), _coldef("Value")]
             if not self.deprecate_eof:
@@ -355,12 +363,13 @@ class FakeConnection:
             out.append(lenenc_str(b"Uptime") + lenenc_str(str(int(trio.current_time() - db.started_at)).encode()))
             out.append(make_ok(self.status(), header=0xFE) if self.deprecate_eof else make_eof(self.status()))
             return out
-        if m := re.fullmatch(r"KILL (\d+)", up):
+        if m := re.fullmatch(r"KILL (\d+|CONNECTION_ID\(\))", up):
             db.kills += 1
+            victim = self.id if m.group(1) == "CONNECTION_ID()" else int(m.group(1))
             for conn in self.server.connections:
-                if conn.id == int(m.group(1)):
-                    conn.close()
-            return [make_ok(self.status())]
+                if conn.id == victim:
+                    conn.close(clean=self.server.flavor == "tidb")
+            return None if victim == self.id else [make_ok(self.status())]
         if m := re.fullmatch(r"INSERT INTO T VALUES \((-?\d+), '([^']*)'\)", s, re.I):
             k, v = int(m.group(1)), m.group(2)
             if k in db.rows or any(getattr(a, "key", None) == k for a in self.pending):
@@ -521,6 +530,7 @@ class FakeClient:
 
     async def login(self, user: str = "app", password: str = "apppw", database: str | None = "test") -> None:
         hs = parse_server_handshake(await self._read_packet())
+        self.connection_id = hs.connection_id  # the proxy's session id
         caps = int(PROXY_CAPABILITIES) & hs.capabilities
         if not self.deprecate_eof:
             caps &= ~int(Capabilities.CLIENT_DEPRECATE_EOF)
