@@ -333,6 +333,12 @@ class SessionTracker:
             return
         if code in CONNECTION_FATAL:
             return
+        if st.kind is Kind.COMMIT and self.dialect.flavor == "tidb":
+            # TiDB ends the transaction when its COMMIT fails, whatever the error (session.go:
+            # doCommitWithRetry invalidates it; an undetermined outcome closes the connection
+            # instead): nothing committed, nothing is left open.
+            self.tx.reset()
+            return
         ends = st.may_end_transaction
         if not ends and code in STATEMENT_ERRORS:
             return  # only the statement failed

@@ -275,3 +275,23 @@ def test_variables_used_up_by_what_runs_next_make_the_session_unrestorable(name)
     run(t, f"SET {name} = 7")
     assert t.state.unrestorable and name in t.state.unrestorable
 
+
+
+@pytest.mark.parametrize("code", [9007, 1062, 8028])
+def test_a_failed_commit_ends_the_transaction_on_tidb(code):
+    """TiDB's COMMIT that answers an error (a write conflict or a duplicate key in optimistic
+    mode, a schema change) rolled the transaction back and left none open: a loss before the
+    client's next transaction is a plain reconnect. Seen as a 1158 ("part of the transaction may
+    have committed") on DM's retry BEGIN when TiDB restarted in between (recovery matrix on TiDB)."""
+    t = tracker()
+    t.backend_changed("127.0.0.1:4000", "8.0.11-TiDB-v8.5.3")
+    run(t, "BEGIN", in_trans=True)
+    run(t, "UPDATE t SET v = 1 WHERE id = 1")
+    run(t, "COMMIT", code)
+    assert t.pending is None and not t.tx.active and not t.tx.entries
+    # MariaDB: an error to COMMIT is settled by the next status word (an XA branch stays ACTIVE).
+    m = tracker()
+    run(m, "BEGIN", in_trans=True)
+    run(m, "UPDATE t SET v = 1 WHERE id = 1")
+    run(m, "COMMIT", 1180)
+    assert m.pending is not None
