@@ -126,7 +126,9 @@ async def recover(s: Session, reason: str, rejected: bool = False, clean: bool =
                 log.warning("session %d: commit marker %d says the COMMIT %s", s.id, inflight.marker,
                             "committed" if committed else "did not commit")
                 if committed:
-                    chain = inflight.analysis is not None and inflight.analysis.first.chain
+                    # TiDB accepts AND CHAIN but opens no new transaction (measured, v8.5.3)
+                    chain = (inflight.analysis is not None and inflight.analysis.first.chain
+                             and s.tracking.dialect.flavor != "tidb")
                     begin = _chained_begin(s) if chain else None
                     s.tracking.transaction_lost()
                     if begin is not None:  # COMMIT AND CHAIN: the client is in a new transaction

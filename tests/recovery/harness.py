@@ -1,8 +1,9 @@
-"""Recovery-matrix harness: client -> proxy -> fault shim -> MariaDB.
+"""Recovery-matrix harness: client -> proxy -> fault shim -> server (MariaDB or TiDB).
 
-One ``RecoveryLab`` per test module (fixture ``recovery_lab``; import it into the test module):
-its own MariaDB, one ``FaultShim`` in front of it, and one proxy per recovery mode, started
-the first time a case asks for that mode and reused:
+One ``RecoveryLab`` per test module and flavor (fixture ``recovery_lab``, parametrized over
+``mariadb`` and ``tidb``; import it into the test module, or parametrize it indirectly with the
+flavors a test needs): its own server, one ``FaultShim`` in front of it, and one proxy per
+recovery mode, started the first time a case asks for that mode and reused:
 
     MODES = {"default": {}, "commit_marker": {"recovery": {"commit_marker": True}},
              "safe_mode": {"recovery": {"idempotent": "safe-mode"}}}
@@ -54,12 +55,15 @@ import pytest
 from pymysql.constants import CLIENT
 
 from tests.lab.faultshim import Command, Event, FaultShim, Rule, matcher
-from tests.lab.fixtures import APP_PASSWORD, APP_USER, prepare_server, require
+from tests.lab.fixtures import APP_PASSWORD, APP_USER, prepare_server, require, require_tidb
 from tests.lab.mariadb import HOST, MariaDB, mariadb_unavailable_reason
+from tests.lab.tidb import TiDB
 from tests.lab.proxy import ProxyProcess
 
-__all__ = ["MODES", "Fault", "Prepared", "Outcome", "CaseResult", "RecoveryLab", "recovery_lab",
+__all__ = ["FLAVORS", "MODES", "Fault", "Prepared", "Outcome", "CaseResult", "RecoveryLab", "recovery_lab",
            "SHIM_FAULTS", "ACTION_FAULTS"]
+
+FLAVORS = ("mariadb", "tidb")
 
 MODES: dict[str, dict[str, Any]] = {
     "default": {},
@@ -187,11 +191,15 @@ class CaseResult:
 
 
 class RecoveryLab:
-    """A MariaDB, a FaultShim in front of it, and lazily started proxies (one per mode)."""
+    """A server (``flavor``: mariadb or tidb), a FaultShim in front of it, and lazily started
+    proxies (one per mode)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, flavor: str = "mariadb") -> None:
+        if flavor not in FLAVORS:
+            raise ValueError(f"unknown flavor {flavor!r} (one of {', '.join(FLAVORS)})")
         self.workdir = Path(workdir)
-        self.db = MariaDB(self.workdir / "db")
+        self.flavor = flavor
+        self.db: MariaDB | TiDB = (MariaDB if flavor == "mariadb" else TiDB)(self.workdir / "db")
         self.shim = FaultShim(self.db.port)
         self.proxies: dict[str, ProxyProcess] = {}
         self._cases = itertools.count()
@@ -467,11 +475,16 @@ def _execute_connector(conn: Any, step: str | Prepared) -> Outcome:
     return outcome
 
 
-@pytest.fixture(scope="module")
-def recovery_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RecoveryLab]:
-    """Module-scoped RecoveryLab (own MariaDB, shim, proxies per mode)."""
-    require(mariadb_unavailable_reason())
-    lab = RecoveryLab(tmp_path_factory.mktemp("recovery"))
+@pytest.fixture(scope="module", params=FLAVORS)
+def recovery_lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RecoveryLab]:
+    """Module-scoped RecoveryLab per flavor (own server, shim, proxies per mode); TiDB's
+    cases skip with one line without a tidb-server binary."""
+    flavor = request.param
+    if flavor == "tidb":
+        require_tidb()
+    else:
+        require(mariadb_unavailable_reason())
+    lab = RecoveryLab(tmp_path_factory.mktemp(f"recovery-{flavor}"), flavor)
     try:
         lab.start()
         yield lab
