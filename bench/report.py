@@ -30,7 +30,8 @@ from bench.workloads import Metric
 # Ratio columns; every target's throughput relative to direct is a row of its own ("÷ direct").
 RATIO_COLUMNS = (("proxy+plugins", "proxy"),)
 # Workloads whose CPU per statement is compared with the trio pump's (the floor of a trio relay).
-FLOOR_WORKLOADS = ("write_only_16t", "point_select_1t", "point_select_16t", "replicator", "write_only_1t", "cpu_per_stmt")
+FLOOR_WORKLOADS = ("write_only_16t", "point_select_1t", "write_only_16t_ps", "point_select_1t_ps", "point_select_16t", "replicator",
+                   "write_only_1t", "cpu_per_stmt")
 FLOOR_TARGET = 1.10  # proxy CPU/stmt <= 1.10 x trio pump CPU/stmt
 
 

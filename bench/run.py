@@ -46,6 +46,9 @@ def all_workloads() -> list[Workload]:
         SysbenchWorkload("oltp_point_select", 16),
         SysbenchWorkload("oltp_write_only", 1),
         SysbenchWorkload("oltp_write_only", 16),
+        # The prepared-statement path (COM_STMT_PREPARE / EXECUTE), beside the text one.
+        SysbenchWorkload("oltp_point_select", 1, ps_mode="auto"),
+        SysbenchWorkload("oltp_write_only", 16, ps_mode="auto"),
         ReplicatorWorkload(),
         CpuPerStatement(),
         BigResult(),

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 DB = "sbtest"
 
 
-def sysbench_args(settings: Settings, port: int) -> list[str]:
+def sysbench_args(settings: Settings, port: int, ps_mode: str | None = None) -> list[str]:
     return [
         "--db-driver=mysql",
         "--mysql-host=127.0.0.1",
@@ -35,7 +35,7 @@ def sysbench_args(settings: Settings, port: int) -> list[str]:
         f"--mysql-db={DB}",
         f"--tables={settings.sysbench_tables}",
         f"--table-size={settings.sysbench_table_size}",
-        f"--db-ps-mode={settings.sysbench_ps_mode}",
+        f"--db-ps-mode={ps_mode or settings.sysbench_ps_mode}",
     ]
 
 
@@ -65,8 +65,8 @@ def parse_sysbench(out: str) -> dict[str, float]:
 
 
 def run_sysbench(test: str, settings: Settings, port: int, threads: int, duration: float,
-                 rate: int | None = None) -> dict[str, float]:
-    cmd = ["sysbench", test, *sysbench_args(settings, port), f"--threads={threads}",
+                 rate: int | None = None, ps_mode: str | None = None) -> dict[str, float]:
+    cmd = ["sysbench", test, *sysbench_args(settings, port, ps_mode), f"--threads={threads}",
            f"--time={max(1, round(duration))}", "--events=0", "--percentile=95", "--report-interval=0"]
     if rate:
         cmd.append(f"--rate={rate}")
@@ -106,11 +106,15 @@ class SysbenchSetup:
 
 
 class SysbenchWorkload(Workload):
-    def __init__(self, test: str, threads: int) -> None:
+    """``ps_mode``: this workload's own ``--db-ps-mode`` (``auto``: prepared statements, the
+    ``_ps`` variants); None: ``--sysbench-ps-mode``."""
+
+    def __init__(self, test: str, threads: int, ps_mode: str | None = None) -> None:
         short = test.replace("oltp_", "")
+        prepared = ps_mode == "auto"
         super().__init__(
-            name=f"{short}_{threads}t",
-            title=f"sysbench {test}, {threads} thread{'s' if threads > 1 else ''}",
+            name=f"{short}_{threads}t" + ("_ps" if prepared else ""),
+            title=f"sysbench {test}, {threads} thread{'s' if threads > 1 else ''}" + (", prepared statements" if prepared else ""),
             metrics=[
                 Metric("qps", "QPS", "q/s", "higher", digits=0),
                 Metric("p95_ms", "p95 latency", "ms", "lower", digits=2),
@@ -119,17 +123,18 @@ class SysbenchWorkload(Workload):
         )
         self.test = test
         self.threads = threads
+        self.ps_mode = ps_mode
         self.per_statement_meter = True
 
     def setup(self, env: "BenchEnv", settings: Settings) -> None:
         SysbenchSetup.ensure(env, settings)
-        self.info["ps_mode"] = settings.sysbench_ps_mode
+        self.info["ps_mode"] = self.ps_mode or settings.sysbench_ps_mode
         self.info["tables"] = f"{settings.sysbench_tables} x {settings.sysbench_table_size} rows"
 
     def run(self, env: "BenchEnv", target: "Target", settings: Settings) -> dict[str, float | None]:
         meter = MiddleMeter(env, target).start()
         try:
-            out = run_sysbench(self.test, settings, target.port, self.threads, settings.sysbench_time)
+            out = run_sysbench(self.test, settings, target.port, self.threads, settings.sysbench_time, ps_mode=self.ps_mode)
         finally:
             meter.stop()
         return {
