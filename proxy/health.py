@@ -71,13 +71,16 @@ async def http_status(url: str, timeout: float) -> int:
     with trio.fail_after(timeout):
         stream = await trio.open_tcp_stream(host, port_no)
         async with stream:
-            await stream.send_all(f"GET /{path} HTTP/1.0\r\nHost: {hostport}\r\n\r\n".encode())
-            head = b""
-            while b"\r\n" not in head and len(head) < 4096:
-                chunk = await stream.receive_some(4096)
-                if not chunk:
-                    break
-                head += chunk
+            try:
+                await stream.send_all(f"GET /{path} HTTP/1.0\r\nHost: {hostport}\r\n\r\n".encode())
+                head = b""
+                while b"\r\n" not in head and len(head) < 4096:
+                    chunk = await stream.receive_some(4096)
+                    if not chunk:
+                        break
+                    head += chunk
+            except trio.BrokenResourceError as exc:  # reset: a TiDB closing its status port
+                raise OSError(f"{url}: {exc}") from exc
     parts = head.split(b"\r\n", 1)[0].split()
     if len(parts) < 2 or not parts[1].isdigit():
         raise ValueError(f"no HTTP status line from {url}")
