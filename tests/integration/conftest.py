@@ -1,11 +1,15 @@
-"""Fixtures of the integration suites: the real proxy (a subprocess) in front of real MariaDB.
+"""Fixtures of the integration suites: the real proxy (a subprocess) in front of a real server.
 
-- ``proxy``: module-scoped proxy, default config, in front of the shared ``mariadb`` (64M
+The proxies follow ``db`` (tests/lab/fixtures.py): a test that takes one runs once in front of
+MariaDB and once in front of TiDB (skipped with one line without a tidb-server binary), and
+takes ``db`` itself for the server behind it (``db.flavor`` tells which).
+
+- ``proxy``: module-scoped proxy, default config, in front of the shared ``db`` (64M
   max_allowed_packet); users app/apppw, root/"" and app2/app2pw (for COM_CHANGE_USER).
 - ``limited_proxy``: module-scoped proxy in front of the shared server with
   ``[limits] max_allowed_packet = "1MiB"`` (reject mode).
-- ``small_packet_server``: module-scoped MariaDB with max_allowed_packet=1M and a proxy in
-  front of it (default config: the effective limit comes from the backend).
+- ``small_packet_server``: module-scoped server of ``db``'s flavor with max_allowed_packet=1M
+  and a proxy in front of it (default config: the effective limit comes from the backend).
 - ``proxy_factory``: start more proxies with config overrides; all stopped at teardown.
 
 Every proxy is stopped with ProxyProcess.stop(), which fails the test (at teardown) if the
@@ -22,17 +26,31 @@ from typing import Any
 
 import pytest
 
-from tests.lab.fixtures import APP_PASSWORD, APP_USER, prepare_server, require, stop_all
-from tests.lab.mariadb import MariaDB, mariadb_unavailable_reason
+from tests.lab.fixtures import APP_PASSWORD, APP_USER, prepare_server, stop_all
+from tests.lab.mariadb import MariaDB
 from tests.lab.proxy import ProxyProcess
+from tests.lab.tidb import TiDB
 
 MiB = 1024 * 1024
 SECOND_USER = ("app2", "app2pw")
+# "Inside a transaction?" as SQL: TiDB has no @@in_transaction (1193); its @@tidb_current_ts is
+# the open transaction's start timestamp, 0 outside one (measured on v8.5.3).
+IN_TRANSACTION = {"mariadb": "@@in_transaction", "tidb": "(@@tidb_current_ts > 0)"}
+# A refused multi-statement text: MariaDB's 1064; TiDB's own 8130 (measured).
+MULTI_REFUSED = {"mariadb": 1064, "tidb": 8130}
 PROXY_USERS = [
     {"name": APP_USER, "password": APP_PASSWORD},
     {"name": "root", "password": ""},
     {"name": SECOND_USER[0], "password": SECOND_USER[1]},
 ]
+
+
+def seq_table(flavor: str, last: int, first: int = 1) -> str:
+    """Rows first..last in a column ``seq``: MariaDB's sequence engine, a recursive CTE on TiDB."""
+    if flavor == "mariadb":
+        return f"seq_{first}_to_{last}"
+    return (f"(WITH RECURSIVE s (seq) AS (SELECT {first} UNION ALL SELECT seq + 1 FROM s WHERE seq < {last}) "
+            f"SELECT seq FROM s) AS seq_{first}_to_{last}")
 
 
 def start_proxy(workdir: Path, backend_port: int, **overrides: Any) -> ProxyProcess:
@@ -52,36 +70,36 @@ def running_proxy(workdir: Path, backend_port: int, **overrides: Any) -> Iterato
         proc.stop()
 
 
-def _prepare(server: MariaDB) -> MariaDB:
+def _prepare(server: MariaDB | TiDB) -> MariaDB | TiDB:
     prepare_server(server)
     server.create_user(*SECOND_USER)
     return server
 
 
 @pytest.fixture(scope="module")
-def proxy(mariadb: MariaDB, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+def proxy(db: MariaDB | TiDB, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     """The proxy with its default config in front of the shared 64M server."""
-    _prepare(mariadb)
-    with running_proxy(tmp_path_factory.mktemp("proxy"), mariadb.port) as proc:
+    _prepare(db)
+    with running_proxy(tmp_path_factory.mktemp("proxy"), db.port) as proc:
         yield proc
 
 
 @pytest.fixture(scope="module")
-def limited_proxy(mariadb: MariaDB, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+def limited_proxy(db: MariaDB | TiDB, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     """The shared 64M server behind a proxy whose own limit is 1 MiB (reject mode)."""
-    _prepare(mariadb)
-    with running_proxy(tmp_path_factory.mktemp("proxy-1mib"), mariadb.port,
+    _prepare(db)
+    with running_proxy(tmp_path_factory.mktemp("proxy-1mib"), db.port,
                        limits={"max_allowed_packet": "1MiB", "oversized": "reject"}) as proc:
         yield proc
 
 
 @pytest.fixture(scope="module")
-def small_packet_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
-    """A MariaDB with max_allowed_packet=1M (``.db``) and a default proxy in front (``.proxy``).
+def small_packet_server(db: MariaDB | TiDB, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    """A server of ``db``'s flavor with max_allowed_packet=1M (``.db``; on TiDB a global
+    variable, set once at start) and a default proxy in front (``.proxy``).
 
-    Module-scoped (mariadb_factory is per test; a server start costs a second or two)."""
-    require(mariadb_unavailable_reason())
-    server = MariaDB(tmp_path_factory.mktemp("mariadb-1m"), max_allowed_packet="1M")
+    Module-scoped (the factories are per test; a server start costs a second or three)."""
+    server = type(db)(tmp_path_factory.mktemp(f"{db.flavor}-1m"), max_allowed_packet="1M")
     server.start()
     proc = None
     try:

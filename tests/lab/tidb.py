@@ -140,6 +140,8 @@ class TiDB:
             f"graceful-wait-before-shutdown = {int(self.graceful_wait)}\n"
             "[log]\nslow-threshold = 3000\n"
             "[performance]\nrun-auto-analyze = false\n"
+            # information_schema.DEADLOCKS: room for every deadlock of a test (default 10)
+            "[pessimistic-txn]\ndeadlock-history-capacity = 10000\n"
             f"[instance]\ntidb_general_log = {'true' if self.general_log else 'false'}\n"
         )
 
