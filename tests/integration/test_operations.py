@@ -1,11 +1,11 @@
 """Running it in production: probes and metrics on the admin endpoint, SIGHUP reload, planned
 restarts announced by a status endpoint, failover between addresses, config hygiene.
 
-Planned restarts are shown with two addresses that reach the same MariaDB (one directly, one
+Planned restarts are shown with two addresses that reach the same server (one directly, one
 through the fault shim) and a scripted status endpoint standing in for TiDB's status port:
 when it answers 500, the idle sessions move to the other address between transactions, and
 the "restart" of the draining address (all its connections closed) then costs no held
-request and no replay.
+request and no replay. The tests that reach a backend run on MariaDB and on TiDB (``db``).
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ def status(proxy) -> dict:
     return json.loads(get(proxy.admin_port, "/status")[1])
 
 
-def test_probes_metrics_and_status(mariadb_factory, tmp_path):
-    db = mariadb_factory()
+def test_probes_metrics_and_status(db_factory, tmp_path):
+    db = db_factory()
     proxy = start_proxy(tmp_path / "proxy", db.port, backend={"health_interval": "0.3s"})
     try:
         assert get(proxy.admin_port, "/healthz")[0] == 200
@@ -115,9 +115,9 @@ def test_probes_metrics_and_status(mariadb_factory, tmp_path):
         proxy.stop()
 
 
-def test_sighup_reloads_a_good_file_and_keeps_the_config_on_a_bad_one(mariadb, tmp_path):
-    prepare_server(mariadb)
-    proxy = start_proxy(tmp_path / "proxy", mariadb.port)
+def test_sighup_reloads_a_good_file_and_keeps_the_config_on_a_bad_one(db, tmp_path):
+    prepare_server(db)
+    proxy = start_proxy(tmp_path / "proxy", db.port)
     try:
         with pytest.raises(pymysql.err.OperationalError):
             pymysql.connect(host="127.0.0.1", port=proxy.port, user="root", password="wrong")
@@ -138,15 +138,15 @@ def test_sighup_reloads_a_good_file_and_keeps_the_config_on_a_bad_one(mariadb, t
         proxy.stop()
 
 
-def test_planned_restart_moves_idle_sessions_first(mariadb, tmp_path):
+def test_planned_restart_moves_idle_sessions_first(db, tmp_path):
     """Address A (through the shim) announces a restart on its status endpoint; its sessions
     move to B between transactions; then A closes every connection: nothing is held, nothing
     replayed, the client sees no error."""
-    prepare_server(mariadb)
+    prepare_server(db)
     endpoint = StatusEndpoint()
-    with FaultShim(mariadb.port) as shim:
-        a, b = f"127.0.0.1:{shim.port}", f"127.0.0.1:{mariadb.port}"
-        proxy = start_proxy(tmp_path / "proxy", [shim.port, mariadb.port],
+    with FaultShim(db.port) as shim:
+        a, b = f"127.0.0.1:{shim.port}", f"127.0.0.1:{db.port}"
+        proxy = start_proxy(tmp_path / "proxy", [shim.port, db.port],
                             backend={"health_interval": "0.2s", "status_urls": {a: endpoint.url}})  # fmt: skip
         try:
             conns = [connect(proxy.port) for _ in range(4)]
@@ -182,13 +182,13 @@ def test_planned_restart_moves_idle_sessions_first(mariadb, tmp_path):
             endpoint.close()
 
 
-def test_failover_between_two_addresses_under_load(mariadb, tmp_path):
+def test_failover_between_two_addresses_under_load(db, tmp_path):
     """The first address dies for good (its shim closed); every session recovers on the second,
     and an autocommit workload sees no error."""
-    prepare_server(mariadb)
-    shim = FaultShim(mariadb.port)
+    prepare_server(db)
+    shim = FaultShim(db.port)
     shim.start()
-    proxy = start_proxy(tmp_path / "proxy", [shim.port, mariadb.port], backend={"health_interval": "0.3s"})
+    proxy = start_proxy(tmp_path / "proxy", [shim.port, db.port], backend={"health_interval": "0.3s"})
     errors: list[str] = []
     done = threading.Event()
 
@@ -217,14 +217,15 @@ def test_failover_between_two_addresses_under_load(mariadb, tmp_path):
         for t in threads:
             t.join(30)
         assert errors == []
-        assert all(s["backend"] == f"127.0.0.1:{mariadb.port}" for s in status(proxy)["sessions"]) or not status(proxy)["sessions"]
-        assert "recovered on 127.0.0.1:%d" % mariadb.port in proxy.log_text()
+        assert all(s["backend"] == f"127.0.0.1:{db.port}" for s in status(proxy)["sessions"]) or not status(proxy)["sessions"]
+        assert "recovered on 127.0.0.1:%d" % db.port in proxy.log_text()
     finally:
         done.set()
         proxy.stop()
 
 
 def test_two_targets_on_one_host_get_their_own_admin_ports_and_a_busy_port_is_one_line(tmp_path, mariadb):
+    # MariaDB only: no SQL reaches the backend here (ports and start-up), so TiDB would add nothing
     configs = []
     for name in ("orders", "billing"):
         port = free_port()
@@ -280,6 +281,7 @@ def test_config_hygiene(tmp_path):
 
 
 def test_admin_token_guards_everything_but_the_probes(mariadb, tmp_path):
+    # MariaDB only: the admin endpoint's HTTP alone, whatever the backend
     prepare_server(mariadb)
     os.environ["REPLAY_PROXY_TEST_ADMIN_TOKEN"] = "s3cret-token"
     proxy = start_proxy(tmp_path / "proxy", mariadb.port, admin={"token_env": "REPLAY_PROXY_TEST_ADMIN_TOKEN"})
@@ -295,9 +297,9 @@ def test_admin_token_guards_everything_but_the_probes(mariadb, tmp_path):
         del os.environ["REPLAY_PROXY_TEST_ADMIN_TOKEN"]
 
 
-def test_idle_timeout_closes_idle_sessions_but_not_busy_ones(mariadb, tmp_path):
-    prepare_server(mariadb)
-    proxy = start_proxy(tmp_path / "proxy", mariadb.port, listen={"idle_timeout": "1s"})
+def test_idle_timeout_closes_idle_sessions_but_not_busy_ones(db, tmp_path):
+    prepare_server(db)
+    proxy = start_proxy(tmp_path / "proxy", db.port, listen={"idle_timeout": "1s"})
     try:
         busy = connect(proxy.port)
         with busy.cursor() as cur:
