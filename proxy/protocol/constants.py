@@ -55,6 +55,7 @@ class Err:
     UNKNOWN_COM = (1047, "08S01")
     SERVER_SHUTDOWN = (1053, "08S01")
     NET_PACKET_TOO_LARGE = (1153, "08S01")
+    PACKETS_OUT_OF_ORDER = (1156, "08S01")
     NOT_ALLOWED_COMMAND = (1148, "42000")  # LOAD DATA LOCAL
     LOCK_DEADLOCK = (1213, "40001")  # "transaction rolled back; retry" — DM retries the batch
     QUERY_INTERRUPTED = (1317, "70100")

@@ -99,8 +99,9 @@ class FakeServer:
         self.next_id = 100
         self.queries: list[str] = []  # every COM_QUERY text received, all connections
         self.wait_timeout = 28800
-        # "tidb": as TiDB does, no Com_kill in SHOW GLOBAL STATUS, and a KILLed connection gets
-        # a FIN without an error packet (measured on v8.5.3).
+        # "tidb": as TiDB does, no Com_kill in SHOW GLOBAL STATUS, a KILLed connection gets a
+        # FIN without an error packet, and so does a command whose sequence id is not 0
+        # (measured on v8.5.3).
         self.flavor = "mariadb"
 
     async def opener(self, address: Address) -> StreamChannel:
@@ -218,6 +219,9 @@ class FakeConnection:
             got = await self._read()
             if got is None:
                 break
+            if got[0] != 0 and self.server.flavor == "tidb":  # TiDB: "invalid sequence", a FIN
+                self.server.queries.append(f"out of sequence: {got[1][1:].decode(errors='replace')}")
+                return self.close(clean=True)
             await self._command(got[1])
         self.close()
 
