@@ -25,6 +25,7 @@ from importlib.metadata import PackageNotFoundError, version
 import trio
 
 from proxy.config import Address, Config, ConfigError, load_config
+from proxy.tls import check_files
 from proxy.workers import MAX_WORKERS, WorkerInfo, supervise
 
 __all__ = ["main", "run"]
@@ -117,6 +118,7 @@ def reload(proxy, path: str | None, retired: list) -> bool:
     old = proxy.config
     try:
         new = load_config(path)
+        check_files(new)
         hooks = load_chain(new)
     except ConfigError as exc:
         log.error("config reload rejected, the running config is kept: %s", str(exc).replace(":\n", ": ").replace("\n", "; "), extra={"event": "reload_rejected"})
@@ -221,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config, secrets=args.command != "status")
         from proxy.plugin_loader import check_chain
 
+        if args.command != "status":
+            check_files(config)  # the TLS certificates and keys load
         check_chain(config)  # plugin names and options are part of the config check
     except ConfigError as exc:
         print(f"replay-proxy: {exc}", file=sys.stderr)

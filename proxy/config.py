@@ -99,11 +99,6 @@ class ListenTLSConfig:
     # require_secure_transport).
     require: bool = False
 
-    def __attrs_post_init__(self) -> None:
-        from proxy.tls import check_listen_config
-
-        check_listen_config(self)
-
 
 @attrs.frozen
 class ListenConfig:
@@ -147,10 +142,17 @@ class BackendTLSConfig:
     server_name: str | None = None  # SNI and the name verify-identity checks; default: the address's host
 
     def __attrs_post_init__(self) -> None:
-        if (self.mode, self.ca, self.cert, self.key, self.server_name) != ("off", None, None, None, None):
-            from proxy.tls import check_backend_config
-
-            check_backend_config(self)
+        # The shape only: whether the files load is proxy.tls.check_files's (cli, at --check,
+        # start-up and reload), so building a config reads no file.
+        if self.mode == "off":
+            given = [name for name in ("ca", "cert", "key", "server_name") if getattr(self, name) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} given but mode is 'off' (set mode to use TLS)")
+            return
+        if self.key is not None and self.cert is None:
+            raise ValueError("key given without cert")
+        if self.ca is not None and self.mode in ("preferred", "required"):
+            raise ValueError(f"ca is only used by mode 'verify-ca' and 'verify-identity', not {self.mode!r}")
 
 
 @attrs.frozen

@@ -17,7 +17,7 @@ from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ProtocolError, make_err
 from proxy.relay.tasks import Session, SessionClosed
 from proxy.target import Target
-from proxy.workers import SESSION_ID_BASE, SESSION_ID_SPAN, WorkerInfo
+from proxy.worker_identity import SESSION_ID_BASE, SESSION_ID_SPAN, WorkerInfo
 
 __all__ = ["serve", "Proxy"]
 

@@ -9,8 +9,8 @@ import trio
 
 from proxy.backend import Backend, BackendError, Login, connect_backend, open_backend_socket, read_greeting
 from proxy.config import Address, Config
-from proxy.relay.markers import MarkerTable
-from proxy.relay.proofs import KeyCache
+from proxy.markers import MarkerTable
+from proxy.tablekeys import KeyCache
 from proxy.health import AddressHealth
 from proxy.stats import Stats
 from proxy.tls import backend_tls

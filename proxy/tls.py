@@ -22,12 +22,8 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from proxy.netio import RECV_SIZE, Channel, PeerClosed, StreamChannel
-
-try:  # the concurrent netio change that tells a clean close (FIN) from a reset
-    from proxy.netio import PeerFinished
-except ImportError:  # pragma: no cover
-    PeerFinished = PeerClosed  # type: ignore[misc,assignment]
+from proxy.config import Config, ConfigError
+from proxy.netio import RECV_SIZE, Channel, PeerClosed, PeerFinished, StreamChannel
 
 if TYPE_CHECKING:
     from proxy.config import BackendTLSConfig, ListenTLSConfig
@@ -40,8 +36,7 @@ __all__ = [
     "start_tls",
     "server_context",
     "backend_tls",
-    "check_listen_config",
-    "check_backend_config",
+    "check_files",
     "describe",
 ]
 
@@ -355,19 +350,15 @@ def backend_tls(cfg: BackendTLSConfig) -> BackendTLS | None:
     return BackendTLS(cfg.mode, ctx, cfg.server_name)
 
 
-def check_listen_config(cfg: ListenTLSConfig) -> None:
-    """Config-time check (``--check`` and start-up): the files load."""
-    server_context(cfg)
-
-
-def check_backend_config(cfg: BackendTLSConfig) -> None:
-    if cfg.mode == "off":
-        given = [name for name in ("ca", "cert", "key", "server_name") if getattr(cfg, name) is not None]
-        if given:
-            raise ValueError(f"{', '.join(given)} given but mode is 'off' (set mode to use TLS)")
-        return
-    if cfg.key is not None and cfg.cert is None:
-        raise ValueError("key given without cert")
-    if cfg.ca is not None and cfg.mode in ("preferred", "required"):
-        raise ValueError(f"ca is only used by mode 'verify-ca' and 'verify-identity', not {cfg.mode!r}")
-    backend_tls(cfg)
+def check_files(config: Config) -> None:
+    """The certificate and key files of both sides load (``--check``, start-up, reload):
+    ConfigError naming the section otherwise."""
+    problems = []
+    for path, check in (("$.listen.tls", lambda: config.listen.tls and server_context(config.listen.tls)),
+                        ("$.backend.tls", lambda: backend_tls(config.backend.tls))):  # fmt: skip
+        try:
+            check()
+        except ValueError as exc:
+            problems.append(f"{path}: {exc}")
+    if problems:
+        raise ConfigError("\n".join(problems))

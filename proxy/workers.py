@@ -25,63 +25,14 @@ import sys
 import urllib.error
 import urllib.request
 
-import attrs
 import trio
 
 from proxy.config import Config
+from proxy.worker_identity import MAX_WORKERS, SESSION_ID_BASE, SESSION_ID_SPAN, WorkerInfo
 
 __all__ = ["WorkerInfo", "supervise", "SESSION_ID_BASE", "SESSION_ID_SPAN", "MAX_WORKERS"]
 
 log = logging.getLogger("replay_proxy.workers")
-
-SESSION_ID_BASE = 1_000_000_001
-SESSION_ID_SPAN = 50_000_000  # ids per worker: 64 spans end below 2**32
-MAX_WORKERS = 64
-
-
-@attrs.frozen
-class WorkerInfo:
-    index: int
-    count: int
-    admin_ports: tuple[int, ...]  # every worker's private admin port, by index
-
-    @classmethod
-    def parse(cls, spec: str, ports: str) -> "WorkerInfo":
-        index, _, count = spec.partition("/")
-        return cls(int(index), int(count), tuple(int(p) for p in ports.split(",")))
-
-    @property
-    def first_session_id(self) -> int:
-        return SESSION_ID_BASE + self.index * SESSION_ID_SPAN
-
-    def owner_of(self, session_id: int) -> int | None:
-        """The worker whose sessions are numbered like ``session_id``."""
-        index = (session_id - SESSION_ID_BASE) // SESSION_ID_SPAN
-        return index if 0 <= index < self.count else None
-
-    def peer_admin(self, index: int) -> str:
-        return f"http://127.0.0.1:{self.admin_ports[index]}"
-
-
-async def backend_connection_of(worker: WorkerInfo, session_id: int, killing: bool = False) -> tuple[str, int] | None:
-    """(backend address, backend connection id) of another worker's session, or None.
-    ``killing``: a KILL of that connection is about to be sent (its worker notes it)."""
-    owner = worker.owner_of(session_id)
-    if owner is None or owner == worker.index:
-        return None
-    url = f"{worker.peer_admin(owner)}/session?id={session_id}" + ("&kill=1" if killing else "")
-    try:
-        data = await trio.to_thread.run_sync(_get_json, url)
-    except (OSError, ValueError):
-        return None
-    if not data or data.get("backend_connection") is None:
-        return None
-    return data["backend"], int(data["backend_connection"])
-
-
-def _get_json(url: str, timeout: float = 2) -> dict:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return json.load(response)
 
 
 def _free_loopback_ports(n: int) -> list[int]:

@@ -7,8 +7,8 @@ not show (``code_in_views``). LAST_INSERT_ID(): after a reconnect, whether the l
 generated their ids (``last_insert_id``).
 
 The keys, triggers and foreign keys of a table are read from information_schema on the new
-backend connection and cached per target for a minute; a DDL seen through the proxy drops the
-cache. A statement the text alone cannot claim, a table the proxy cannot read, a USE inside
+backend connection and cached per target for a minute (``proxy.tablekeys``); a DDL seen
+through the proxy drops the cache. A statement the text alone cannot claim, a table the proxy cannot read, a USE inside
 the transaction (which database did the statement mean?) -- all make the proof fail, and the
 replay does not happen.
 """
@@ -18,84 +18,24 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-import trio
 
 from proxy.backend import Backend, BackendError
+from proxy.tablekeys import lower_text
 from proxy.facts import text_of
 from proxy.session import PreparedStatement, SessionState
 from proxy.sqltext import Dialect, SqlParseError, Token, TokenKind, analyze, iter_tokens, quote_string
-from proxy.sqltext.idempotence import Claim, TableKeys, changes_no_rows, claim, proves
+from proxy.sqltext.idempotence import Claim, changes_no_rows, claim, proves
 from proxy.sqltext.inserts import InsertHead, insert_head, insert_rows, insert_target
 from proxy.sqltext.tokens import name
 
 if TYPE_CHECKING:
     from proxy.relay.tasks import Session
 
-__all__ = ["KeyCache", "unproven", "code_in_views", "last_insert_id"]
+__all__ = ["unproven", "code_in_views", "last_insert_id"]
 
 log = logging.getLogger("replay_proxy.session")
 
-_TTL = 60.0
 _FK_CHECKS_OFF = frozenset({"0", "OFF", "'OFF'", "FALSE", "'0'"})
-
-
-class KeyCache:
-    """TableKeys per (database, table) of one target, for ``_TTL`` seconds."""
-
-    def __init__(self) -> None:
-        self._keys: dict[tuple[str, str], tuple[float, TableKeys | None]] = {}
-
-    def clear(self) -> None:
-        self._keys.clear()
-
-    async def get(self, backend: Backend, database: str, table: str) -> TableKeys | None:
-        key = (database, table)
-        hit = self._keys.get(key)
-        if hit is not None and trio.current_time() - hit[0] < _TTL:
-            return hit[1]
-        keys = await _read_keys(backend, database, table)
-        self._keys[key] = (trio.current_time(), keys)
-        return keys
-
-
-async def _read_keys(backend: Backend, database: str, table: str) -> TableKeys | None:
-    """The table's unique keys, columns, triggers and referencing foreign keys (None: no such
-    table, or information_schema would not say)."""
-    where = f"TABLE_SCHEMA = {quote_string(database)} AND TABLE_NAME = {quote_string(table)}"
-    try:
-        columns = await backend.query(
-            f"SELECT COLUMN_NAME, IS_NULLABLE, EXTRA FROM information_schema.COLUMNS WHERE {where} ORDER BY ORDINAL_POSITION"
-        )
-        if not columns:
-            return None
-        index_rows = await backend.query(
-            f"SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS WHERE {where} AND NON_UNIQUE = 0 ORDER BY INDEX_NAME, SEQ_IN_INDEX"
-        )
-        triggers = await backend.query(
-            "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = "
-            f"{quote_string(database)} AND EVENT_OBJECT_TABLE = {quote_string(table)}"
-        )
-        referenced = await backend.query(
-            "SELECT COUNT(*) FROM information_schema.REFERENTIAL_CONSTRAINTS WHERE UNIQUE_CONSTRAINT_SCHEMA = "
-            f"{quote_string(database)} AND REFERENCED_TABLE_NAME = {quote_string(table)}"
-        )
-    except BackendError as exc:
-        log.warning("safe mode: cannot read the keys of %s.%s: %s", database, table, exc)
-        return None
-    names = [_text(row[0]) for row in columns]
-    nullable = {_text(row[0]) for row in columns if _text(row[1]).upper() == "YES"}
-    indexes: dict[str, list[str]] = {}
-    for index, column in index_rows:
-        indexes.setdefault(_text(index), []).append(_text(column))
-    unique = tuple(frozenset(cols) for cols in indexes.values() if not set(cols) & nullable)
-    return TableKeys(
-        unique_keys=unique,
-        key_columns=frozenset(c for cols in indexes.values() for c in cols),
-        columns=tuple(names),
-        has_triggers=_count(triggers) > 0,
-        referenced=_count(referenced) > 0,
-        auto_increment=next((_text(row[0]) for row in columns if "auto_increment" in _text(row[2])), None),
-    )
 
 
 def _null_params(payload: bytes, stmt: PreparedStatement | None) -> list[bool] | None:
@@ -106,14 +46,6 @@ def _null_params(payload: bytes, stmt: PreparedStatement | None) -> list[bool] |
     if len(bitmap) * 8 < stmt.num_params:
         return None
     return [bool(bitmap[i // 8] >> (i % 8) & 1) for i in range(stmt.num_params)]
-
-
-def _text(value: bytes | None) -> str:
-    return "" if value is None else value.decode("utf-8", "surrogateescape").lower()
-
-
-def _count(rows: list) -> int:
-    return int(rows[0][0]) if rows and rows[0][0] is not None else 0
 
 
 async def unproven(s: Session, backend: Backend, commands: list[tuple[bytes, PreparedStatement | None]]) -> str | None:
@@ -210,7 +142,7 @@ async def code_in_views(s: Session, backend: Backend, commands: list[tuple[bytes
                     body = (definition or b"").decode("utf-8", "surrogateescape")
                     analysis = analyze(body, dialect=tracking.dialect) if body.strip() else None
                     if analysis is None or analysis.unknown is not None or analysis.writes:
-                        return f"the view {_text(schema)}.{_text(view)} calls stored code (or its definition cannot be read)"
+                        return f"the view {lower_text(schema)}.{lower_text(view)} calls stored code (or its definition cannot be read)"
                     bare, qualified, _used = _names(body, tracking.dialect, False)
                     home = (schema or b"").decode("utf-8", "surrogateescape")
                     wanted |= qualified | {(home, n) for n in bare}

@@ -31,12 +31,12 @@ from proxy.protocol.packets import make_err, make_ok, parse_err
 from proxy.protocol.response import ResponseTracker, expect_for
 from proxy.relay import login, oversize, reconnect, responses
 from proxy.relay.inflight import SEND_FAILED, SENDING, SENT, Inflight, SessionClosed
-from proxy.relay.markers import CommitMarkers
+from proxy.markers import CommitMarkers
 from proxy.session import PreparedStatement
 from proxy.sqltext import Analysis, Kind
 from proxy.target import Target
 from proxy.tracking import SessionTracker
-from proxy.workers import backend_connection_of
+from proxy.worker_identity import backend_connection_of
 
 __all__ = ["Session", "SessionClosed"]
 

@@ -105,7 +105,7 @@ async def test_session_ids_start_over_within_their_range_skipping_open_sessions(
     numbering starts over at the first, and an id still in use is skipped."""
     import itertools
 
-    from proxy.workers import SESSION_ID_BASE, SESSION_ID_SPAN
+    from proxy.worker_identity import SESSION_ID_BASE, SESSION_ID_SPAN
 
     lab = Lab(nursery)
     first = await lab.client()  # id SESSION_ID_BASE, stays open

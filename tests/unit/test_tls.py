@@ -14,7 +14,7 @@ import trio.testing
 from proxy.config import ConfigError, parse_config
 from proxy.netio import Channel, PeerClosed, StreamChannel
 from proxy.protocol.framing import encode_packet
-from proxy.tls import TLSChannel, TLSError, TLSStreamChannel, backend_tls, describe, server_context, start_tls
+from proxy.tls import TLSChannel, TLSError, TLSStreamChannel, backend_tls, check_files, describe, server_context, start_tls
 from tests.lab.certs import make_certs
 
 
@@ -266,8 +266,17 @@ def test_config_errors(certs, section, value, message):
     data = dict(BASE)
     data[section] = {**data.get(section, {}), "tls": value}
     if message is None:
-        parse_config(data)
+        check_files(parse_config(data))
         return
     with pytest.raises(ConfigError) as info:
-        parse_config(data)
+        check_files(parse_config(data))  # the shape is parse_config's, the files check_files's
     assert message in str(info.value)
+
+
+def test_building_a_config_reads_no_file(tmp_path):
+    missing = str(tmp_path / "absent.pem")
+    cfg = parse_config({**BASE, "listen": {"tls": {"cert": missing, "key": missing}},
+                        "backend": {"addresses": ["127.0.0.1:1"], "tls": {"mode": "verify-ca", "ca": missing}}})
+    with pytest.raises(ConfigError) as info:
+        check_files(cfg)
+    assert "$.listen.tls: cert/key: cannot read" in str(info.value) and "$.backend.tls: ca: cannot read" in str(info.value)

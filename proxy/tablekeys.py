@@ -1,0 +1,86 @@
+"""Safe mode's table keys: a table's unique keys, columns, triggers and the foreign keys that
+refer to it, read from information_schema (``TableKeys``, which
+``proxy.sqltext.idempotence.proves`` judges) and cached per target for a minute."""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from proxy.backend import Backend, BackendError
+from proxy.sqltext import quote_string
+from proxy.sqltext.idempotence import TableKeys
+
+__all__ = ["KeyCache", "lower_text"]
+
+log = logging.getLogger("replay_proxy.session")
+
+_TTL = 60.0
+
+
+class KeyCache:
+    """TableKeys per (database, table) of one target, for ``_TTL`` seconds."""
+
+    def __init__(self) -> None:
+        self._keys: dict[tuple[str, str], tuple[float, TableKeys | None]] = {}
+
+    def clear(self) -> None:
+        self._keys.clear()
+
+    async def get(self, backend: Backend, database: str, table: str) -> TableKeys | None:
+        key = (database, table)
+        hit = self._keys.get(key)
+        if hit is not None and trio.current_time() - hit[0] < _TTL:
+            return hit[1]
+        keys = await _read_keys(backend, database, table)
+        self._keys[key] = (trio.current_time(), keys)
+        return keys
+
+
+async def _read_keys(backend: Backend, database: str, table: str) -> TableKeys | None:
+    """The table's unique keys, columns, triggers and referencing foreign keys (None: no such
+    table, or information_schema would not say)."""
+    where = f"TABLE_SCHEMA = {quote_string(database)} AND TABLE_NAME = {quote_string(table)}"
+    try:
+        columns = await backend.query(
+            f"SELECT COLUMN_NAME, IS_NULLABLE, EXTRA FROM information_schema.COLUMNS WHERE {where} ORDER BY ORDINAL_POSITION"
+        )
+        if not columns:
+            return None
+        index_rows = await backend.query(
+            f"SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS WHERE {where} AND NON_UNIQUE = 0 ORDER BY INDEX_NAME, SEQ_IN_INDEX"
+        )
+        triggers = await backend.query(
+            "SELECT COUNT(*) FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = "
+            f"{quote_string(database)} AND EVENT_OBJECT_TABLE = {quote_string(table)}"
+        )
+        referenced = await backend.query(
+            "SELECT COUNT(*) FROM information_schema.REFERENTIAL_CONSTRAINTS WHERE UNIQUE_CONSTRAINT_SCHEMA = "
+            f"{quote_string(database)} AND REFERENCED_TABLE_NAME = {quote_string(table)}"
+        )
+    except BackendError as exc:
+        log.warning("safe mode: cannot read the keys of %s.%s: %s", database, table, exc)
+        return None
+    names = [lower_text(row[0]) for row in columns]
+    nullable = {lower_text(row[0]) for row in columns if lower_text(row[1]).upper() == "YES"}
+    indexes: dict[str, list[str]] = {}
+    for index, column in index_rows:
+        indexes.setdefault(lower_text(index), []).append(lower_text(column))
+    unique = tuple(frozenset(cols) for cols in indexes.values() if not set(cols) & nullable)
+    return TableKeys(
+        unique_keys=unique,
+        key_columns=frozenset(c for cols in indexes.values() for c in cols),
+        columns=tuple(names),
+        has_triggers=_count(triggers) > 0,
+        referenced=_count(referenced) > 0,
+        auto_increment=next((lower_text(row[0]) for row in columns if "auto_increment" in lower_text(row[2])), None),
+    )
+
+
+def lower_text(value: bytes | None) -> str:
+    return "" if value is None else value.decode("utf-8", "surrogateescape").lower()
+
+
+def _count(rows: list) -> int:
+    return int(rows[0][0]) if rows and rows[0][0] is not None else 0
