@@ -185,7 +185,8 @@ class Event:
     ``login`` (handshake done, detail = user), ``login_failed``, ``command`` (``command`` set,
     ``forwarded`` False when a fault kept it from the server), ``response`` (detail: ``ok``,
     ``err <code>``, ``<n> result(s)``, ...), ``fault`` (``rule`` set, detail says what was done),
-    ``unsolicited`` (server data while no command was in flight), ``close`` (detail: reason)."""
+    ``unsolicited`` (server data while no command was in flight), ``close`` (detail: reason),
+    ``crash`` (``crash()`` closed the listening port; conn -1)."""
 
     seq: int
     time: float
@@ -614,7 +615,9 @@ class FaultShim:
     - ``stall(seconds, match=...)``: forward, hold the whole response for ``seconds`` (None:
       until ``release()``), then relay it (``then_close=True``: close instead).
 
-    Immediate actions: ``close_idle_connections()``, ``close_all()``, ``release()``.
+    Immediate actions: ``close_idle_connections()``, ``close_all()``, ``release()``, ``crash(down)``
+    (every connection cut and the port closed for ``down`` seconds: a server process that died
+    and restarts, while the server behind the shim -- and its storage -- stays up).
     Observation: ``log``, ``commands()``, ``count()``, ``wait_applied()``, ``wait_command()``,
     ``errors``, ``mark()``.
     """
@@ -645,22 +648,15 @@ class FaultShim:
     def start(self) -> "FaultShim":
         if self._thread is not None:
             raise RuntimeError("FaultShim already started")
-        port = self._requested_port or free_port(self.host)
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((self.host, port))
-        listener.listen(128)
-        listener.setblocking(False)
-        self._listener = listener
-        self.port = port
+        self.port = self._requested_port or free_port(self.host)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._sel = selectors.DefaultSelector()
-        self._sel.register(listener, selectors.EVENT_READ, ("listener", None))
+        self._open_listener()
         self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=f"faultshim:{port}->{self.server_port}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"faultshim:{self.port}->{self.server_port}", daemon=True)
         self._thread.start()
         return self
 
@@ -754,6 +750,16 @@ class FaultShim:
     def close_all(self, reset: bool = False) -> list[int]:
         """Close every connection now (both sides)."""
         return self._call(lambda: self._do_close_where(lambda c: c.state != "closed", "close_all", reset))
+
+    def crash(self, down: float = 0.0, reset: bool = False) -> list[int]:
+        """As a server that crashed and restarts: close every connection now and the listening
+        port too (connects are refused, ECONNREFUSED), open it again after ``down`` seconds
+        (blocks that long). Returns the indexes of the closed connections."""
+        closed = self._call(lambda: self._do_crash(reset))
+        if down > 0:
+            time.sleep(down)
+        self._call(self._open_listener)
+        return closed
 
     def close_connection(self, index: int, reset: bool = False) -> bool:
         """Close one connection (both sides) now."""
@@ -1397,6 +1403,27 @@ class FaultShim:
                 if conn.state != "closed":
                     self._update_interest(conn)
         return n
+
+    def _open_listener(self) -> None:
+        assert self._sel is not None and self.port is not None
+        if self._listener is not None:
+            return
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((self.host, self.port))
+        listener.listen(128)
+        listener.setblocking(False)
+        self._listener = listener
+        self._sel.register(listener, selectors.EVENT_READ, ("listener", None))
+
+    def _do_crash(self, reset: bool) -> list[int]:
+        if self._listener is not None:
+            assert self._sel is not None
+            self._sel.unregister(self._listener)
+            self._listener.close()
+            self._listener = None
+            self._event("crash", -1, "listener closed")
+        return self._do_close_where(lambda c: c.state != "closed", "crash", reset)
 
     def _do_close_where(self, pred: Callable[[_Conn], bool], why: str, reset: bool) -> list[int]:
         closed = []

@@ -239,6 +239,35 @@ def test_close_idle_connections_spares_busy_ones(shim: FaultShim) -> None:
         query(busy, "SELECT 4")
 
 
+
+def test_crash_cuts_every_connection_and_refuses_connects_while_down(shim: FaultShim) -> None:
+    idle, busy = connect(shim), connect(shim)
+    worker = threading.Thread(target=lambda: shim.crash(down=1.0))
+    result: list[Any] = []
+    sleeper = threading.Thread(target=lambda: result.append(_lost_or_rows(busy, "SELECT SLEEP(3)")))
+    sleeper.start()
+    assert shim.wait_command("SELECT SLEEP(3)", 5)
+    started = time.monotonic()
+    worker.start()
+    sleeper.join(10)
+    assert result == ["lost"]  # the running query's connection was cut too
+    with pytest.raises(pymysql.err.OperationalError) as exc:
+        query(idle, "SELECT 1")
+    assert lost(exc)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((HOST, shim.port), timeout=2).close()
+    worker.join(10)
+    assert time.monotonic() - started >= 1.0
+    assert query(connect(shim), "SELECT 2") == [(2,)]  # the port is back
+    assert [e.kind for e in shim.log if e.kind == "crash"] == ["crash"]
+
+
+def _lost_or_rows(conn: pymysql.connections.Connection, sql: str) -> Any:
+    try:
+        return query(conn, sql)
+    except Exception as exc:
+        return "lost" if isinstance(exc, pymysql.err.OperationalError) and exc.args[0] in LOST else repr(exc)
+
 # -- big results: 16 MiB continuation frames -------------------------------------------------------
 
 
