@@ -1,16 +1,27 @@
 """The chaos scenarios of the test suite, each run directly and through the proxy, side by side.
 
-    python -m bench.chaos_matrix [--duration 20] [--interval 4]
+    python -m bench.chaos_matrix [--server mariadb|tidb] [--duration 20] [--interval 4]
 
-Scenarios (DM-like Go workload, 8 pinned go-sql-driver connections, 10-row transactions,
-MariaDB restarted every few seconds with SIGTERM and SIGKILL alternately):
+DM-like Go workload (go-sql-driver as DM configures it, 8 pinned connections, 10-row
+transactions); after every run every row is verified directly on the server (none lost, none
+applied twice, counters exact). Workloads: ``safe`` -- DM's safe mode (REPLACE), proxy with
+recovery.idempotent = "safe-mode"; ``insert`` -- plain INSERT + `n = n + k` counters, proxy
+defaults (an in-doubt COMMIT must surface); ``insert-marker`` -- the same with
+recovery.commit_marker = true; ``prepared`` -- safe mode through server-side prepared statements.
 
-- safe: DM safe mode (REPLACE), proxy with recovery.idempotent = "safe-mode";
-- insert: plain INSERT + `n = n + k` counters, proxy defaults (an in-doubt COMMIT must surface);
-- insert-marker: the same with recovery.commit_marker = true;
-- prepared: safe mode through server-side prepared statements (interpolateParams=false).
+--server mariadb (default): MariaDB restarted with SIGTERM and SIGKILL in turn; the four workloads.
 
-Prints client-visible errors and the row check for each, and writes chaos_matrix.json.
+--server tidb: tidb-server (unistore, ``$REPLAY_PROXY_TIDB_SERVER`` or ~/.cache/replay-proxy/bin),
+DM's session (tidb_txn_mode='optimistic'), the proxy watching TiDB's status port; disruptions:
+
+- graceful restarts (SIGTERM) with graceful-wait-before-shutdown 0 s and 2 s;
+- crash: TiDB's SQL layer dying without its storage -- the fault shim in front of tidb-server cuts
+  every connection and refuses connects for a second (SIGKILL is no fault to check exact data
+  after on unistore: it does not sync its writes, a killed tidb-server loses acknowledged data
+  even without a proxy); the direct run goes through the same shim.
+
+Prints one table (scenario x direct errors x proxy errors x rows verified) and the errors the
+direct client saw; writes chaos_matrix.json beside the servers' work dir.
 """
 
 from __future__ import annotations
@@ -19,63 +30,157 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 import trio
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.lab.chaos import run_chaos  # noqa: E402
+from tests.lab.chaos import ChaosResult, crashing, recoveries, restarting, run_chaos, start_chaos_proxy, tidb_backend  # noqa: E402
+from tests.lab.faultshim import FaultShim  # noqa: E402
 from tests.lab.goclient import build_goclient  # noqa: E402
 from tests.lab.mariadb import MariaDB  # noqa: E402
 from tests.lab.proxy import ProxyProcess  # noqa: E402
+from tests.lab.tidb import TiDB, tidb_unavailable_reason  # noqa: E402
 
-SCENARIOS = [
-    ("safe", {"sql": "safe"}, {"recovery": {"idempotent": "safe-mode"}}),
-    ("insert", {"sql": "insert"}, {}),
-    ("insert-marker", {"sql": "insert"}, {"recovery": {"commit_marker": True}}),
-    ("prepared", {"sql": "safe", "extra": {"extra_dsn": "interpolateParams=false"}}, {"recovery": {"idempotent": "safe-mode"}}),
-]
+SAFE = ("safe", {"sql": "safe"}, {"idempotent": "safe-mode"})
+INSERT = ("insert", {"sql": "insert"}, {})
+MARKER = ("insert-marker", {"sql": "insert"}, {"commit_marker": True})
+PREPARED = ("prepared", {"sql": "safe", "extra": {"extra_dsn": "interpolateParams=false"}}, {"idempotent": "safe-mode"})
+
+MARIADB_WORKLOADS = [SAFE, INSERT, MARKER, PREPARED]
+# (label, graceful-wait-before-shutdown, crash through the shim)
+TIDB_DISRUPTIONS = [("graceful restarts, wait 0 s", 0, False), ("graceful restarts, wait 2 s", 2, False),
+                    ("SQL layer crash (shim)", 0, True)]
+TIDB_WORKLOADS = [SAFE, MARKER]
 
 
-async def main(args: argparse.Namespace) -> None:
-    work = Path(tempfile.mkdtemp(prefix="chaos-matrix-"))
-    build_goclient()
+def row(scenario: str, workload: str, direct: ChaosResult, proxied: ChaosResult, proxy_log: str) -> dict[str, Any]:
+    return {"scenario": scenario, "workload": workload, "direct": direct.summary(), "proxy": proxied.summary(),
+            "proxy_recoveries": recoveries(proxy_log)}
+
+
+async def mariadb_rows(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     server = MariaDB(work / "mariadb")
     server.start()
-    results = []
+    rows = []
     try:
         server.create_user("app", "apppw")
         server.create_database("test")
-        for name, workload, overrides in SCENARIOS:
+        for name, workload, recovery in MARIADB_WORKLOADS:
             label = name.replace("-", "_")
             run = {"duration": args.duration, "interval": args.interval, **workload}
             direct = await run_chaos(f"{label}_direct", server, server.port, work, **run)
-            proxy = ProxyProcess(work / f"proxy-{name}", server.port, log={"level": "info"}, **overrides).start()
+            proxy = ProxyProcess(work / f"proxy-{name}", server.port, log={"level": "info"},
+                                 **({"recovery": recovery} if recovery else {})).start()
             try:
                 via = await run_chaos(f"{label}_proxy", server, proxy.port, work, **run)
             finally:
-                proxy.stop()
-            results.append({"scenario": name, "direct": direct.summary(), "proxy": via.summary()})
-            print(
-                f"{name:14s} direct: {direct.errors:4d} errors, rows {direct.summary()['row_check']:3s} | "
-                f"proxy: {via.errors:4d} errors, rows {via.summary()['row_check']:3s}, "
-                f"restarts {len(via.restarts)}, longest stall {via.summary()['max_txn_latency_ms']} ms",
-                flush=True,
-            )
+                log = proxy.stop()
+            rows.append(row("restarts (SIGTERM / SIGKILL)", name, direct, via, log))
+            print(line(rows[-1]), flush=True)
     finally:
         server.stop()
+    return rows
+
+
+async def tidb_rows(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    rows = []
+    for n, (scenario, wait, crash) in enumerate(TIDB_DISRUPTIONS):
+        server = TiDB(work / f"tidb-{n}", graceful_wait=wait)
+        server.start()
+        shim = FaultShim(server.port).start() if crash else None
+        try:
+            server.create_user("app", "apppw")
+            server.create_database("test")
+            port = shim.port if shim else server.port
+            disrupt = crashing(shim) if shim else restarting(server)
+            for name, workload, recovery in TIDB_WORKLOADS:
+                label = f"t{n}_{name.replace('-', '_')}"
+                run = {"duration": args.duration, "interval": args.interval, "disrupt": disrupt, **workload}
+                direct = await run_chaos(f"{label}_direct", server, port, work, **run)
+                proxy = start_chaos_proxy(work / f"proxy-{label}", port, backend=tidb_backend(server), **recovery)
+                try:
+                    via = await run_chaos(f"{label}_proxy", server, proxy.port, work, **run)
+                finally:
+                    log = proxy.stop()
+                rows.append(row(scenario, name, direct, via, log))
+                print(line(rows[-1]), flush=True)
+        finally:
+            if shim is not None:
+                shim.stop()
+            server.stop()
+    return rows
+
+
+def line(r: dict[str, Any]) -> str:
+    d, p = r["direct"], r["proxy"]
+    return (f"{r['scenario']}, {r['workload']}: direct {d['client_errors']} errors, rows {d['row_check'][:40]} | "
+            f"proxy {p['client_errors']} errors, rows {p['row_check'][:40]}, {len(p['restarts'])} disruptions, "
+            f"longest stall {p['max_txn_latency_ms']} ms")
+
+
+def render(rows: list[dict[str, Any]], header: str) -> str:
+    def verified(s: dict[str, Any]) -> str:
+        return f"{s['rows_verified']} {'ok' if s['row_check'] == 'ok' else 'FAIL'}"
+
+    cols = ["scenario", "workload", "disruptions", "direct errors", "proxy errors", "rows verified: direct", "proxy",
+            "txns direct / proxy"]
+    table = [[r["scenario"], r["workload"], f"{len(r['direct']['restarts'])} / {len(r['proxy']['restarts'])}",
+              str(r["direct"]["client_errors"]), str(r["proxy"]["client_errors"]), verified(r["direct"]),
+              verified(r["proxy"]), f"{r['direct']['committed_txns']} / {r['proxy']['committed_txns']}"] for r in rows]
+    widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(cols)]
+    out = [header, "", "  ".join(c.ljust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
+    out += ["  ".join(v.ljust(w) for v, w in zip(t, widths)) for t in table]
+    notes = []
+    for r in rows:
+        for who in ("direct", "proxy"):
+            s = r[who]
+            kinds = sorted(s["errors"].items(), key=lambda kv: -kv[1])[:3]
+            if kinds:
+                notes.append(f"  {r['scenario']}, {r['workload']}, {who}: " + "; ".join(f"{v}x {k[:110]}" for k, v in kinds))
+            if s["row_check"] != "ok":
+                notes.append(f"  {r['scenario']}, {r['workload']}, {who}: ROWS {s['row_check'][:300]}")
+    if notes:
+        out += ["", "errors seen by the client (the most frequent kinds) and row problems:", *notes]
+    return "\n".join(out)
+
+
+async def main(args: argparse.Namespace) -> int:
+    if args.server == "tidb" and tidb_unavailable_reason():
+        print(f"bench.chaos_matrix: cannot run on TiDB: {tidb_unavailable_reason()}", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix=f"chaos-matrix-{args.server}-"))
+    build_goclient()
+    started = time.monotonic()
+    rows = await (tidb_rows if args.server == "tidb" else mariadb_rows)(args, work)
+    if args.server == "tidb":
+        header = (f"chaos on TiDB (tidb-server, unistore): DM-like Go workload, 8 pinned go-sql-driver connections, "
+                  f"10-row transactions, DM's session (tidb_txn_mode='optimistic'); {args.duration:g} s per run, a "
+                  f"disruption every {args.interval:g} s; direct = client -> tidb-server (through the shim for the "
+                  f"crash), proxy = client -> proxy -> same")
+    else:
+        header = (f"chaos on MariaDB: DM-like Go workload, 8 pinned go-sql-driver connections, 10-row transactions; "
+                  f"{args.duration:g} s per run, a restart every {args.interval:g} s (SIGTERM / SIGKILL in turn)")
+    table = render(rows, header)
     out = work / "chaos_matrix.json"
-    out.write_text(json.dumps(results, indent=1))
-    print(f"details: {out}")
+    out.write_text(json.dumps(rows, indent=1))
+    print()
+    print(table)
+    print(f"\n{time.monotonic() - started:.0f} s; details: {out}")
+    bad = [r for r in rows if r["proxy"]["row_check"] != "ok" or (r["proxy"]["client_errors"] and r["workload"] != "insert")]
+    return 1 if bad else 0
 
 
 def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--server", choices=("mariadb", "tidb"), default="mariadb", help="the server (default mariadb)")
     parser.add_argument("--duration", type=float, default=20, help="seconds per run (default 20)")
-    parser.add_argument("--interval", type=float, default=4, help="seconds between restarts (default 4)")
-    trio.run(main, parser.parse_args())
+    parser.add_argument("--interval", type=float, default=4, help="seconds between disruptions (default 4)")
+    sys.exit(trio.run(main, parser.parse_args()))
 
 
 if __name__ == "__main__":

@@ -68,7 +68,9 @@
 //	commit are exactly seqs first_seq..last_committed_seq of every worker.
 //	A COMMIT that failed leaves its seq "in doubt" (it may have applied). In
 //	insert mode the retry resolves that: a duplicate-key error on the first
-//	INSERT means the earlier COMMIT did apply (counted in in_doubt_resolved).
+//	INSERT, or at COMMIT where keys are checked then (TiDB's optimistic
+//	transactions), means the earlier COMMIT did apply; the retry committing
+//	means it did not (both counted in in_doubt_resolved).
 //	A worker starts at seq = 1 + the largest seq already stored for it, and
 //	reads its counter first, so several runs can follow one setup.
 //	Output (also the expectations file that verify reads):

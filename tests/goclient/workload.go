@@ -156,7 +156,11 @@ func (wl *workload) runWorker(w int, ws *workerState) {
 		wl.anomaly("worker %d could not connect: %v", w, err)
 		return
 	}
-	defer func() { conn.Close() }()
+	defer func() {
+		if conn != nil { // nil when the server stayed unreachable past the deadline
+			conn.Close()
+		}
+	}()
 
 	// Resume after earlier runs; the counter row may not exist if setup ran
 	// with fewer workers.
@@ -291,15 +295,6 @@ func (wl *workload) attempt(ctx context.Context, conn *sql.Conn, w, seq int, ws 
 			}
 			return "dml", err
 		}
-		if k == 0 && inDoubt && o.sqlMode == "insert" {
-			// The first row did not exist, so the failed COMMIT did not apply.
-			wl.mu.Lock()
-			wl.resolvedNot++
-			wl.mu.Unlock()
-			ws.mu.Lock()
-			ws.inDoubt = false
-			ws.mu.Unlock()
-		}
 	}
 	if o.sqlMode == "insert" {
 		r, err := tx.ExecContext(ctx, "UPDATE "+o.countersTable+" SET n = n + ? WHERE worker = ?", o.batch, w)
@@ -319,10 +314,29 @@ func (wl *workload) attempt(ctx context.Context, conn *sql.Conn, w, seq int, ws 
 	}
 	ws.setPhase("commit")
 	if err := tx.Commit(); err != nil {
+		if o.sqlMode == "insert" && isMySQLError(err, 1062) {
+			// Keys checked at COMMIT (TiDB's optimistic transactions): the rows exist already.
+			if !inDoubt {
+				wl.anomaly("worker %d seq %d: rows already present at COMMIT although no COMMIT of it could have applied (%v)", w, seq, err)
+				return "commit", err
+			}
+			wl.mu.Lock()
+			wl.resolvedCommitted++
+			wl.mu.Unlock()
+			ws.markCommitted(seq, int64(o.batch), o.sqlMode)
+			return "resolved", err
+		}
 		ws.mu.Lock()
 		ws.inDoubt = true
 		ws.mu.Unlock()
 		return "commit", err
+	}
+	if inDoubt && o.sqlMode == "insert" {
+		// The same rows committed now, so the failed COMMIT had not applied (it would have
+		// made this one fail with 1062, at its INSERT or at its COMMIT).
+		wl.mu.Lock()
+		wl.resolvedNot++
+		wl.mu.Unlock()
 	}
 	ws.markCommitted(seq, int64(o.batch), o.sqlMode)
 	return "", nil
