@@ -8,6 +8,10 @@ clients (``[listen.tls]``); PyMySQL, the mariadb CLI and go-sql-driver (tests/go
 
 ``test_select_1_throughput_with_and_without_tls`` measures what frontend TLS costs
 (run with ``-s`` to see the numbers).
+
+MariaDB only: the lab starts no tidb-server with certificates (tests/lab/tidb.py has no TLS
+set-up), and what is tested here is the proxy's TLS on both sides, not the server's. The
+plain-TCP suites run on both servers.
 """
 
 from __future__ import annotations
