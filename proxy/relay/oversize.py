@@ -88,8 +88,8 @@ async def split(s: Session, cmd: Command) -> None:
         await refuse(s, cmd.size, cmd.seq_end, cmd.code)
         return
     try:
-        # Each piece (command byte included) must stay below max_allowed_packet.
-        pieces = split_values_statement(cmd.full_payload()[1:], limit - 1, no_backslash_escapes=nbe)
+        # Each piece (command byte included) must be a command the server takes.
+        pieces = split_values_statement(cmd.full_payload()[1:], s.largest, no_backslash_escapes=nbe)
     except CannotSplit as exc:
         cmd.release()
         await refuse(s, cmd.size, cmd.seq_end, cmd.code, f"; split mode could not split it: {exc}")

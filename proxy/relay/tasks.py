@@ -77,6 +77,7 @@ class Session:
         self.tracking = SessionTracker(self.info, rec.journal_max_bytes, rec.journal_max_statements, rec.idempotent == "safe-mode")
         self.backend: Backend | None = None
         self.limit = config.limits.max_allowed_packet
+        self.largest = self.limit - 1  # the largest command payload the server takes
         self.backend_ok = False
         self.login = None  # backend.Login, from login.handshake
         self.client_caps = 0
@@ -171,6 +172,8 @@ class Session:
         if backend is not None:
             self.limit = oversize.effective_limit(self.config.limits.max_allowed_packet, backend)
             self.tracking.backend_changed(str(backend.address), backend.handshake.server_version)
+            # MariaDB takes a command smaller than max_allowed_packet, TiDB one of that size too
+            self.largest = self.limit if self.tracking.dialect.flavor == "tidb" else self.limit - 1
 
     # ------------------------------------------------------------------ client task
 
@@ -200,14 +203,14 @@ class Session:
                 cmd = await self._run_command_hooks(cmd)
                 if cmd is None:
                     continue
-            if cmd.size >= self.limit:  # kept whole because split mode may cut it into pieces
+            if cmd.size > self.largest:  # kept whole because split mode may cut it into pieces
                 await oversize.split(self, cmd)
                 continue
             await self._submit(cmd)
 
     async def _read_command(self) -> Command | None:
         limits = self.config.limits
-        max_size = self.limit - 1  # like the server: a command must be smaller than max_allowed_packet
+        max_size = self.largest  # like the server
         keep = max(max_size, limits.split_max_statement) if self._split_mode else max_size
         idle_timeout = self.config.listen.idle_timeout
         while True:

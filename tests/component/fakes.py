@@ -101,7 +101,7 @@ class FakeServer:
         self.wait_timeout = 28800
         # "tidb": as TiDB does, no Com_kill in SHOW GLOBAL STATUS, a KILLed connection gets a
         # FIN without an error packet, and so does a command whose sequence id is not 0
-        # (measured on v8.5.3).
+        # (measured on v8.5.3). Its greeting names TiDB.
         self.flavor = "mariadb"
 
     async def opener(self, address: Address) -> StreamChannel:
@@ -199,7 +199,8 @@ class FakeConnection:
     async def run(self) -> None:
         scramble = new_scramble()
         caps = int(PROXY_CAPABILITIES)
-        hs = ServerHandshake("10.11.0-fake", self.id, scramble, caps, 45, AUTOCOMMIT, "mysql_native_password")
+        version = "8.0.11-TiDB-v8.5.3-fake" if self.server.flavor == "tidb" else "10.11.0-fake"
+        hs = ServerHandshake(version, self.id, scramble, caps, 45, AUTOCOMMIT, "mysql_native_password")
         await self._send([make_server_handshake(hs)], 0)
         got = await self._read()
         if got is None:

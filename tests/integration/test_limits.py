@@ -189,24 +189,31 @@ def dedicated_proxy(request, setup: str, proxy_factory, **limits):
     return proxy_factory(backend.port, limits={"max_allowed_packet": "1MiB", **limits})
 
 
-@pytest.mark.parametrize("size", [LIMIT - 1, LIMIT])
+def largest_command(db) -> int:
+    """The largest COM_QUERY payload the server takes: MariaDB's must be smaller than
+    max_allowed_packet, TiDB takes one of exactly that size (measured; 1153 above it)."""
+    return LIMIT if db.flavor == "tidb" else LIMIT - 1
+
+
+@pytest.mark.parametrize("size", [LIMIT - 1, LIMIT, LIMIT + 1])
 @pytest.mark.parametrize("setup", ["server-1M", "proxy-1MiB"])
 def test_command_at_the_limit(request, db, proxy_factory, setup, size):
-    """MariaDB takes a packet only if it is smaller than max_allowed_packet: limit-1 bytes go
-    through, exactly limit bytes get 1153 (from the proxy: the session and its transaction go
-    on), whichever side sets the limit. (When the proxy forwarded a command of exactly the
-    server's limit, the server answered 1153 and closed the connection, and the proxy replayed
-    the transaction with that command again, forever: hence a proxy of its own and a short
-    client timeout.)"""
+    """The server's largest command goes through, one byte more gets 1153 (from the proxy: the
+    session and its transaction go on), whichever side sets the limit: on MariaDB limit-1
+    bytes, on TiDB limit bytes (the proxy refused those with 1153 on TiDB too). (When the
+    proxy forwarded a command of exactly MariaDB's limit, the server answered 1153 and closed
+    the connection, and the proxy replayed the transaction with that command again, forever:
+    hence a proxy of its own and a short client timeout.)"""
     proxy = dedicated_proxy(request, setup, proxy_factory)
     conn = connect(proxy.port, read_timeout=20)
+    taken = size <= largest_command(db)
     try:
         query(conn, "CREATE TABLE IF NOT EXISTS lim_b (id INT PRIMARY KEY, v LONGTEXT)")
         query(conn, "DELETE FROM lim_b")
         query(conn, "BEGIN")
         query(conn, "INSERT INTO lim_b VALUES (1, 'x')")
         statement = oversized_insert("lim_b", size, row_id=2)
-        if size < LIMIT:
+        if taken:
             assert execute(conn, statement)[0] == 1
         else:
             with pytest.raises(pymysql.err.OperationalError) as info:
@@ -214,7 +221,7 @@ def test_command_at_the_limit(request, db, proxy_factory, setup, size):
             assert "not sent to the backend" in expect_1153(info.value, size)
         assert query(conn, f"SELECT {IN_TRANSACTION[db.flavor]}") == [(1,)]
         query(conn, "COMMIT")
-        expected = [(1,), (2,)] if size < LIMIT else [(1,)]
+        expected = [(1,), (2,)] if taken else [(1,)]
         assert query(conn, "SELECT id FROM lim_b ORDER BY id") == expected
     finally:
         conn.close()
@@ -612,21 +619,22 @@ def test_split_single_row_over_the_limit(splitting):
 
 @pytest.mark.parametrize("setup", ["server-1M", "proxy-1MiB"])
 def test_split_piece_sizes_at_the_limit(request, db, proxy_factory, setup):
-    """Rows sized so that greedy packing would make a first piece of exactly limit-1, then
-    exactly limit bytes of COM_QUERY payload (command byte included). Pieces must stay smaller
-    than max_allowed_packet (MariaDB refuses a packet of exactly that size), so the first splits
-    into two pieces and the second has a row too large to go alone: 1153."""
+    """Rows sized so that greedy packing would make a first piece of exactly the server's
+    largest command, then one byte more (COM_QUERY payload, command byte included). Pieces must
+    be commands the server takes (MariaDB: smaller than max_allowed_packet; TiDB: up to it), so
+    the first splits into two pieces and the second has a row too large to go alone: 1153."""
     proxy = dedicated_proxy(request, setup, proxy_factory, oversized="split")
     conn = connect(proxy.port, read_timeout=20)
+    largest = largest_command(db)
     try:
         fresh_table(conn, "split_edge")
         head = b"INSERT INTO split_edge (id, t) VALUES "
-        for payload in (LIMIT - 1, LIMIT):
+        for payload in (largest, largest + 1):
             query(conn, "DELETE FROM split_edge")
             filler = payload - 1 - len(head) - len(b"(1, '')")
             statement = head + b"(1, '" + b"e" * filler + b"'), (2, 'second')"
             assert len(statement) + 1 > LIMIT
-            if payload < LIMIT:
+            if payload <= largest:
                 assert execute(conn, statement)[0] == 2
                 assert query(conn, "SELECT id, LENGTH(t) FROM split_edge ORDER BY id") == [(1, filler), (2, 6)]
             else:
