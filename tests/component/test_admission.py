@@ -5,30 +5,16 @@ from __future__ import annotations
 
 import pytest
 import trio
-import trio.testing
 
-from proxy.frontend import Proxy
-from proxy.netio import StreamChannel
 from proxy.protocol.framing import PacketDecoder, encode_packet
 from proxy.protocol.packets import parse_err
-from tests.component.fakes import FakeClient, FakeServer, MySQLError, make_config
+from tests.component.fakes import MySQLError, make_config
+from tests.component.lab import Lab
 
 
-class Lab:
-    def __init__(self, nursery: trio.Nursery, **listen) -> None:
-        self.nursery = nursery
-        self.server = FakeServer(nursery)
-        self.proxy = Proxy(make_config(listen={"address": "127.0.0.1:1", **listen}), opener=self.server.opener)
-
-    def connect(self, address: str = "10.0.0.1:5000") -> trio.StapledStream:
-        client_side, proxy_side = trio.testing.memory_stream_pair()
-        self.nursery.start_soon(self.proxy.handle_client, StreamChannel(proxy_side, "client"), address)
-        return client_side
-
-    async def client(self, address: str = "10.0.0.1:5000", password: str = "apppw") -> FakeClient:
-        client = FakeClient(self.connect(address))
-        await client.login(password=password)
-        return client
+def admission_lab(nursery: trio.Nursery, **listen) -> Lab:
+    """The proxy with these [listen] options; clients connect from 10.0.0.1 unless a test says."""
+    return Lab(nursery, make_config(listen=listen), peer="10.0.0.1:5000")
 
 
 async def first_packet(stream: trio.StapledStream) -> bytes:
@@ -53,7 +39,7 @@ async def closed(stream: trio.StapledStream) -> bool:
 
 
 async def test_an_oversized_handshake_response_closes_the_connection(nursery, autojump):
-    lab = Lab(nursery)
+    lab = admission_lab(nursery)
     stream = lab.connect()
     await first_packet(stream)  # the greeting
     await stream.send_all(encode_packet(b"\x00" * (200 * 1024), 1)[0])
@@ -63,7 +49,7 @@ async def test_an_oversized_handshake_response_closes_the_connection(nursery, au
 
 
 async def test_silent_sockets_cannot_lock_users_out(nursery, autojump):
-    lab = Lab(nursery, max_pending_logins=3, max_pending_per_host=2)
+    lab = admission_lab(nursery, max_pending_logins=3, max_pending_per_host=2)
     silent = [lab.connect("10.0.0.9:1"), lab.connect("10.0.0.9:2")]
     for s in silent:
         await first_packet(s)
@@ -76,7 +62,7 @@ async def test_silent_sockets_cannot_lock_users_out(nursery, autojump):
 
 
 async def test_max_connections_counts_logged_in_sessions(nursery, autojump):
-    lab = Lab(nursery, max_connections=1)
+    lab = admission_lab(nursery, max_connections=1)
     first = await lab.client()
     silent = lab.connect("10.0.0.3:1")
     await first_packet(silent)  # a socket that never logs in takes no session slot
@@ -87,7 +73,7 @@ async def test_max_connections_counts_logged_in_sessions(nursery, autojump):
 
 
 async def test_failed_logins_block_a_host_for_a_while(nursery, autojump):
-    lab = Lab(nursery, failed_login_limit=3, failed_login_window="60s")
+    lab = admission_lab(nursery, failed_login_limit=3, failed_login_window="60s")
     for _ in range(3):
         with pytest.raises(MySQLError) as denied:
             await lab.client("10.0.0.5:1", password="wrong")
@@ -107,7 +93,7 @@ async def test_session_ids_start_over_within_their_range_skipping_open_sessions(
 
     from proxy.worker_identity import SESSION_ID_BASE, SESSION_ID_SPAN
 
-    lab = Lab(nursery)
+    lab = admission_lab(nursery)
     first = await lab.client()  # id SESSION_ID_BASE, stays open
     lab.proxy._ids = itertools.count(SESSION_ID_BASE + SESSION_ID_SPAN - 1)
     await lab.client()  # the last id of the range

@@ -8,7 +8,7 @@ import time
 
 import trio
 
-from tests.component.test_recovery import Lab
+from tests.component.lab import Lab
 
 
 async def test_a_big_text_is_judged_while_other_sessions_go_on(nursery):

@@ -16,13 +16,13 @@ import pytest
 import trio
 import trio.testing
 
-from proxy.frontend import Proxy
 from proxy.netio import StreamChannel
 from proxy.protocol.auth import NATIVE, new_scramble
 from proxy.protocol.constants import PROXY_CAPABILITIES
 from proxy.protocol.framing import PacketDecoder, encode_packet
 from proxy.protocol.packets import ServerHandshake, lenenc_str, make_auth_switch, make_eof, make_ok, make_server_handshake
 from tests.component.fakes import AUTOCOMMIT, FakeClient, FakeServer, MySQLError, _coldef, make_config
+from tests.component.lab import Lab
 
 IO_TIMEOUT = 2.0
 BUFFER_WINDOW = 6.0
@@ -69,21 +69,8 @@ async def read_packet(stream, decoder: PacketDecoder):
     return packet
 
 
-class Lab:
-    def __init__(self, nursery: trio.Nursery, cfg=None) -> None:
-        self.nursery = nursery
-        self.server = HostileServer(nursery)
-        self.proxy = Proxy(cfg or config(), None, opener=self.server.opener)
-
-    async def connect(self, deprecate_eof: bool = False) -> FakeClient:
-        client_side, proxy_side = trio.testing.memory_stream_pair()
-        self.nursery.start_soon(self.proxy.handle_client, StreamChannel(proxy_side, "client"), "127.0.0.1:5000")
-        return FakeClient(client_side, deprecate_eof)
-
-    async def client(self) -> FakeClient:
-        c = await self.connect()
-        await c.login()
-        return c
+def hostile_lab(nursery: trio.Nursery) -> Lab:
+    return Lab(nursery, config(), server=HostileServer(nursery))
 
 
 async def healthy(c: FakeClient) -> None:
@@ -95,7 +82,7 @@ async def healthy(c: FakeClient) -> None:
 
 
 async def login_error(lab: Lab) -> tuple[MySQLError, float]:
-    c = await lab.connect()
+    c = await lab.client(login=False)
     t0 = trio.current_time()
     with trio.fail_after(NEVER):
         with pytest.raises(MySQLError) as info:
@@ -126,7 +113,7 @@ def stall_on(match: str, before: bytes = b"", then: str = "stall"):
 
 
 async def test_garbage_after_the_greeting(nursery, autojump):
-    lab = Lab(nursery)
+    lab = hostile_lab(nursery)
     bystander = await lab.client()
 
     async def script(stream):
@@ -142,7 +129,7 @@ async def test_garbage_after_the_greeting(nursery, autojump):
 
 
 async def test_auth_switch_to_an_unknown_plugin(nursery, autojump):
-    lab = Lab(nursery)
+    lab = hostile_lab(nursery)
     bystander = await lab.client()
 
     async def script(stream):
@@ -164,7 +151,7 @@ async def test_auth_switch_to_an_unknown_plugin(nursery, autojump):
 async def test_rsa_key_that_is_not_a_key(nursery, autojump):
     """sha256_password full authentication with garbage where the server's RSA key belongs
     (a ValueError from the key loader used to escape as an internal error)."""
-    lab = Lab(nursery)
+    lab = hostile_lab(nursery)
     bystander = await lab.client()
 
     async def script(stream):
@@ -188,7 +175,7 @@ async def test_rsa_key_that_is_not_a_key(nursery, autojump):
 async def test_server_stops_mid_handshake(nursery, autojump, where):
     """The connection closes part-way: retried (a server going down), then an error once the
     buffer window is over."""
-    lab = Lab(nursery)
+    lab = hostile_lab(nursery)
     bystander = await lab.client()
 
     async def script(stream):
@@ -212,7 +199,7 @@ async def test_server_stops_mid_handshake(nursery, autojump, where):
 
 @pytest.mark.parametrize("where", ["before the greeting", "after the greeting", "with a 16 MiB header and no body"])
 async def test_server_stalls_during_login(nursery, autojump, where):
-    lab = Lab(nursery)
+    lab = hostile_lab(nursery)
     bystander = await lab.client()
 
     async def script(stream):
@@ -254,7 +241,7 @@ def _result_head_bytes(deprecate_eof: bool = False, status: int = AUTOCOMMIT) ->
 async def test_truncated_result_set_then_close(nursery, autojump):
     """Part of the result reached the client: the only clear signal is closing the client
     connection (an ERR now would be read as the rest of a row). Not resent."""
-    lab = Lab(nursery)
+    lab = hostile_lab(nursery)
     bystander = await lab.client()
     c = await lab.client()
     fired = []
@@ -279,7 +266,7 @@ async def test_truncated_result_set_then_close(nursery, autojump):
 async def test_truncated_ok_of_a_write_then_close(nursery, autojump):
     """The INSERT's OK was cut after two bytes: they reached the client, so its connection is
     closed (the write may have happened: never run again)."""
-    lab = Lab(nursery)
+    lab = hostile_lab(nursery)
     bystander = await lab.client()
     c = await lab.client()
     lab.server.intercept = stall_on("INSERT INTO t VALUES (5", b"\x07\x00\x00\x01\x00\x01", then="close")
@@ -294,7 +281,7 @@ async def test_truncated_ok_of_a_write_then_close(nursery, autojump):
 async def test_garbage_response_is_a_connection_error_not_a_replay(nursery, autojump):
     """A response the tracker cannot parse (a control packet of several MiB): 1158, session
     ends, the statement is not run again."""
-    lab = Lab(nursery)
+    lab = hostile_lab(nursery)
     bystander = await lab.client()
     c = await lab.client()
     await c.must("BEGIN")
@@ -313,7 +300,7 @@ async def test_ok_where_rows_were_due(nursery, autojump):
     row (a first column of ''), then the server goes quiet -- see the stall case below. Here
     the server closes right after: the client, which already has part of the result, is
     disconnected; nothing is resent."""
-    lab = Lab(nursery)
+    lab = hostile_lab(nursery)
     bystander = await lab.client()
     c = await lab.client()
     fired = []
@@ -337,7 +324,7 @@ async def test_wrong_sequence_ids_pass_through_as_sent(nursery, autojump):
     """A response with sequence ids out of order reaches the client as the server sent it
     (a real driver then reports "packets out of order", as it would directly); the proxy
     neither rewrites it nor runs anything again, and the session goes on."""
-    lab = Lab(nursery)
+    lab = hostile_lab(nursery)
     bystander = await lab.client()
     c = await lab.client()
     fired = []
@@ -365,7 +352,7 @@ async def test_sixteen_mib_header_with_no_body(nursery, autojump, then):
     """A 16 MiB length where the first packet of a response belongs (it can only be a small
     OK / ERR / column count): a protocol error at once -- 1158, not a wait for 16 MiB that
     never come, not a resend -- whether the server then stalls or closes."""
-    lab = Lab(nursery)
+    lab = hostile_lab(nursery)
     bystander = await lab.client()
     c = await lab.client()
     lab.server.intercept = stall_on("SELECT v FROM t WHERE k = 2", b"\xff\xff\xff\x01\x01", then=then)
@@ -389,7 +376,7 @@ async def test_a_server_silent_after_accepting_a_command_is_waited_for_as_direct
     command: the client waits, as it would connected directly, until its own read timeout
     closes the connection; then the proxy closes the backend connection too. A server that is
     gone for real (host down, network cut) is noticed by TCP keepalive (proxy/backend.py)."""
-    lab = Lab(nursery)
+    lab = hostile_lab(nursery)
     bystander = await lab.client()
     c = await lab.client()
     lab.server.intercept = stall_on("SELECT v FROM t WHERE k = 3", before)
@@ -410,7 +397,7 @@ async def test_a_server_silent_after_accepting_a_command_is_waited_for_as_direct
 async def test_unsolicited_garbage_while_idle_replaces_the_connection(nursery, autojump):
     """Bytes that are not a response arrive while the client is idle: the connection is
     replaced before the client's next command; nothing is resent."""
-    lab = Lab(nursery)
+    lab = hostile_lab(nursery)
     bystander = await lab.client()
     c = await lab.client()
     await c.must("INSERT INTO t VALUES (8, 'z')")

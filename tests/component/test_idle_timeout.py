@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import trio
 
-from proxy.frontend import Proxy
-from proxy.netio import StreamChannel
 from proxy.protocol.framing import encode_packet
-from tests.component.fakes import FakeClient, FakeServer, make_config, trickle_stream_pair
-from tests.component.test_admission import Lab, closed
+from tests.component.fakes import make_config, trickle_stream_pair
+from tests.component.lab import Lab
+from tests.component.test_admission import admission_lab, closed
 
 
 async def test_an_idle_session_is_closed_with_its_backend_connection(nursery, autojump):
-    lab = Lab(nursery, idle_timeout="30s")
+    lab = admission_lab(nursery, idle_timeout="30s")
     c = await lab.client()
     await trio.sleep(29)
     assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]  # 29 s is not idle enough
@@ -26,7 +25,7 @@ async def test_an_idle_session_is_closed_with_its_backend_connection(nursery, au
 
 
 async def test_a_command_running_longer_than_the_timeout_is_not_idle(nursery, autojump):
-    lab = Lab(nursery, idle_timeout="10s")
+    lab = admission_lab(nursery, idle_timeout="10s")
     c = await lab.client()
 
     async def slow(conn, payload: bytes):
@@ -42,12 +41,8 @@ async def test_a_command_running_longer_than_the_timeout_is_not_idle(nursery, au
 
 
 async def test_a_command_trickling_in_is_not_idle(nursery, autojump):
-    server = FakeServer(nursery, stream_pair=trickle_stream_pair)
-    proxy = Proxy(make_config(listen={"address": "127.0.0.1:1", "idle_timeout": "5s"}), opener=server.opener)
-    client_side, proxy_side = trickle_stream_pair()
-    nursery.start_soon(proxy.handle_client, StreamChannel(proxy_side, "client"), "10.0.0.1:5000")
-    c = FakeClient(client_side)
-    await c.login()
+    lab = Lab(nursery, make_config(listen={"idle_timeout": "5s"}), stream_pair=trickle_stream_pair, peer="10.0.0.1:5000")
+    c = await lab.client()
     await trio.sleep(4)
     frame = encode_packet(b"\x03SELECT COUNT(*) FROM t", 0)[0]
     for i in range(len(frame)):  # one byte every 3 s: 90 s for the command, never 5 s of silence
@@ -57,7 +52,7 @@ async def test_a_command_trickling_in_is_not_idle(nursery, autojump):
 
 
 async def test_off_by_default(nursery, autojump):
-    lab = Lab(nursery)
+    lab = admission_lab(nursery)
     c = await lab.client()
     await trio.sleep(48 * 3600)
     assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]

@@ -14,7 +14,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from tests.component.test_recovery import Lab, drop_once
+from tests.component.lab import Lab
+from tests.component.test_recovery import drop_once
 
 
 def tidb_lab(nursery) -> Lab:

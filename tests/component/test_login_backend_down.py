@@ -5,41 +5,34 @@ up to recovery.buffer_window, as a request does. Memory streams, autojump clock.
 from __future__ import annotations
 
 import trio
-import trio.testing
 
-from proxy.frontend import Proxy
-from proxy.netio import StreamChannel
 from proxy.protocol.constants import Capabilities
 from proxy.protocol.packets import parse_server_handshake
-from tests.component.fakes import FakeClient, FakeServer, MySQLError, make_config
+from tests.component.fakes import FakeClient, MySQLError, make_config
+from tests.component.lab import Lab
 
 
-class Lab:
-    def __init__(self, nursery: trio.Nursery, **recovery) -> None:
-        self.nursery = nursery
-        self.server = FakeServer(nursery)
-        self.server.up = False  # down from the start: the proxy has never seen it
-        config = make_config(recovery={"buffer_window": "10s", **recovery})
-        self.proxy = Proxy(config, opener=self.server.opener)
+def down_lab(nursery: trio.Nursery) -> Lab:
+    """A backend that is down from the start: the proxy has never seen it."""
+    lab = Lab(nursery, make_config(recovery={"buffer_window": "10s"}), peer="10.0.0.1:5000")
+    lab.server.up = False
+    return lab
 
-    def connect(self) -> FakeClient:
-        client_side, proxy_side = trio.testing.memory_stream_pair()
-        self.nursery.start_soon(self.proxy.handle_client, StreamChannel(proxy_side, "client"), "10.0.0.1:5000")
-        return FakeClient(client_side)
 
-    async def login(self, password: str = "apppw") -> tuple[FakeClient | MySQLError, float]:
-        client = self.connect()
-        started = trio.current_time()
-        try:
-            await client.login(password=password)
-        except MySQLError as exc:
-            return exc, trio.current_time() - started
-        return client, trio.current_time() - started
+async def timed_login(lab: Lab, password: str = "apppw") -> tuple[FakeClient | MySQLError, float]:
+    """(the logged-in client or the error it got, how long the login took)."""
+    client = await lab.client(login=False)
+    started = trio.current_time()
+    try:
+        await client.login(password=password)
+    except MySQLError as exc:
+        return exc, trio.current_time() - started
+    return client, trio.current_time() - started
 
 
 async def test_a_wrong_password_gets_1045_at_once_while_the_backend_is_down(nursery, autojump):
-    lab = Lab(nursery)
-    err, took = await lab.login(password="wrong")
+    lab = down_lab(nursery)
+    err, took = await timed_login(lab, password="wrong")
     assert isinstance(err, MySQLError) and err.code == 1045, err
     assert took < 0.5  # not after a wait for the backend
     assert lab.server.connections == []  # the backend was never logged into
@@ -48,8 +41,8 @@ async def test_a_wrong_password_gets_1045_at_once_while_the_backend_is_down(nurs
 async def test_the_greeting_comes_first_and_offers_no_tls_without_listen_tls(nursery, autojump):
     """An ERR in place of the greeting is what the mariadb 10.11 client (ssl on by default)
     reports as "Received error packet before completion of TLS handshake"."""
-    lab = Lab(nursery)
-    client = lab.connect()
+    lab = down_lab(nursery)
+    client = await lab.client(login=False)
     hs = parse_server_handshake(await client._read_packet())
     assert hs.server_version == "8.0.11-replay-proxy"  # listen.server_version: the backend is not known yet
     assert not hs.capabilities & Capabilities.CLIENT_SSL
@@ -58,26 +51,26 @@ async def test_the_greeting_comes_first_and_offers_no_tls_without_listen_tls(nur
 
 
 async def test_a_login_waits_for_a_backend_that_comes_back_within_the_window(nursery, autojump):
-    lab = Lab(nursery)
+    lab = down_lab(nursery)
 
     async def come_back() -> None:
         await trio.sleep(4)
         lab.server.up = True
 
     nursery.start_soon(come_back)
-    client, took = await lab.login()
+    client, took = await timed_login(lab)
     assert isinstance(client, FakeClient), client
     assert 4 <= took < 6
     await client.must("INSERT INTO t VALUES (1, 'a')")
     assert lab.server.db.rows == {1: "a"}
     # the backend is known now: the next greeting is its own
-    later = lab.connect()
+    later = await lab.client(login=False)
     assert parse_server_handshake(await later._read_packet()).server_version == "10.11.0-fake"
 
 
 async def test_a_login_gets_1105_once_the_window_is_over(nursery, autojump):
-    lab = Lab(nursery)
-    err, took = await lab.login()
+    lab = down_lab(nursery)
+    err, took = await timed_login(lab)
     assert isinstance(err, MySQLError) and err.code == 1105, err
     assert 9.5 <= took <= 11
     assert "tried for 10s, recovery.buffer_window" in err.message and "connect again once the backend is up" in err.message

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.component.fakes import make_config
-from tests.component.test_recovery import Lab
+from tests.component.lab import Lab
 
 LIMIT = 4096
 

@@ -9,33 +9,13 @@ import logging
 
 import pytest
 import trio
-import trio.testing
 
-from proxy.frontend import Proxy
 from proxy.hooks import Hooks, Veto
-from proxy.netio import StreamChannel
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import make_err, make_ok
 from proxy.protocol.response import Expect
-from tests.component.fakes import FakeClient, FakeServer, make_config, trickle_stream_pair
-
-
-class Lab:
-    def __init__(self, nursery: trio.Nursery, config=None, hooks: Hooks | None = None, stream_pair=trio.testing.memory_stream_pair) -> None:
-        self.nursery = nursery
-        self.stream_pair = stream_pair
-        self.server = FakeServer(nursery, stream_pair=stream_pair)
-        self.proxy = Proxy(config or make_config(), hooks, opener=self.server.opener)
-
-    async def client(self, deprecate_eof: bool = False) -> FakeClient:
-        client_side, proxy_side = self.stream_pair()
-        self.nursery.start_soon(self.proxy.handle_client, StreamChannel(proxy_side, "client"), "127.0.0.1:5000")
-        client = FakeClient(client_side, deprecate_eof)
-        await client.login()
-        return client
-
-    def backend_of(self, index: int = -1):
-        return self.server.live()[index]
+from tests.component.fakes import make_config, trickle_stream_pair
+from tests.component.lab import Lab
 
 
 def drop_once(match: str, action: str = "drop"):
@@ -171,7 +151,7 @@ async def test_begin_dropped_without_reply_is_resent(nursery, autojump):
 @pytest.mark.parametrize("deprecate_eof", [False, True])
 async def test_statement_in_transaction_lost_replays_journal(nursery, autojump, deprecate_eof):
     lab = Lab(nursery)
-    c = await lab.client(deprecate_eof)
+    c = await lab.client(deprecate_eof=deprecate_eof)
     await c.must("BEGIN")
     await c.must("INSERT INTO t VALUES (1, 'a')")
     assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]  # uncommitted: not durable yet
@@ -554,7 +534,7 @@ async def test_commit_marker_after_server_restart(nursery, autojump):
 async def test_one_byte_trickle_both_sides(nursery, autojump, deprecate_eof):
     """Every read on both sides of the proxy returns a single byte."""
     lab = Lab(nursery, stream_pair=trickle_stream_pair)
-    c = await lab.client(deprecate_eof)
+    c = await lab.client(deprecate_eof=deprecate_eof)
     await c.must("BEGIN")
     await c.must("INSERT INTO t VALUES (1, 'a')")
     stmt = await c.prepare("INSERT INTO t VALUES (?, 'p')")

@@ -11,7 +11,7 @@ import trio
 
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import parse_err
-from tests.component.test_recovery import Lab
+from tests.component.lab import Lab
 
 
 @pytest.mark.parametrize("seq", [1, 7])

@@ -4,13 +4,12 @@ same fake server engine as the recovery tests."""
 
 from __future__ import annotations
 
+import functools
 import ssl
 
 import pytest
 import trio
-import trio.testing
 
-from proxy.frontend import Proxy
 from proxy.netio import StreamChannel
 from proxy.protocol.auth import native_scramble, new_scramble
 from proxy.protocol.constants import PROXY_CAPABILITIES, Capabilities
@@ -27,6 +26,7 @@ from proxy.protocol.packets import (
     parse_server_handshake,
 )
 from tests.component.fakes import AUTOCOMMIT, FakeClient, FakeConnection, FakeServer, MySQLError, make_config
+from tests.component.lab import Lab
 from tests.lab.certs import make_certs
 
 SSL = int(Capabilities.CLIENT_SSL)
@@ -152,24 +152,15 @@ class TLSClient(FakeClient):
             raise MySQLError(err.code, err.message)
 
 
-class Lab:
-    def __init__(self, nursery, certs, *, listen_tls: dict | None = None, backend_tls: dict | None = None,
-                 server_tls: bool = True, require_tls: bool = True) -> None:
-        self.nursery = nursery
-        self.certs = certs
-        self.server = TLSFakeServer(nursery, certs, tls=server_tls, require_tls=require_tls)
-        listen = {"tls": listen_tls} if listen_tls is not None else {}
-        backend = {"tls": backend_tls} if backend_tls is not None else {}
-        config = make_config(listen=listen, backend=backend, recovery={"backoff_initial": "10ms"})
-        self.proxy = Proxy(config, opener=self.server.opener)
-
-    async def client(self, tls: bool = True, login: bool = True) -> TLSClient:
-        client_side, proxy_side = trio.testing.memory_stream_pair()
-        self.nursery.start_soon(self.proxy.handle_client, StreamChannel(proxy_side, "client"), "127.0.0.1:5000")
-        client = TLSClient(client_side, self.certs.ca, tls)
-        if login:
-            await client.login()
-        return client
+def tls_lab(nursery, certs, *, listen_tls: dict | None = None, backend_tls: dict | None = None,
+            server_tls: bool = True, require_tls: bool = True) -> Lab:
+    """[listen.tls] and [backend.tls] as given, a server offering TLS (``server_tls``) and
+    refusing plain logins (``require_tls``), TLS clients trusting the lab's CA."""
+    listen = {"tls": listen_tls} if listen_tls is not None else {}
+    backend = {"tls": backend_tls} if backend_tls is not None else {}
+    config = make_config(listen=listen, backend=backend, recovery={"backoff_initial": "10ms"})
+    server = TLSFakeServer(nursery, certs, tls=server_tls, require_tls=require_tls)
+    return Lab(nursery, config, server=server, client_class=functools.partial(TLSClient, ca=certs.ca))
 
 
 def listen_tls(certs, require: bool = False) -> dict:
@@ -181,7 +172,7 @@ def verify_ca(certs, ca=None, mode: str = "verify-ca", **extra) -> dict:
 
 
 async def test_tls_on_both_sides_and_recovery(nursery, autojump, certs):
-    lab = Lab(nursery, certs, listen_tls=listen_tls(certs, require=True), backend_tls=verify_ca(certs))
+    lab = tls_lab(nursery, certs, listen_tls=listen_tls(certs, require=True), backend_tls=verify_ca(certs))
     c = await lab.client()
     assert isinstance(c.stream, trio.SSLStream)
     assert lab.server.live()[-1].secure and lab.server.ssl_requests
@@ -203,7 +194,7 @@ async def test_tls_on_both_sides_and_recovery(nursery, autojump, certs):
 
 
 async def test_require_refuses_a_plain_client_with_3159(nursery, autojump, certs):
-    lab = Lab(nursery, certs, listen_tls=listen_tls(certs, require=True), backend_tls=verify_ca(certs))
+    lab = tls_lab(nursery, certs, listen_tls=listen_tls(certs, require=True), backend_tls=verify_ca(certs))
     c = await lab.client(tls=False, login=False)
     with pytest.raises(MySQLError) as info:
         await c.login()
@@ -213,13 +204,13 @@ async def test_require_refuses_a_plain_client_with_3159(nursery, autojump, certs
 
 
 async def test_plain_client_allowed_without_require(nursery, autojump, certs):
-    lab = Lab(nursery, certs, listen_tls=listen_tls(certs), backend_tls=verify_ca(certs))
+    lab = tls_lab(nursery, certs, listen_tls=listen_tls(certs), backend_tls=verify_ca(certs))
     c = await lab.client(tls=False)
     assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]
 
 
 async def test_ssl_request_without_listen_tls_gets_a_clear_error(nursery, autojump, certs):
-    lab = Lab(nursery, certs, backend_tls=verify_ca(certs))
+    lab = tls_lab(nursery, certs, backend_tls=verify_ca(certs))
     c = await lab.client(login=False)
     caps = parse_server_handshake(await c._read_packet()).capabilities
     assert not caps & SSL  # not offered
@@ -230,7 +221,7 @@ async def test_ssl_request_without_listen_tls_gets_a_clear_error(nursery, autoju
 
 
 async def test_backend_with_an_untrusted_certificate(nursery, autojump, certs):
-    lab = Lab(nursery, certs, listen_tls=listen_tls(certs), backend_tls=verify_ca(certs, ca=certs.other_ca))
+    lab = tls_lab(nursery, certs, listen_tls=listen_tls(certs), backend_tls=verify_ca(certs, ca=certs.other_ca))
     c = await lab.client(login=False)
     with pytest.raises(MySQLError) as info:
         with trio.fail_after(5):  # not retried for recovery.buffer_window: a config error
@@ -244,7 +235,7 @@ async def test_verify_identity_checks_the_name(nursery, autojump, certs, server_
     # The fake backend's address is 10.0.0.1 (make_config), checked when no server_name is
     # given; the certificate names localhost and 127.0.0.1.
     extra = {"server_name": server_name} if server_name else {}
-    lab = Lab(nursery, certs, backend_tls=verify_ca(certs, mode="verify-identity", **extra))
+    lab = tls_lab(nursery, certs, backend_tls=verify_ca(certs, mode="verify-identity", **extra))
     c = await lab.client(tls=False, login=False)
     if ok:
         await c.login()
@@ -256,18 +247,18 @@ async def test_verify_identity_checks_the_name(nursery, autojump, certs, server_
 
 
 async def test_preferred_uses_tls_when_offered_and_plain_otherwise(nursery, autojump, certs):
-    lab = Lab(nursery, certs, backend_tls={"mode": "preferred"})
+    lab = tls_lab(nursery, certs, backend_tls={"mode": "preferred"})
     c = await lab.client(tls=False)
     await c.must("SELECT COUNT(*) FROM t")
     assert lab.server.live()[-1].secure
-    plain = Lab(nursery, certs, backend_tls={"mode": "preferred"}, server_tls=False, require_tls=False)
+    plain = tls_lab(nursery, certs, backend_tls={"mode": "preferred"}, server_tls=False, require_tls=False)
     c = await plain.client(tls=False)
     await c.must("SELECT COUNT(*) FROM t")
     assert not plain.server.live()[-1].secure
 
 
 async def test_required_fails_when_the_server_offers_no_tls(nursery, autojump, certs):
-    lab = Lab(nursery, certs, backend_tls={"mode": "required"}, server_tls=False, require_tls=False)
+    lab = tls_lab(nursery, certs, backend_tls={"mode": "required"}, server_tls=False, require_tls=False)
     c = await lab.client(tls=False, login=False)
     with pytest.raises(MySQLError) as info:
         await c.login()
@@ -275,7 +266,7 @@ async def test_required_fails_when_the_server_offers_no_tls(nursery, autojump, c
 
 
 async def test_mode_off_against_a_server_requiring_tls(nursery, autojump, certs):
-    lab = Lab(nursery, certs)  # no [backend.tls]: the server's own refusal reaches the client
+    lab = tls_lab(nursery, certs)  # no [backend.tls]: the server's own refusal reaches the client
     c = await lab.client(tls=False, login=False)
     with pytest.raises(MySQLError) as info:
         await c.login()

@@ -5,34 +5,20 @@ from __future__ import annotations
 
 import attrs
 import trio
-import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.admin import serve_admin
 from proxy.config import AdminConfig, Address
-from proxy.frontend import Proxy
 from proxy.hooks import Hooks
-from proxy.netio import StreamChannel
 from proxy.plugin_loader import load_chain
-from tests.component.fakes import FakeClient, FakeServer, make_config
+from tests.component.fakes import make_config
+from tests.component.lab import Lab
 
 
-class Lab:
+def plugin_lab(nursery: trio.Nursery, plugins: dict | None = None, hooks: Hooks | None = None) -> Lab:
     """A proxy for the fake server, with the chain that ``plugins`` (a [plugins] table) describes."""
-
-    def __init__(self, nursery: trio.Nursery, plugins: dict | None = None, hooks: Hooks | None = None) -> None:
-        self.nursery = nursery
-        self.server = FakeServer(nursery)
-        self.config = make_config(plugins=plugins or {})
-        self.hooks = hooks if hooks is not None else load_chain(self.config)
-        self.proxy = Proxy(self.config, self.hooks, opener=self.server.opener)
-
-    async def client(self) -> FakeClient:
-        client_side, proxy_side = trio.testing.memory_stream_pair()
-        self.nursery.start_soon(self.proxy.handle_client, StreamChannel(proxy_side, "client"), "10.0.0.7:5000")
-        client = FakeClient(client_side)
-        await client.login()
-        return client
+    config = make_config(plugins=plugins or {})
+    return Lab(nursery, config, hooks if hooks is not None else load_chain(config), peer="10.0.0.7:5000")
 
 
 class Exploding:
@@ -49,7 +35,7 @@ class Exploding:
 
 
 async def test_raising_plugin_fails_the_command_with_1105_and_the_session_continues(nursery, autojump, caplog):
-    lab = Lab(nursery, hooks=Hooks([("exploding", Exploding())]))
+    lab = plugin_lab(nursery, hooks=Hooks([("exploding", Exploding())]))
     c = await lab.client()
     await c.must("BEGIN")
     await c.must("INSERT INTO t VALUES (1, 'a')")
@@ -66,7 +52,7 @@ async def test_raising_plugin_fails_the_command_with_1105_and_the_session_contin
 
 
 async def test_firewall_rewrite_metrics_chain(nursery, autojump):
-    lab = Lab(
+    lab = plugin_lab(
         nursery,
         {
             "chain": ["firewall", "rewrite", "metrics"],
@@ -101,7 +87,7 @@ async def test_firewall_rewrite_metrics_chain(nursery, autojump):
 
 
 async def test_metrics_count_a_recovery(nursery, autojump):
-    lab = Lab(nursery, {"chain": ["metrics"], "metrics": {"process_metrics": False}})
+    lab = plugin_lab(nursery, {"chain": ["metrics"], "metrics": {"process_metrics": False}})
     c = await lab.client()
     await c.must("BEGIN")
     await c.must("INSERT INTO t VALUES (1, 'a')")
@@ -115,7 +101,7 @@ async def test_metrics_count_a_recovery(nursery, autojump):
 
 
 async def test_admin_endpoint_serves_metrics(nursery):
-    lab = Lab(nursery, {"chain": ["metrics"]})
+    lab = plugin_lab(nursery, {"chain": ["metrics"]})
     config = attrs.evolve(lab.config, admin=AdminConfig(Address("127.0.0.1", 0)))
     host, port = await nursery.start(serve_admin, config, lab.hooks, lab.proxy)
 
