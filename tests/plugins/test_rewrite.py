@@ -137,8 +137,14 @@ def test_rules_are_checked_at_start_up(rules, error):
         pt.harness("rewrite", rules=rules)
 
 
-def test_escaped_backslash_is_not_a_group_reference():
-    pt.harness("rewrite", rules=[{"pattern": "a", "replace": r"\\1"}])
+async def test_escaped_backslash_is_not_a_group_reference():
+    r"""``\\1`` in a template is an escaped backslash and the digit 1: accepted at start-up though
+    the pattern has no group, and written as the text ``\1``; in ``\\\1`` what follows the escaped
+    backslash is group 1."""
+    h = pt.harness("rewrite", rules=[{"pattern": "a", "replace": r"\\1"}])
+    assert pt.rewritten_sql(await h.command("SELECT 'a'")) == "SELECT '\\1'"
+    h = pt.harness("rewrite", rules=[{"pattern": "(a)", "replace": r"\\\1\1"}])
+    assert pt.rewritten_sql(await h.command("SELECT 'a'")) == "SELECT '\\aa'"
 
 
 @pytest.mark.parametrize(

@@ -142,13 +142,18 @@ async def test_backend_query_empty_packet(server_bytes):
 
 async def test_backend_login_non_numeric_max_allowed_packet():
     """Found by backend_login: int() of a non-numeric @@max_allowed_packet escaped
-    connect_backend as a ValueError (an internal error in the session)."""
+    connect_backend as a ValueError (an internal error in the session). The proxy cannot size
+    its packets without the server's limit: the login fails with a BackendError saying so, not
+    retried (the same server answers the same), and the connection is closed."""
     greeting = make_server_handshake(ServerHandshake("10.11.19-MariaDB", 5, bytes(range(1, 21)), CAPS, 45, 2, NATIVE))
     row = b"".join(lenenc_str(v) for v in (b"lots", b"28800", b"h", b"3306", b"1700000000"))
     answer = frames(b"\x05", *[_COL] * 5, make_eof(2), row, make_eof(2), seq=1)
     channel = ChunkChannel([frames(greeting), frames(make_ok(2), seq=2), answer])
     login = Login("app", "apppw", None, 45, CAPS & ~(1 << 24))
-    try:
+    with pytest.raises(BackendError) as info:
         await connect_backend(Address("127.0.0.1", 1), login, connect_timeout=5, io_timeout=5, opener=_Opened(channel))
-    except BackendError:
-        pass
+    message = str(info.value)
+    assert message.startswith("127.0.0.1:1: @@max_allowed_packet is ") and "lots" in message, message
+    assert message.endswith(", not a number"), message
+    assert info.value.retryable is False
+    assert channel.closed
