@@ -29,14 +29,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # python bench/chaos.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import trio
 
-import trio  # noqa: E402
-
-from bench.env import REPO, BenchEnv, run_meta, sigterm_as_interrupt  # noqa: E402
-from tests.lab import goclient as gc  # noqa: E402
-from tests.lab.chaos import ChaosResult, run_chaos  # noqa: E402
+from bench import REPO
+from bench.env import BenchEnv, run_meta, sigterm_as_interrupt
+from tests.lab import goclient as gc
+from tests.lab.chaos import ChaosResult, run_chaos
 
 TARGETS = ("direct", "proxy")
 

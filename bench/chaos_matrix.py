@@ -36,15 +36,12 @@ from typing import Any
 
 import trio
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.lab.chaos import ChaosResult, crashing, recoveries, restarting, run_chaos, start_chaos_proxy, tidb_backend  # noqa: E402
-from tests.lab.faultshim import FaultShim  # noqa: E402
-from tests.lab.goclient import build_goclient  # noqa: E402
-from tests.lab.mariadb import MariaDB  # noqa: E402
-from tests.lab.proxy import ProxyProcess  # noqa: E402
-from tests.lab.tidb import TiDB, tidb_unavailable_reason  # noqa: E402
+from tests.lab.chaos import ChaosResult, crashing, recoveries, restarting, run_chaos, start_chaos_proxy, tidb_backend
+from tests.lab.faultshim import FaultShim
+from tests.lab.goclient import build_goclient
+from tests.lab.mariadb import MariaDB
+from tests.lab.proxy import ProxyProcess
+from tests.lab.tidb import TiDB, tidb_unavailable_reason
 
 SAFE = ("safe", {"sql": "safe"}, {"idempotent": "safe-mode"})
 INSERT = ("insert", {"sql": "insert"}, {})

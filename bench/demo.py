@@ -12,20 +12,17 @@ every few seconds (SIGTERM and SIGKILL alternately). Then it verifies every row.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import tomllib
 from pathlib import Path
 
 import trio
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.lab.chaos import ChaosResult, run_chaos  # noqa: E402
-from tests.lab.goclient import build_goclient  # noqa: E402
-from tests.lab.mariadb import MariaDB  # noqa: E402
-from tests.lab.proxy import ProxyProcess  # noqa: E402
+from bench import REPO
+from tests.lab.chaos import ChaosResult, run_chaos
+from tests.lab.goclient import build_goclient
+from tests.lab.mariadb import MariaDB
+from tests.lab.proxy import ProxyProcess
 
 
 def demo_config_overrides() -> dict:
@@ -92,7 +89,8 @@ async def main(args: argparse.Namespace) -> int:
 
 
 def cli() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m bench.demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=30, help="seconds of workload per run (default 30)")
     parser.add_argument("--interval", type=float, default=4, help="seconds between restarts (default 4)")
     parser.add_argument("--conns", type=int, default=8, help="pinned connections (default 8)")

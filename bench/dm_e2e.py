@@ -34,15 +34,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # python bench/dm_e2e.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench import dm_load  # noqa: E402
-from bench.env import REPO, run_meta, sigterm_as_interrupt  # noqa: E402
-from tests.lab.dm import DMCluster, dm_unavailable_reason  # noqa: E402
-from tests.lab.mariadb import MariaDB  # noqa: E402
-from tests.lab.proxy import ProxyProcess  # noqa: E402
-from tests.lab.tidb import TiDB, tidb_unavailable_reason  # noqa: E402
+from bench import REPO, dm_load
+from bench.env import run_meta, sigterm_as_interrupt
+from tests.lab.dm import DMCluster, dm_unavailable_reason
+from tests.lab.mariadb import MariaDB
+from tests.lab.proxy import ProxyProcess
+from tests.lab.tidb import TiDB, tidb_unavailable_reason
 
 UPSTREAM_ARGS = ["--log-bin=binlog", "--binlog-format=ROW", "--binlog-row-image=FULL", "--server-id=1",
                  "--character-set-server=utf8mb4", "--collation-server=utf8mb4_general_ci"]  # fmt: skip

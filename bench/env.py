@@ -41,17 +41,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from tests.lab.mariadb import MariaDB, mariadb_unavailable_reason  # noqa: E402
-from tests.lab.tidb import TiDB, tidb_unavailable_reason  # noqa: E402
-from tests.lab.proxy import ProxyProcess, toml_key, toml_value  # noqa: E402
-
-from bench.floors import Floor, floor_unavailable_reason  # noqa: E402
-from bench.haproxy import HAProxy, haproxy_unavailable_reason  # noqa: E402
-from bench.procstat import process_tree  # noqa: E402
+from bench import REPO
+from bench.floors import Floor, floor_unavailable_reason
+from bench.haproxy import HAProxy, haproxy_unavailable_reason
+from bench.procstat import process_tree
+from tests.lab.mariadb import MariaDB, mariadb_unavailable_reason
+from tests.lab.proxy import ProxyProcess, toml_key, toml_value
+from tests.lab.tidb import TiDB, tidb_unavailable_reason
 
 APP_USER = "app"
 APP_PASSWORD = "apppw"

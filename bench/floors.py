@@ -25,6 +25,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
+from bench import REPO
 from tests.lab.procs import ListeningChild
 
 KINDS = ("trio", "uvloop")
@@ -168,8 +169,6 @@ class Floor(ListeningChild):
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 20) -> "Floor":
-        from bench.env import REPO
-
         reason = floor_unavailable_reason(self.kind)
         if reason:
             raise RuntimeError(reason)

@@ -1,4 +1,4 @@
-"""One command for the whole benchmark suite: ``python -m bench.run`` (or ``python bench/run.py``).
+"""One command for the whole benchmark suite: ``python -m bench.run`` from the repository's root.
 
 Starts a throwaway MariaDB and intermediaries in front of it (HAProxy in TCP mode, bare trio and
 uvloop byte pumps, the proxy with an empty plugin chain, the proxy with ``--workers N``, the proxy
@@ -22,20 +22,18 @@ import tomllib
 import traceback
 from pathlib import Path
 
-if __package__ in (None, ""):  # python bench/run.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.env import ALL_TARGETS, DEFAULT_PLUGIN_CHAIN, REPO, BenchEnv, PluginVariant, missing_tools, \
-    raise_nofile, run_meta, sigterm_as_interrupt  # noqa: E402
+from bench import REPO
+from bench.env import ALL_TARGETS, DEFAULT_PLUGIN_CHAIN, BenchEnv, PluginVariant, missing_tools, \
+    raise_nofile, run_meta, sigterm_as_interrupt
 from bench.middle import Profile, flame_summary, perf_counts_instructions, perf_unavailable_reason, \
-    pyspy_unavailable_reason  # noqa: E402
-from bench.report import finalize, new_workload_record, render_table, write_chart, write_json  # noqa: E402
+    pyspy_unavailable_reason
+from bench.report import finalize, new_workload_record, render_table, write_chart, write_json
 from bench.workloads import LOOP_METRICS, PERF_METRICS, SYS_METRIC, Settings, Workload, WorkloadError, \
-    WorkloadSkipped  # noqa: E402
-from bench.workloads.bulk import BigResult, BigStatement  # noqa: E402
-from bench.workloads.idle import IdleConnections  # noqa: E402
-from bench.workloads.replicator import ReplicatorWorkload  # noqa: E402
-from bench.workloads.sysbench import CpuPerStatement, SysbenchSetup, SysbenchWorkload  # noqa: E402
+    WorkloadSkipped
+from bench.workloads.bulk import BigResult, BigStatement
+from bench.workloads.idle import IdleConnections
+from bench.workloads.replicator import ReplicatorWorkload
+from bench.workloads.sysbench import CpuPerStatement, SysbenchSetup, SysbenchWorkload
 
 RESULTS_DIR = REPO / "bench" / "results"
 
