@@ -1,12 +1,12 @@
 """What recovery needs to know about one command of a session (``StatementFacts`` for
-``proxy.recovery.plan_recovery``), judged from its text the way the session's server reads it."""
+``proxy.recovery.plan_recovery``), from the judgement of its text made when it ran."""
 
 from __future__ import annotations
 
 from proxy.protocol.constants import Commands
 from proxy.recovery import StatementFacts
 from proxy.session import PreparedStatement
-from proxy.sqltext import Kind
+from proxy.sqltext import Analysis, Kind
 from proxy.sqltext.expressions import reads_last_results
 from proxy.sqltext.idempotence import changes_no_rows, claim
 from proxy.tracking import SESSION_ONLY_COMMANDS, SessionTracker
@@ -33,19 +33,17 @@ def needs_last_results(tracker: SessionTracker, payload: bytes, stmt: PreparedSt
     return text is not None and reads_last_results(text, tracker.dialect, tracker.nbe)
 
 
-def statement_facts(tracker: SessionTracker, payload: bytes, stmt: PreparedStatement | None, complete: bool = True, idempotent: bool | None = None) -> StatementFacts:
-    """What recovery needs to know about one command of the session. ``idempotent``: a
-    plugin's answer to the safe-mode question (None: the built-in rules decide)."""
-    code = payload[0]
+def statement_facts(code: int, analysis: Analysis | None, *, complete: bool = True, safe_mode: bool = False,
+                    idempotent: bool | None = None) -> StatementFacts:  # fmt: skip
+    """What recovery needs to know about one command of the session, from the judgement made
+    when it ran (``JournalEntry.judged``, ``Inflight.judged``: the text as the server read it
+    then). ``idempotent``: a plugin's answer to the safe-mode question (None: the built-in
+    rules decide)."""
     if code in SESSION_ONLY_COMMANDS:
         return StatementFacts(writes=False, idempotent=True, session_only=True)
-    if code == C.COM_QUERY:
-        if not complete:  # spooled: only its head is in memory, and the rest may call or write anything
-            return StatementFacts(commits=True, writes=True, unknown="a statement over limits.spool_threshold, judged by its head only")
-        analysis = tracker.analyze(payload)
-    elif code == C.COM_STMT_EXECUTE and stmt is not None and stmt.analysis is not None:
-        analysis = stmt.analysis
-    else:
+    if code == C.COM_QUERY and not complete:  # spooled: only its head is in memory, and the rest may call or write anything
+        return StatementFacts(commits=True, writes=True, unknown="a statement over limits.spool_threshold, judged by its head only")
+    if analysis is None or code not in (C.COM_QUERY, C.COM_STMT_EXECUTE):
         return StatementFacts()
     first = analysis.first
     if analysis.unknown is not None:
@@ -60,7 +58,7 @@ def statement_facts(tracker: SessionTracker, payload: bytes, stmt: PreparedState
         ended |= st.may_end_transaction
     plain_rollback = analysis.single and first.kind is Kind.ROLLBACK and not first.release
     text = analysis.text
-    if not (tracker.safe_mode and complete) or first.xa is not None:
+    if not (safe_mode and complete) or first.xa is not None:
         idem = False
     elif not analysis.writes:
         idem = True
@@ -68,7 +66,7 @@ def statement_facts(tracker: SessionTracker, payload: bytes, stmt: PreparedState
         idem = idempotent
     else:
         idem = all(
-            changes_no_rows(text[a:b], tracker.dialect, tracker.nbe) or claim(text[a:b], tracker.dialect, tracker.nbe) is not None
+            changes_no_rows(text[a:b], analysis.dialect, analysis.nbe) or claim(text[a:b], analysis.dialect, analysis.nbe) is not None
             for a, b in analysis.spans
         )
     return StatementFacts(

@@ -43,25 +43,57 @@ class Rewrite:
 
 @attrs.define(slots=True, eq=False)
 class SessionInfo:
-    """What plugins may see of a session (a live view, updated by the proxy)."""
+    """What plugins may see of a session: a live view, written by the session's tracker only
+    (``proxy.tracking``). Its fields are read-only to plugins -- how the proxy reads the
+    session's SQL cannot be changed from here -- but ``data``, theirs to keep per-session
+    state in, keyed by plugin name."""
 
     id: int
     target: str
-    user: str
+    _user: str = attrs.field(alias="user")
     client_address: str
-    backend_address: str = ""
-    database: str | None = None
-    in_transaction: bool = False
+    _backend_address: str = attrs.field(default="", alias="backend_address")
+    _database: str | None = attrs.field(default=None, alias="database")
+    _in_transaction: bool = attrs.field(default=False, alias="in_transaction")
     opened_at: float = 0.0
-    # Free for plugins to keep per-session data, keyed by plugin name.
     data: dict[str, Any] = attrs.Factory(dict)
-    # How the server reads this session's statements: NO_BACKSLASH_ESCAPES (from the status
-    # flags) and whether one COM_QUERY may hold several statements (CLIENT_MULTI_STATEMENTS or
-    # COM_SET_OPTION). The defaults are the cautious reading for a plugin that inspects text.
-    no_backslash_escapes: bool = False
-    multi_statements: bool = True
-    # The backend's flavor and version: executable comments run or not by it.
-    dialect: sqltext.Dialect = sqltext.UNKNOWN
+    # How the server reads this session's statements (the tracker's ServerReading): the
+    # backend's flavor and version (executable comments run or not by it), NO_BACKSLASH_ESCAPES
+    # (from the status flags), and whether one COM_QUERY may hold several statements. The
+    # defaults are the cautious reading for a plugin that inspects text.
+    _reading: sqltext.ServerReading = attrs.field(default=sqltext.ServerReading(), alias="reading")
+
+    @property
+    def user(self) -> str:
+        return self._user
+
+    @property
+    def backend_address(self) -> str:
+        return self._backend_address
+
+    @property
+    def database(self) -> str | None:
+        return self._database
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._in_transaction
+
+    @property
+    def reading(self) -> sqltext.ServerReading:
+        return self._reading
+
+    @property
+    def dialect(self) -> sqltext.Dialect:
+        return self._reading.dialect
+
+    @property
+    def no_backslash_escapes(self) -> bool:
+        return self._reading.nbe
+
+    @property
+    def multi_statements(self) -> bool:
+        return self._reading.multi
 
     @property
     def client_host(self) -> str:

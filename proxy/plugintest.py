@@ -39,7 +39,7 @@ from proxy.config import Config, parse_config
 from proxy.hooks import AnswerOk, CommandInfo, Hooks, Reject, ResultInfo, Rewrite, SessionInfo, Veto
 from proxy.plugin_loader import PluginContext, instantiate, load_chain
 from proxy.recovery import Outcome, Plan
-from proxy.sqltext import MARIADB, Dialect
+from proxy.sqltext import MARIADB, Dialect, ServerReading
 
 __all__ = [
     "Harness",
@@ -73,12 +73,12 @@ def session(
     """A fake session as plugins see it (its backend: the lab's MariaDB, by default)."""
     return SessionInfo(
         next(_session_ids) if id is None else id, target, user, client_address, backend_address, database,
-        in_transaction, no_backslash_escapes=no_backslash_escapes, multi_statements=multi_statements, dialect=dialect,
+        in_transaction, reading=ServerReading(dialect, no_backslash_escapes, multi_statements),
     )  # fmt: skip
 
 
 # How query() and prepare() read text without a session: as the lab's MariaDB does.
-_DEFAULT_READER = SessionInfo(0, "test", "app", "127.0.0.1:50000", dialect=MARIADB)
+_DEFAULT_READER = SessionInfo(0, "test", "app", "127.0.0.1:50000", reading=ServerReading(MARIADB))
 
 
 def command(code: int, payload: bytes = b"") -> CommandInfo:

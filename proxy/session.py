@@ -49,7 +49,7 @@ class SessionState:
     # an id -- generated (the new LAST_INSERT_ID()) or given explicitly (no change): the
     # table's AUTO_INCREMENT column decides, at restore (relay.proofs.last_insert_id).
     last_insert_id: int = 0
-    insert_ids: list[tuple[int, str | None]] = attrs.Factory(list)  # (id, INSERT text or None)
+    insert_ids: list[tuple[int, str | None, "sql.ServerReading"]] = attrs.Factory(list)  # (id, INSERT text or None, its reading)
     insert_id_unknown: bool = False  # set by an expression the proxy cannot evaluate
     insert_text_bytes: int = 0  # the INSERT texts kept in insert_ids (their sum, kept as it changes)
 
@@ -93,15 +93,16 @@ class SessionState:
         if forced is not None and forced.isdigit() and int(forced) == value:
             del self.variables["insert_id"]
 
-    def insert_id(self, value: int, text: str | None) -> None:
-        """An INSERT/REPLACE answered with id ``value``: generated, or given by the statement."""
+    def insert_id(self, value: int, text: str | None, reading: "sql.ServerReading") -> None:
+        """An INSERT/REPLACE answered with id ``value``: generated, or given by the statement
+        (``text``, read as the server read it then)."""
         if text is not None and len(text) > self._MAX_INSERT_TEXT:
             text = None
         ids = self.insert_ids
-        ids.append((value, text))
+        ids.append((value, text, reading))
         self.insert_text_bytes += len(text) if text else 0
         while len(ids) > self._MAX_INSERT_IDS or self.insert_text_bytes > self._MAX_INSERT_TEXT:
-            _value, dropped = ids.pop(0)
+            _value, dropped, _reading = ids.pop(0)
             self.insert_text_bytes -= len(dropped) if dropped else 0
             self.insert_id_unknown = True  # the one dropped may have been the last generated id
 

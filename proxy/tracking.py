@@ -30,9 +30,8 @@ from proxy.info import SessionInfo
 from proxy.protocol.constants import Commands, ServerStatus
 from proxy.protocol.response import ResponseTracker
 from proxy.session import PreparedStatement, SessionState
-from proxy.sqltext import Analysis, Dialect, Kind, SqlParseError, Statement, analyze, classify, parse_set, quote_string
+from proxy.sqltext import Analysis, Dialect, Kind, ServerReading, SqlParseError, Statement, classify, parse_set, quote_string
 from proxy.sqltext.triage import FAST_VERBS, fast_verb, may_pin_session
-from proxy.sqltext.dialect import UNKNOWN
 from proxy.transaction import CONNECTION_FATAL, PARSE_ERRORS, ROLLS_BACK, STATEMENT_ERRORS, JournalEntry, Transaction
 
 __all__ = ["SessionTracker", "IN_TRANS", "AUTOCOMMIT", "SESSION_ONLY_COMMANDS", "CONNECTION_FATAL"]
@@ -67,6 +66,7 @@ class Completed(Protocol):
     statement: PreparedStatement | None
     verb: bytes | None  # fast-path verb, or None
     analysis: Analysis | None  # the text judged, when the fast path did not apply
+    reading: ServerReading  # how the server read it when it was sent
 
 
 @attrs.frozen
@@ -83,8 +83,10 @@ class SessionTracker:
         self.tx = Transaction(journal_max_bytes, journal_max_statements)
         self.state: SessionState | None = None
         self.autocommit = True
-        self.nbe = False  # sql_mode NO_BACKSLASH_ESCAPES, from the status word: changes how SQL lexes
-        self.dialect: Dialect = UNKNOWN  # the backend's, from its greeting
+        # How the server reads the session's text: the backend's dialect (from its greeting),
+        # NO_BACKSLASH_ESCAPES (from the status words), multi-statements (the handshake,
+        # COM_SET_OPTION). Kept here only; ``info`` shows it to plugins.
+        self.reading = info.reading
         self.pending: Pending | None = None
         self.xa: str | None = None  # XA state: ACTIVE / IDLE / PREPARED (None: no XA transaction)
         self.prepared: dict[int, PreparedStatement] = {}
@@ -98,19 +100,34 @@ class SessionTracker:
     def logged_in(self, user: str, database: str | None, collation: int, status: int) -> None:
         """A (new) login: the session starts over as ``user``."""
         self.state = SessionState(user, database, collation)
-        self.info.user = user
-        self.info.database = database
+        self.info._user = user
+        self.info._database = database
         self.autocommit = bool(status & AUTOCOMMIT)
         self.prepared.clear()
         self._end_transaction()
 
     def backend_changed(self, address: str, server_version: str) -> None:
         self.generation += 1
-        self.info.backend_address = address
-        self.dialect = self.info.dialect = Dialect.from_server_version(server_version)
+        self.info._backend_address = address
+        self._read(dialect=Dialect.from_server_version(server_version))
 
     def set_multi_statements(self, on: bool) -> None:
-        self.info.multi_statements = on
+        self._read(multi=on)
+
+    def _read(self, **changes) -> None:
+        self.reading = self.info._reading = attrs.evolve(self.reading, **changes)
+
+    @property
+    def dialect(self) -> Dialect:
+        return self.reading.dialect
+
+    @property
+    def nbe(self) -> bool:
+        return self.reading.nbe
+
+    @property
+    def multi_statements(self) -> bool:
+        return self.reading.multi
 
     def status_word(self) -> int:
         """The status word for an answer the proxy gives itself, as the server would set it."""
@@ -124,22 +141,20 @@ class SessionTracker:
         self.tx.reset()
         self.pending = None
         self.xa = None
-        self.info.in_transaction = False
+        self.info._in_transaction = False
 
     # ------------------------------------------------------------------ judging commands
 
     def triage(self, payload: bytes) -> tuple[bytes | None, Analysis | None]:
         """(fast-path verb, None) for a COM_QUERY that needs no analysis, else (None, analysis)."""
-        verb = fast_verb(payload, self.info.multi_statements)
+        verb = fast_verb(payload, self.reading.multi)
         if verb is not None:
             return verb, None
         return None, self.analyze(payload)
 
     def analyze(self, payload: bytes, multi: bool | None = None) -> Analysis:
         """Judge a COM_QUERY / COM_STMT_PREPARE text as this session's server will run it."""
-        text = payload[1:].decode("utf-8", "surrogateescape")
-        multi = self.info.multi_statements if multi is None else multi
-        return analyze(text, dialect=self.dialect, no_backslash_escapes=self.nbe, multi=multi)
+        return self.reading.analyze(payload[1:].decode("utf-8", "surrogateescape"), multi)
 
     def wants_fingerprint(self, analysis: Analysis | None) -> bool:
         """Is the response to this command journaled (and so worth fingerprinting)?"""
@@ -153,11 +168,13 @@ class SessionTracker:
         tracker = done.tracker
         if tracker.saw_status:
             self.autocommit = bool(tracker.status & AUTOCOMMIT)
-            self.nbe = self.info.no_backslash_escapes = bool(tracker.status & NO_BACKSLASH_ESCAPES)
+            nbe = bool(tracker.status & NO_BACKSLASH_ESCAPES)
+            if nbe is not self.reading.nbe:
+                self._read(nbe=nbe)
             if self.pending is not None:
                 self._settle(bool(tracker.status & IN_TRANS))
         captures = self._bookkeep(done)
-        self.info.in_transaction = self.tx.active
+        self.info._in_transaction = self.tx.active
         if tracker.error is None and (done.command.code == C.COM_QUERY or done.command.code == C.COM_STMT_EXECUTE):
             self._note_insert_id(done)
         return captures
@@ -181,7 +198,7 @@ class SessionTracker:
         if kind in (Kind.INSERT, Kind.REPLACE):
             if value:
                 text = cmd.text() if cmd.code == C.COM_QUERY and cmd.complete and cmd.size <= _INSERT_TEXT else None
-                state.insert_id(value, text)
+                state.insert_id(value, text, done.reading)
             return
         if value:  # UPDATE ... SET id = LAST_INSERT_ID(expr): the OK carries the new value
             state.known_insert_id(value)
@@ -219,7 +236,7 @@ class SessionTracker:
         if code == C.COM_QUERY:
             if done.analysis is None:  # fast path: one DML or SELECT, no transaction effect
                 if ok and may_pin_session(cmd.payload):
-                    self._note_pins(classify(cmd.text(), dialect=self.dialect, no_backslash_escapes=self.nbe))
+                    self._note_pins(classify(cmd.text(), dialect=done.reading.dialect, no_backslash_escapes=done.reading.nbe))
                 elif not ok:
                     self._failed(_FAST_STATEMENTS[done.verb], tracker.error.code)
                 self._journal_step(done, None, False)
@@ -273,7 +290,7 @@ class SessionTracker:
             if ok and len(cmd.payload) >= 3:
                 # 0: MYSQL_OPTION_MULTI_STATEMENTS_ON, 1: ..._OFF. A new connection starts with
                 # what the handshake negotiated, so the session is not restorable any more.
-                self.info.multi_statements = cmd.payload[1] == 0
+                self._read(multi=cmd.payload[1] == 0)
                 state.mark_unrestorable("COM_SET_OPTION changed multi-statement mode")
             return []
         if code in SESSION_ONLY_COMMANDS or code == C.COM_STMT_SEND_LONG_DATA:
@@ -413,7 +430,8 @@ class SessionTracker:
             tx.mark_not_replayable(f"a statement of {cmd.size} bytes is larger than the journal keeps")
             return
         fingerprint = tracker.fingerprint if tracker.hashing else None
-        tx.record(JournalEntry(cmd.payload, tracker.expect, fingerprint, done.statement, long_data or None))
+        tx.record(JournalEntry(cmd.payload, tracker.expect, fingerprint, done.statement, long_data or None,
+                               done.analysis, done.reading))  # fmt: skip
         if not tx.writes:
             stmt = done.statement
             tx.writes = (
@@ -427,7 +445,7 @@ class SessionTracker:
     def _use(self, database: str) -> None:
         assert self.state is not None
         self.state.database = database
-        self.info.database = database
+        self.info._database = database
 
     def _note_statement(self, analysis: Analysis, i: int, st: Statement) -> list[str]:
         """Session effects of one statement that completed; returns variables to read back."""
@@ -440,7 +458,7 @@ class SessionTracker:
             return []
         start, end = analysis.spans[i]
         try:
-            assignments = parse_set(analysis.text[start:end], dialect=self.dialect, no_backslash_escapes=self.nbe)
+            assignments = parse_set(analysis.text[start:end], dialect=analysis.dialect, no_backslash_escapes=analysis.nbe)
         except SqlParseError as exc:  # classify judged it; a parse failure here is a bug to survive
             self.state.mark_unrestorable(f"SET statement not understood: {exc}")
             return []

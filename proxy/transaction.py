@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import attrs
 
+from proxy.protocol.constants import Commands
 from proxy.protocol.response import Expect
 from proxy.session import PreparedStatement, SessionState
+from proxy.sqltext import Analysis, ServerReading
 
-__all__ = ["JournalEntry", "Transaction", "CONNECTION_FATAL", "ROLLS_BACK", "STATEMENT_ERRORS", "PARSE_ERRORS"]
+__all__ = ["JournalEntry", "judged", "Transaction", "CONNECTION_FATAL", "ROLLS_BACK", "STATEMENT_ERRORS", "PARSE_ERRORS"]
 
 # Errors after which the server closes the connection (1153: packet too large; going away).
 CONNECTION_FATAL = frozenset({1153, 1053, 1927})
@@ -44,6 +46,28 @@ class JournalEntry:
     fingerprint: int | None
     statement: PreparedStatement | None = None  # for COM_STMT_EXECUTE
     long_data: list[bytes] | None = None  # COM_STMT_SEND_LONG_DATA payloads sent before this execute
+    # The judgement made when it ran (None on the hot path, which judges nothing), and how
+    # the server read text then: recovery reads these, never the session's reading of now.
+    analysis: Analysis | None = None
+    reading: ServerReading | None = None
+
+    def judged(self) -> Analysis | None:
+        return judged(self.payload, self.statement, self.analysis, self.reading)
+
+
+def judged(payload: bytes, statement: PreparedStatement | None, analysis: Analysis | None,
+           reading: ServerReading | None) -> Analysis | None:  # fmt: skip
+    """What a command's text does, as the server read it when it ran: the judgement made then,
+    or (the hot path skipped it) made now with the reading of then; a COM_STMT_EXECUTE's is its
+    statement's, judged at PREPARE. None: no text (PING, ...) or a statement not judged."""
+    if analysis is not None:
+        return analysis
+    code = payload[0]
+    if code == Commands.COM_QUERY and reading is not None:
+        return reading.analyze(payload[1:].decode("utf-8", "surrogateescape"))
+    if code == Commands.COM_STMT_EXECUTE and statement is not None:
+        return statement.analysis
+    return None
 
 
 @attrs.define(slots=True)

@@ -13,7 +13,8 @@ import trio
 from proxy.intake import Command
 from proxy.protocol.response import ResponseTracker
 from proxy.session import PreparedStatement
-from proxy.sqltext import Analysis
+from proxy.sqltext import Analysis, ServerReading
+from proxy.transaction import judged
 
 __all__ = ["Inflight", "NOT_SENT", "SENDING", "SENT", "SEND_FAILED", "SessionClosed", "ConnectionFailed"]
 
@@ -30,6 +31,7 @@ class Inflight:
     arrived: float
     verb: bytes | None = None  # COM_QUERY on the fast path: its verb (sqltext.triage)
     analysis: Analysis | None = None  # COM_QUERY off the fast path: the text judged
+    reading: ServerReading | None = None  # how the server reads text as it is sent
     state: int = NOT_SENT
     forwarded: bool = False  # part of the response already reached the client
     held: bytearray | None = None  # PREPARE responses are held whole (statement ids get rewritten)
@@ -38,6 +40,16 @@ class Inflight:
     internal: bool = False  # the proxy's own command (split pieces): response not forwarded
     answered: bool = False  # recovery answered the client with an error instead
     done: trio.Event | None = None
+
+    @property
+    def payload(self) -> bytes:
+        return self.command.payload
+
+    def judged(self) -> Analysis | None:
+        """Its text as the server reads it (None for a spooled statement: only its head is here)."""
+        if not self.command.complete:
+            return None
+        return judged(self.command.payload, self.statement, self.analysis, self.reading)
 
     def restart(self, deprecate_eof: bool) -> None:
         """Make it ready to be sent again on a new connection, from a clean slate."""

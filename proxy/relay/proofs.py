@@ -23,13 +23,15 @@ from proxy.backend import Backend, BackendError
 from proxy.tablekeys import lower_text
 from proxy.facts import text_of
 from proxy.session import PreparedStatement, SessionState
-from proxy.sqltext import Dialect, SqlParseError, Token, TokenKind, analyze, iter_tokens, quote_string
+from proxy.sqltext import Dialect, ServerReading, SqlParseError, Token, TokenKind, analyze, iter_tokens, quote_string
 from proxy.sqltext.idempotence import Claim, changes_no_rows, claim, proves
 from proxy.sqltext.inserts import InsertHead, insert_head, insert_rows, insert_target
 from proxy.sqltext.tokens import name
 
 if TYPE_CHECKING:
+    from proxy.relay.inflight import Inflight
     from proxy.relay.tasks import Session
+    from proxy.transaction import JournalEntry
 
 __all__ = ["unproven", "code_in_views", "last_insert_id"]
 
@@ -48,29 +50,31 @@ def _null_params(payload: bytes, stmt: PreparedStatement | None) -> list[bool] |
     return [bool(bitmap[i // 8] >> (i % 8) & 1) for i in range(stmt.num_params)]
 
 
-async def unproven(s: Session, backend: Backend, commands: list[tuple[bytes, PreparedStatement | None]]) -> str | None:
+async def unproven(s: Session, backend: Backend, commands: list[JournalEntry | Inflight]) -> str | None:
     """Why the idempotence of these commands (the journal, the command in flight) cannot be
-    proven on ``backend``; None when every one of them is proven."""
+    proven on ``backend``; None when every one of them is proven. Each is read as the server
+    read it when it ran."""
     tracking = s.tracking
     state = tracking.state
     fk_checks = state is None or state.variables.get("foreign_key_checks", "1").upper() not in _FK_CHECKS_OFF
     before = tracking.tx.session_before if tracking.tx.active else None
     session_changed = before is not None and state is not None and before.database != state.database
-    for payload, stmt in commands:
-        text = text_of(payload, stmt)
-        if text is None:
+    for command in commands:
+        payload = command.payload
+        if text_of(payload, command.statement) is None:
             continue  # PING, USE by COM_INIT_DB, ...: no rows
-        analysis = tracking.analyze(payload) if payload[:1] == b"\x03" else stmt.analysis
+        analysis = command.judged()
         if analysis is None or analysis.unknown is not None:
             return "a statement the proxy cannot judge"
+        text = analysis.text
         for start, end in analysis.spans:
             part = text[start:end]
-            if changes_no_rows(part, tracking.dialect, tracking.nbe):
+            if changes_no_rows(part, analysis.dialect, analysis.nbe):
                 continue
             if s.hooks.is_idempotent and await s.hooks.idempotent(s.info, part):
                 continue  # a plugin's policy vouches for it
-            nulls = _null_params(payload, stmt) if payload[:1] == b"\x17" else None
-            found = claim(part, tracking.dialect, tracking.nbe, nulls)
+            nulls = _null_params(payload, command.statement) if payload[:1] == b"\x17" else None
+            found = claim(part, analysis.dialect, analysis.nbe, nulls)
             if found is None:
                 return f"not a keyed write of constants: {analysis.statements[0].kind.value}"
             why = await _disproof(s, backend, found, state.database if state else None, session_changed, fk_checks)
@@ -102,7 +106,7 @@ _NAMES_PER_QUERY = 500
 _NAME_MAX = 64  # longer is no table's name
 
 
-async def code_in_views(s: Session, backend: Backend, commands: list[tuple[bytes, PreparedStatement | None]]) -> str | None:
+async def code_in_views(s: Session, backend: Backend, commands: list[JournalEntry | Inflight]) -> str | None:
     """Why running these commands again may run stored code hidden in a view (``SELECT * FROM
     v`` where v calls a stored function that writes); None when no name they use is a view
     that calls anything but side-effect-free built-ins. Every name is looked up, not just
@@ -114,12 +118,15 @@ async def code_in_views(s: Session, backend: Backend, commands: list[tuple[bytes
     databases = {db for db in (state.database if state else None, before.database if before else None) if db}
     wanted: set[tuple[str, str]] = set()
     try:
-        for payload, stmt in commands:
+        for command in commands:
+            payload = command.payload
             if payload[:1] == b"\x02":  # COM_INIT_DB
                 databases.add(payload[1:].decode("utf-8", "surrogateescape"))
-            text = text_of(payload, stmt)
+            text = text_of(payload, command.statement)
             if text is not None:
-                bare, qualified, used = _names(text, tracking.dialect, tracking.nbe)
+                analysis = command.judged()  # read as the server read it when it ran
+                dialect, nbe = (analysis.dialect, analysis.nbe) if analysis is not None else (tracking.dialect, tracking.nbe)
+                bare, qualified, used = _names(text, dialect, nbe)
                 databases |= used
                 wanted |= qualified
                 wanted |= {(db, n) for db in databases for n in bare}
@@ -188,8 +195,8 @@ async def last_insert_id(s: Session, backend: Backend, state: SessionState) -> i
     new LAST_INSERT_ID()) and when the statement gave it (LAST_INSERT_ID() unchanged): the
     table's AUTO_INCREMENT column and the statement's values tell which, newest first."""
     zero_is_value = "NO_AUTO_VALUE_ON_ZERO" in state.variables.get("sql_mode", "").upper()
-    for value, text in reversed(state.insert_ids):
-        generated = await _generated(s, backend, text, state.database, zero_is_value) if text is not None else None
+    for value, text, reading in reversed(state.insert_ids):
+        generated = await _generated(s, backend, text, reading, state.database, zero_is_value) if text is not None else None
         if generated is None:
             return None
         if generated:
@@ -197,13 +204,13 @@ async def last_insert_id(s: Session, backend: Backend, state: SessionState) -> i
     return None if state.insert_id_unknown else state.last_insert_id
 
 
-async def _generated(s: Session, backend: Backend, text: str, current_db: str | None, zero_is_value: bool) -> bool | None:
+async def _generated(s: Session, backend: Backend, text: str, reading: ServerReading, current_db: str | None,
+                     zero_is_value: bool) -> bool | None:  # fmt: skip
     """Did this INSERT/REPLACE generate its AUTO_INCREMENT value? None: cannot tell."""
-    tracking = s.tracking
-    head = insert_head(text, tracking.nbe, tracking.dialect)
+    head = insert_head(text, reading.nbe, reading.dialect)
     if not isinstance(head, InsertHead):
         return None  # INSERT ... SELECT / SET: not followed
-    table, columns = insert_target(text, head, tracking.dialect, tracking.nbe)
+    table, columns = insert_target(text, head, reading.dialect, reading.nbe)
     if table is None:
         return None
     database = table[0] or current_db
@@ -216,7 +223,7 @@ async def _generated(s: Session, backend: Backend, text: str, current_db: str | 
     if keys.auto_increment not in order:
         return True  # not given: generated
     i = order.index(keys.auto_increment)
-    for row in insert_rows(text, head.rows_start, len(text), tracking.dialect, tracking.nbe):
+    for row in insert_rows(text, head.rows_start, len(text), reading.dialect, reading.nbe):
         if i >= len(row):
             return None
         value = row[i]

@@ -19,12 +19,13 @@ from proxy.protocol.constants import Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ProtocolError, make_err
 from proxy.protocol.response import Expect
-from proxy.facts import statement_facts, text_of
+from proxy.facts import statement_facts
 from proxy.recovery import Outcome, Plan, Sent, StatementFacts, plan_recovery
 from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, ConnectionFailed, Inflight
 from proxy.relay.kills import kill_if_alive, killed, killed_by_operator
 from proxy.relay.proofs import code_in_views, last_insert_id, unproven
 from proxy.session import PreparedStatement, SessionState
+from proxy.transaction import JournalEntry
 from proxy.sqltext import Kind
 
 if TYPE_CHECKING:
@@ -195,12 +196,12 @@ async def recover(s: Session, reason: str, rejected: bool = False, clean: bool =
     return None
 
 
-def _run_again(s: Session, inflight: Inflight | None, plan: Plan, sent: Sent | None) -> list[tuple[bytes, PreparedStatement | None]]:
+def _run_again(s: Session, inflight: Inflight | None, plan: Plan, sent: Sent | None) -> list[JournalEntry | Inflight]:
     """What the plan runs a second time: the journal it replays, the command in flight it
     resends although it may have run. (For a plan with ``proof``, what safe mode must prove.)"""
-    commands = [(e.payload, e.statement) for e in s.tracking.tx.entries] if plan.replay and s.tracking.tx.active else []
+    commands: list[JournalEntry | Inflight] = list(s.tracking.tx.entries) if plan.replay and s.tracking.tx.active else []
     if inflight is not None and plan.resend and sent is Sent.MAYBE_EXECUTED:
-        commands.append((inflight.command.payload, inflight.statement))
+        commands.append(inflight)
     return commands
 
 
@@ -211,7 +212,7 @@ async def _sent(s: Session, inflight: Inflight | None, rejected: bool) -> Sent |
         return Sent.PARTIAL_RESPONSE
     if inflight.state in (NOT_SENT, SEND_FAILED):
         return Sent.NOT_EXECUTED
-    if rejected and not (await _facts(s, inflight.command.payload, inflight.statement, inflight.command.complete)).commits:
+    if rejected and not (await _facts(s, inflight)).commits:
         return Sent.NOT_EXECUTED  # a statement refused with 1053/1927 did not run (a COMMIT: unknown)
     return Sent.MAYBE_EXECUTED
 
@@ -223,7 +224,7 @@ async def _plan(s: Session, inflight: Inflight | None, sent: Sent | None) -> Pla
     if not rec.enabled:
         return Plan(Outcome.FAIL_CONNECTION, "recovery is disabled for this target")
     tx = tracking.tx
-    journal = [await _facts(s, e.payload, e.statement) for e in tx.entries] if tx.active else []
+    journal = [await _facts(s, e) for e in tx.entries] if tx.active else []
     pending = tracking.pending
     in_doubt = tx.in_doubt
     if tracking.xa == "PREPARED":
@@ -234,7 +235,7 @@ async def _plan(s: Session, inflight: Inflight | None, sent: Sent | None) -> Pla
         in_doubt=in_doubt,
         maybe_rolled_back=pending.reason if pending is not None and not pending.may_have_committed else None,
         sent=sent,
-        inflight=await _facts(s, inflight.command.payload, inflight.statement, inflight.command.complete) if inflight else None,
+        inflight=await _facts(s, inflight) if inflight else None,
         in_transaction=tx.active,
         journal=journal,
         not_replayable=tx.not_replayable,
@@ -245,14 +246,15 @@ async def _plan(s: Session, inflight: Inflight | None, sent: Sent | None) -> Pla
     )
 
 
-async def _facts(s: Session, payload: bytes, stmt: PreparedStatement | None, complete: bool = True) -> StatementFacts:
-    """The tracker's facts, with the plugins' answer to the safe-mode question."""
+async def _facts(s: Session, command: JournalEntry | Inflight) -> StatementFacts:
+    """The facts of a journaled or in-flight command, from its judgement when it ran, with the
+    plugins' answer to the safe-mode question."""
+    complete = command.command.complete if isinstance(command, Inflight) else True
+    analysis = command.judged()
     answer = None
-    if s.tracking.safe_mode and complete and s.hooks.is_idempotent:
-        text = text_of(payload, stmt)
-        if text is not None:
-            answer = await s.hooks.idempotent(s.info, text)
-    return statement_facts(s.tracking, payload, stmt, complete, answer)
+    if s.tracking.safe_mode and complete and s.hooks.is_idempotent and analysis is not None:
+        answer = await s.hooks.idempotent(s.info, analysis.text)
+    return statement_facts(command.payload[0], analysis, complete=complete, safe_mode=s.tracking.safe_mode, idempotent=answer)
 
 
 async def _ask_veto(s: Session, plan: Plan) -> Plan | None:
@@ -339,12 +341,20 @@ def _chained_begin(s: Session) -> list[str]:
     its SET TRANSACTION, and its own BEGIN / START TRANSACTION ... or a plain one."""
     tx = s.tracking.tx
     out = [tx.prefix] if tx.prefix else []
-    first = tx.entries[0].payload if tx.entries else b""
-    if first[:1] == b"\x03" and s.tracking.analyze(first).first.kind is Kind.BEGIN:
-        out.append(first[1:].decode("utf-8", "surrogateescape"))
+    first = tx.entries[0] if tx.entries else None
+    if _is_begin(first):
+        out.append(first.payload[1:].decode("utf-8", "surrogateescape"))
     else:
         out.append("START TRANSACTION")
     return out
+
+
+def _is_begin(entry: JournalEntry | None) -> bool:
+    """Does the journal start with the transaction's own BEGIN / START TRANSACTION?"""
+    if entry is None or entry.payload[:1] != b"\x03":
+        return False
+    analysis = entry.judged()
+    return analysis is not None and analysis.first.kind is Kind.BEGIN
 
 
 async def _replay(s: Session, backend: Backend, verify: bool) -> tuple[int, str | None]:
@@ -354,8 +364,7 @@ async def _replay(s: Session, backend: Backend, verify: bool) -> tuple[int, str 
     with trio.fail_after(s.config.backend.io_timeout):
         if tx.prefix:
             await backend.query(tx.prefix)
-        first = entries[0].payload if entries else b""
-        if not (first[:1] == b"\x03" and s.tracking.analyze(first).first.kind is Kind.BEGIN):
+        if not _is_begin(entries[0] if entries else None):
             await backend.query("START TRANSACTION")
     temporary: list[PreparedStatement] = []
     count = 0

@@ -314,7 +314,7 @@ class Session:
             if not await self._write_commit_marker(cmd):
                 return
         tracker = ResponseTracker(expect_for(code), self.deprecate_eof, tracking.wants_fingerprint(analysis))
-        inflight = Inflight(cmd, tracker, statement, trio.current_time(), verb, analysis)
+        inflight = Inflight(cmd, tracker, statement, trio.current_time(), verb, analysis, tracking.reading)
         if self._next_marker:
             inflight.marker, self._next_marker = self._next_marker, 0
         if code == C.COM_STMT_PREPARE:
@@ -396,7 +396,8 @@ class Session:
         statement = self.tracking.statement_of(payload) if payload[0] in _STMT_COMMANDS else None
         verb, analysis = self.tracking.triage(payload) if payload[0] == C.COM_QUERY else (None, None)
         tracker = ResponseTracker(expect_for(payload[0]), self.deprecate_eof, self.tracking.wants_fingerprint(analysis))
-        inflight = Inflight(cmd, tracker, statement, trio.current_time(), verb, analysis, internal=True, done=trio.Event())
+        inflight = Inflight(cmd, tracker, statement, trio.current_time(), verb, analysis, self.tracking.reading,
+                            internal=True, done=trio.Event())  # fmt: skip
         inflight.held = capture
         self.inflight = inflight
         if self.backend_ok:

@@ -12,7 +12,7 @@ splitter for the proxy and the plugins.
 - ``split``: cutting an oversized multi-row INSERT into pieces.
 """
 
-from proxy.sqltext.classify import analyze, classify
+from proxy.sqltext.classify import ServerReading, analyze, classify
 from proxy.sqltext.dialect import MARIADB, UNKNOWN, Dialect
 from proxy.sqltext.idempotence import is_idempotent
 from proxy.sqltext.inserts import InsertHead, parse_insert_head
@@ -34,7 +34,7 @@ from proxy.sqltext.tokens import leading_keywords, quote_string
 
 __all__ = [
     "Analysis", "Dialect", "InsertHead", "Kind", "MARIADB", "SetAssignment", "SetScope", "SqlLexError",
-    "SqlParseError", "SqlUnknown", "Statement", "TRANSACTION_KINDS", "TRIVIA", "Token", "TokenKind", "UNKNOWN",
+    "ServerReading", "SqlParseError", "SqlUnknown", "Statement", "TRANSACTION_KINDS", "TRIVIA", "Token", "TokenKind", "UNKNOWN",
     "analyze", "classify", "is_idempotent", "iter_tokens", "leading_keywords", "parse_insert_head", "parse_set",
     "quote_string", "quoted_string", "render_set", "split_statements", "tokenize",
 ]  # fmt: skip

@@ -29,7 +29,7 @@ from proxy.sqltext.setstmt import SetScope, is_set_not_assignment, is_set_transa
 from proxy.sqltext.statement import OTHER_COMMIT, PLAIN, Analysis, Kind, Statement
 from proxy.sqltext.txcontrol import classify_begin, classify_commit, classify_release, classify_savepoint, classify_xa
 
-__all__ = ["analyze", "classify"]
+__all__ = ["analyze", "classify", "ServerReading"]
 
 
 _CACHE_MAX_LEN = 256  # texts up to this length are cached (transaction control, SET, USE)
@@ -63,6 +63,20 @@ def _analyze(sql: str, dialect: Dialect, nbe: bool, multi: bool) -> Analysis:
     if len(spans) > 1 and not multi:
         unknown = "several statements without CLIENT_MULTI_STATEMENTS"
     return Analysis(sql, statements, spans, unknown, dialect, nbe)
+
+
+@attrs.frozen
+class ServerReading:
+    """How one session's server reads text at one moment: its dialect, NO_BACKSLASH_ESCAPES,
+    and whether one COM_QUERY may hold several statements. A statement is judged with the
+    reading in force when it ran, whenever it is judged (the hot path judges later, if ever)."""
+
+    dialect: Dialect = UNKNOWN
+    nbe: bool = False
+    multi: bool = True
+
+    def analyze(self, text: str, multi: bool | None = None) -> Analysis:
+        return analyze(text, dialect=self.dialect, no_backslash_escapes=self.nbe, multi=self.multi if multi is None else multi)
 
 
 def classify(sql: str, *, dialect: Dialect = UNKNOWN, no_backslash_escapes: bool = False) -> Statement:

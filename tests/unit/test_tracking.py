@@ -12,6 +12,7 @@ from proxy.intake import Command
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import make_err, make_ok
 from proxy.protocol.response import ResponseTracker, expect_for
+from proxy.sqltext import ServerReading
 from proxy.tracking import AUTOCOMMIT, IN_TRANS, SessionTracker
 
 MARIADB_VERSION = "10.11.19-MariaDB-0+deb12u1"
@@ -27,10 +28,11 @@ class Done:
     statement: object = None
     verb: bytes | None = None
     analysis: object = None
+    reading: ServerReading = ServerReading()
 
 
 def tracker(autocommit: bool = True, multi: bool = True, safe_mode: bool = False) -> SessionTracker:
-    t = SessionTracker(SessionInfo(1, "test", "app", "127.0.0.1:1", multi_statements=multi), 1 << 20, 1000, safe_mode)
+    t = SessionTracker(SessionInfo(1, "test", "app", "127.0.0.1:1", reading=ServerReading(multi=multi)), 1 << 20, 1000, safe_mode)
     t.logged_in("app", "test", 45, AUTOCOMMIT if autocommit else 0)
     t.backend_changed("127.0.0.1:3306", MARIADB_VERSION)
     return t
@@ -52,7 +54,7 @@ def run(t: SessionTracker, sql: str, *answers, in_trans: bool | None = None, ins
         raw += encode_packet(payload_, 1)[0]
     rt = ResponseTracker(expect_for(3), False, t.wants_fingerprint(analysis))
     assert rt.feed(raw) == len(raw)
-    done = Done(Command(payload, encode_packet(payload, 0)[0], 0, len(payload)), rt, None, verb, analysis)
+    done = Done(Command(payload, encode_packet(payload, 0)[0], 0, len(payload)), rt, None, verb, analysis, t.reading)
     t.completed(done)
     return done
 
@@ -209,14 +211,19 @@ FACTS = [
 ]
 
 
+def facts_of(t: SessionTracker, sql: str):
+    """The facts of ``sql`` as recovery reads them: judged with the session's reading."""
+    return statement_facts(0x03, t.reading.analyze(sql), safe_mode=t.safe_mode)
+
+
 @pytest.mark.parametrize("sql, commits, writes, rollback, session_only, unknown", FACTS)
 def test_facts_judge_the_whole_text(sql, commits, writes, rollback, session_only, unknown):
-    f = statement_facts(tracker(), b"\x03" + sql.encode(), None)
+    f = facts_of(tracker(), sql)
     assert (f.commits, f.writes, f.rollback, f.session_only, f.unknown is not None) == (commits, writes, rollback, session_only, unknown)
 
 
 def test_without_multi_statements_two_statements_are_unknown():
-    f = statement_facts(tracker(multi=False), b"\x03UPDATE t SET a = 1; COMMIT", None)
+    f = facts_of(tracker(multi=False), "UPDATE t SET a = 1; COMMIT")
     assert f.unknown is not None
 
 
@@ -227,13 +234,13 @@ def test_insert_ids_kept_are_bounded_in_count_and_text():
 
     state = SessionState("app", "test", 45)
     for i in range(1, 11):
-        state.insert_id(i, "INSERT INTO t VALUES (NULL)" + " " * 30_000)
-    assert state.insert_text_bytes == sum(len(t or "") for _, t in state.insert_ids) <= 256 * 1024
+        state.insert_id(i, "INSERT INTO t VALUES (NULL)" + " " * 30_000, ServerReading())
+    assert state.insert_text_bytes == sum(len(t or "") for _, t, _reading in state.insert_ids) <= 256 * 1024
     assert len(state.insert_ids) == 8 and state.insert_id_unknown  # the text bound dropped two
     state.known_insert_id(7)
     assert (state.insert_ids, state.insert_text_bytes, state.insert_id_unknown) == ([], 0, False)
     for i in range(100):
-        state.insert_id(i + 1, None)
+        state.insert_id(i + 1, None, ServerReading())
     assert len(state.insert_ids) == 64 and state.insert_text_bytes == 0 and state.insert_id_unknown
 
 
@@ -251,7 +258,7 @@ def test_a_statement_judged_to_commit_that_leaves_the_transaction_open_puts_it_i
 
 
 def test_analyze_of_a_statement_is_not_analyze_table():
-    assert statement_facts(tracker(), b"\x03ANALYZE FORMAT=JSON DELETE FROM t", None).unknown is not None
+    assert facts_of(tracker(), "ANALYZE FORMAT=JSON DELETE FROM t").unknown is not None
     t = tracker()
     run(t, "BEGIN", in_trans=True)
     run(t, "ANALYZE TABLE t", in_trans=False)  # ANALYZE TABLE does commit
@@ -295,3 +302,20 @@ def test_a_failed_commit_ends_the_transaction_on_tidb(code):
     run(m, "UPDATE t SET v = 1 WHERE id = 1")
     run(m, "COMMIT", 1180)
     assert m.pending is not None
+
+
+def test_a_journal_entry_is_judged_as_the_server_read_it_when_it_ran():
+    """The hot path judges nothing; recovery judges an entry later, with the reading in force
+    when it ran -- not the session's reading of now (here NO_BACKSLASH_ESCAPES turned on
+    after it: the same bytes then read as a call of f)."""
+    t = tracker()
+    run(t, "BEGIN", in_trans=True)
+    sql = "INSERT INTO t VALUES ('a\\', f(1), 'b')"
+    run(t, sql, in_trans=True)
+    entry = t.tx.entries[-1]
+    t._read(nbe=True)  # as a status word with NO_BACKSLASH_ESCAPES would
+    assert t.reading.analyze(sql).first.runs_code  # read now, it calls f
+    judged = entry.judged()
+    assert judged.nbe is False and judged.unknown is not None  # read then, the quote never closes
+    assert "stored code" in facts_of(t, sql).unknown  # what judging it again now would say
+    assert "not understood" in statement_facts(0x03, judged).unknown  # what recovery says: the reading of then
