@@ -22,12 +22,14 @@ What recovery needs to know about a statement is read from it by ``proxy.facts``
 from __future__ import annotations
 
 import re
+import struct
 from typing import Protocol
 
 import attrs
 
 from proxy.info import SessionInfo
 from proxy.protocol.constants import Commands, ServerStatus
+from proxy.protocol.framing import encode_packet
 from proxy.protocol.response import ResponseTracker
 from proxy.session import PreparedStatement, SessionState
 from proxy.sqltext import Analysis, Dialect, Kind, ServerReading, SqlParseError, Statement, classify, parse_set, quote_string
@@ -495,6 +497,59 @@ class SessionTracker:
         stmt.analysis = self.analyze(payload, multi=False)
         self.prepared[client_id] = stmt
         return stmt
+
+    def long_data_received(self, stmt: PreparedStatement, payload: bytes, limit: int) -> bool:
+        """A COM_STMT_SEND_LONG_DATA of ``stmt``, kept to be sent again after a reconnect, up to
+        ``limit`` (max_allowed_packet) per statement and per session. False: over it, held back
+        from the server; the execute that would use it gets 1153."""
+        stmt.long_data_bytes += len(payload) - 7
+        held = sum(st.long_data_bytes for st in self.prepared.values())
+        if stmt.long_data_bytes >= limit or held >= limit:
+            stmt.long_data_bytes = max(stmt.long_data_bytes, limit)
+            return False
+        stmt.long_data.append(payload)
+        return True
+
+    def long_data_dropped(self, stmt: PreparedStatement) -> None:
+        """The execute that would have used ``stmt``'s long data was refused (COM_STMT_RESET sent)."""
+        stmt.long_data, stmt.long_data_bytes = [], 0
+
+    def backend_bytes(self, payload: bytes, raw: bytes | None, stmt: PreparedStatement | None) -> bytes:
+        """A command as the current backend connection must see it: statement ids renumbered,
+        parameter types bound again for a statement that was re-prepared (a client sends them
+        only when they change). ``raw``: the client's frames, returned when nothing changes."""
+        if stmt is None:
+            return raw if raw is not None else encode_packet(payload, 0)[0]
+        new = payload
+        if payload[0] == C.COM_STMT_EXECUTE and stmt.num_params:
+            flag_pos = 10 + (stmt.num_params + 7) // 8
+            if len(payload) > flag_pos:
+                if payload[flag_pos]:
+                    stmt.param_types = payload[flag_pos + 1 : flag_pos + 1 + 2 * stmt.num_params]
+                    stmt.types_bound_on_backend = True
+                elif not stmt.types_bound_on_backend and stmt.param_types is not None:
+                    new = payload[:flag_pos] + b"\x01" + stmt.param_types + payload[flag_pos + 1 :]
+                    stmt.types_bound_on_backend = True
+        if stmt.backend_id != stmt.client_id:
+            new = new[:1] + struct.pack("<I", stmt.backend_id) + new[5:]
+        if new is payload and raw is not None:
+            return raw
+        return encode_packet(new, 0)[0]
+
+    def backend_ids(self) -> tuple[int, dict[PreparedStatement, tuple[int, int, bool]]]:
+        """What ties the prepared statements to the current backend connection (a move that
+        fails goes back to it: ``restore_backend_ids``)."""
+        return self.generation, {st: (st.backend_id, st.generation, st.types_bound_on_backend) for st in self.prepared.values()}
+
+    def restore_backend_ids(self, ids: tuple[int, dict[PreparedStatement, tuple[int, int, bool]]]) -> None:
+        self.generation, by_statement = ids
+        for st, (backend_id, generation, bound) in by_statement.items():
+            st.backend_id, st.generation, st.types_bound_on_backend = backend_id, generation, bound
+
+    def mark_unrestorable(self, reason: str) -> None:
+        """The session holds something a new backend connection cannot be given."""
+        assert self.state is not None
+        self.state.mark_unrestorable(reason)
 
     def reprepared(self, stmt: PreparedStatement, backend_id: int) -> None:
         """``stmt`` was prepared again on the current backend connection as ``backend_id``."""

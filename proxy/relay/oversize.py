@@ -75,7 +75,7 @@ async def refuse_long_data(s: Session, cmd: Command, stmt: PreparedStatement) ->
     use it and clear what the server got of it."""
     size = stmt.long_data_bytes
     await s.run_internal(b"\x1a" + struct.pack("<I", stmt.client_id), cmd.seq_end)
-    stmt.long_data, stmt.long_data_bytes = [], 0
+    s.tracking.long_data_dropped(stmt)
     await refuse(s, size, cmd.seq_end, cmd.code, " (parameter data sent with COM_STMT_SEND_LONG_DATA)")
 
 

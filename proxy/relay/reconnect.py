@@ -333,7 +333,7 @@ async def _prepare_on(s: Session, backend: Backend, stmt: PreparedStatement) -> 
         raise BackendError(f"re-preparing statement {stmt.client_id} failed: {tracker.error}", retryable=False)
     s.tracking.reprepared(stmt, tracker.prepare_ok.statement_id)
     for payload in stmt.long_data:
-        await backend.channel.send(s.backend_bytes(payload, None, stmt))
+        await backend.channel.send(s.tracking.backend_bytes(payload, None, stmt))
 
 
 def _chained_begin(s: Session) -> list[str]:
@@ -375,9 +375,9 @@ async def _replay(s: Session, backend: Backend, verify: bool) -> tuple[int, str 
                 await _prepare_on(s, backend, stmt)  # closed by the client since; needed again
                 temporary.append(stmt)
             for payload in entry.long_data or ():
-                await backend.channel.send(s.backend_bytes(payload, None, stmt))
+                await backend.channel.send(s.tracking.backend_bytes(payload, None, stmt))
             with trio.fail_after(s.config.backend.io_timeout):
-                tracker = await backend.exchange(s.backend_bytes(entry.payload, None, stmt), entry.expect, True)
+                tracker = await backend.exchange(s.tracking.backend_bytes(entry.payload, None, stmt), entry.expect, True)
             count += 1
             if verify and entry.fingerprint is not None and tracker.fingerprint != entry.fingerprint:
                 return count, f"statement {count} of {len(entries)} returned a different result"
@@ -407,8 +407,7 @@ async def migrate(s: Session) -> None:
     s.backend_replaced = trio.Event()
     started = trio.current_time()
     backend = None
-    generation = s.tracking.generation
-    ids = {stmt: (stmt.backend_id, stmt.generation, stmt.types_bound_on_backend) for stmt in s.tracking.prepared.values()}
+    ids = s.tracking.backend_ids()
     try:
         login = attrs.evolve(s.login, database=s.tracking.state.database, collation=s.tracking.state.collation)
         with trio.fail_after(s.config.backend.io_timeout):
@@ -421,9 +420,7 @@ async def migrate(s: Session) -> None:
             backend.close()
         s.use_backend(old)
         s.results_gone = results_gone
-        s.tracking.generation = generation  # the statements' ids on the old connection still hold
-        for stmt, (backend_id, gen, bound) in ids.items():
-            stmt.backend_id, stmt.generation, stmt.types_bound_on_backend = backend_id, gen, bound
+        s.tracking.restore_backend_ids(ids)  # the statements' ids on the old connection still hold
     else:
         s.move_requested = False
         if old is not None:

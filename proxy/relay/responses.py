@@ -212,7 +212,7 @@ async def _capture_variables(s: Session, names: list[str]) -> None:
         try:
             rows = await s.backend.query(f"SELECT @@session.{name}")
         except BackendError as exc:  # the server refused to tell: nothing to restore it from
-            s.tracking.state.mark_unrestorable(f"could not read back session variable {name}: {exc}")
+            s.tracking.mark_unrestorable(f"could not read back session variable {name}: {exc}")
             continue
         s.tracking.captured(name, rows[0][0] if rows else None)
 

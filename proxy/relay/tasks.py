@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import re
-import struct
 
 import trio
 
@@ -320,12 +319,8 @@ class Session:
         if code == C.COM_STMT_PREPARE:
             inflight.held = bytearray()
         elif code == C.COM_STMT_SEND_LONG_DATA and statement is not None:
-            statement.long_data_bytes += len(cmd.payload) - 7
-            held = sum(st.long_data_bytes for st in tracking.prepared.values())  # kept for replay: bounded per session
-            if statement.long_data_bytes >= self.limit or held >= self.limit:
-                statement.long_data_bytes = max(statement.long_data_bytes, self.limit)
+            if not tracking.long_data_received(statement, cmd.payload, self.limit):
                 return  # kept from the server; the execute that would use it gets 1153
-            statement.long_data.append(cmd.payload)
         elif analysis is not None and analysis.single and analysis.first.kind is Kind.SELECT and oversize.asks_max_packet(cmd):
             cmd = inflight.command = oversize.tell_effective_limit(cmd, self.limit, self.backend)
         elif analysis is not None and analysis.first.kind is Kind.OTHER and analysis.keywords(0, 1) == ("KILL",):
@@ -413,9 +408,9 @@ class Session:
         inflight.state = SENDING
         try:
             if cmd.complete:
-                await backend.channel.send(self.backend_bytes(cmd.payload, cmd.raw, inflight.statement))
+                await backend.channel.send(self.tracking.backend_bytes(cmd.payload, cmd.raw, inflight.statement))
             elif inflight.statement is not None:  # a huge execute that needs rewriting
-                await backend.channel.send(self.backend_bytes(cmd.full_payload(), None, inflight.statement))
+                await backend.channel.send(self.tracking.backend_bytes(cmd.full_payload(), None, inflight.statement))
             else:
                 for chunk in cmd.frames():
                     await backend.channel.send(chunk)
@@ -433,27 +428,6 @@ class Session:
         self._send_settled = trio.Event()
         await self._send_settled.wait()
         self._send_settled = None
-
-    def backend_bytes(self, payload: bytes, raw: bytes | None, stmt: PreparedStatement | None) -> bytes:
-        """The command as this backend must see it: statement ids renumbered, parameter types
-        bound again for a statement that was re-prepared."""
-        if stmt is None:
-            return raw if raw is not None else encode_packet(payload, 0)[0]
-        new = payload
-        if payload[0] == C.COM_STMT_EXECUTE and stmt.num_params:
-            flag_pos = 10 + (stmt.num_params + 7) // 8
-            if len(payload) > flag_pos:
-                if payload[flag_pos]:
-                    stmt.param_types = payload[flag_pos + 1 : flag_pos + 1 + 2 * stmt.num_params]
-                    stmt.types_bound_on_backend = True
-                elif not stmt.types_bound_on_backend and stmt.param_types is not None:
-                    new = payload[:flag_pos] + b"\x01" + stmt.param_types + payload[flag_pos + 1 :]
-                    stmt.types_bound_on_backend = True
-        if stmt.backend_id != stmt.client_id:
-            new = new[:1] + struct.pack("<I", stmt.backend_id) + new[5:]
-        if new is payload and raw is not None:
-            return raw
-        return encode_packet(new, 0)[0]
 
     # ------------------------------------------------------------------ answering locally
 

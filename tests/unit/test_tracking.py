@@ -319,3 +319,31 @@ def test_a_journal_entry_is_judged_as_the_server_read_it_when_it_ran():
     assert judged.nbe is False and judged.unknown is not None  # read then, the quote never closes
     assert "stored code" in facts_of(t, sql).unknown  # what judging it again now would say
     assert "not understood" in statement_facts(0x03, judged).unknown  # what recovery says: the reading of then
+
+
+def test_prepared_statements_change_only_through_the_tracker():
+    """Long data kept for replay within the limit (per statement and per session), parameter
+    types bound again after a re-prepare, ids renumbered, and a failed move's ids put back."""
+    from proxy.session import PreparedStatement
+
+    t = tracker()
+    a = t.prepared[1] = PreparedStatement(1, b"\x16SELECT ?", 1, 1, 1)
+    b = t.prepared[2] = PreparedStatement(2, b"\x16SELECT ?", 1, 1, 2)
+    piece = b"\x18" + (1).to_bytes(4, "little") + b"\x00\x00" + b"x" * 600
+    assert t.long_data_received(a, piece, limit=1000) and a.long_data == [piece]
+    assert not t.long_data_received(b, piece, limit=1000)  # the session's 1200 bytes: over
+    assert b.long_data == [] and b.long_data_bytes == 1000  # its execute will get 1153
+    t.long_data_dropped(b)
+    assert (b.long_data, b.long_data_bytes) == ([], 0)
+
+    execute = b"\x17" + (1).to_bytes(4, "little") + b"\x00" + (1).to_bytes(4, "little") + b"\x00" + b"\x01" + b"\x08\x00" + b"\x05" * 8
+    assert t.backend_bytes(execute, b"raw", a) == b"raw"  # types bound now, nothing to change
+    ids = t.backend_ids()
+    t.backend_changed("127.0.0.1:3306", "10.11.19-MariaDB")
+    t.reprepared(a, 7)
+    again = execute[:11] + b"\x00" + b"\x05" * 8  # a later execute: types not sent again
+    sent = t.backend_bytes(again, None, a)
+    assert sent[4] == 0x17 and int.from_bytes(sent[5:9], "little") == 7  # renumbered
+    assert sent[4 + 11] == 1 and sent[4 + 12 : 4 + 14] == b"\x08\x00"  # types bound again
+    t.restore_backend_ids(ids)
+    assert (a.backend_id, t.generation) == (1, ids[0])
