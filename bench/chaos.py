@@ -32,7 +32,9 @@ from typing import Any
 import trio
 
 from bench import REPO
-from bench.env import BenchEnv, run_meta, sigterm_as_interrupt
+from bench.env import BenchEnv
+from bench.hygiene import sigterm_as_interrupt
+from bench.runinfo import run_meta
 from tests.lab import goclient as gc
 from tests.lab.chaos import ChaosResult, run_chaos
 

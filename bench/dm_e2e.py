@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import REPO, dm_load
-from bench.env import run_meta, sigterm_as_interrupt
+from bench.hygiene import sigterm_as_interrupt
+from bench.runinfo import run_meta
 from tests.lab.dm import DMCluster, dm_unavailable_reason
 from tests.lab.mariadb import MariaDB
 from tests.lab.proxy import ProxyProcess

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 from bench.procstat import CpuMeter, process_tree
 
 if TYPE_CHECKING:
-    from bench.env import BenchEnv, Target
+    from bench.env import BenchEnv
+    from bench.stack import Target
 
 PERF_EVENTS = ("task-clock", "context-switches", "cpu-migrations", "page-faults", "instructions", "cycles")
 

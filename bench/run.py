@@ -23,11 +23,14 @@ import traceback
 from pathlib import Path
 
 from bench import REPO
-from bench.env import ALL_TARGETS, DEFAULT_PLUGIN_CHAIN, BenchEnv, PluginVariant, missing_tools, \
-    raise_nofile, run_meta, sigterm_as_interrupt
+from bench.env import BenchEnv
+from bench.hygiene import raise_nofile, sigterm_as_interrupt
 from bench.middle import Profile, flame_summary, perf_counts_instructions, perf_unavailable_reason, \
     pyspy_unavailable_reason
+from bench.plugin_variants import DEFAULT_PLUGIN_CHAIN, PluginVariant
 from bench.report import finalize, new_workload_record, render_table, write_chart, write_json
+from bench.runinfo import missing_tools, run_meta
+from bench.stack import ALL_TARGETS
 from bench.workloads import LOOP_METRICS, PERF_METRICS, SYS_METRIC, Settings, Workload, WorkloadError, \
     WorkloadSkipped
 from bench.workloads.bulk import BigResult, BigStatement
@@ -158,7 +161,7 @@ def select_workloads(args: argparse.Namespace) -> list[Workload]:
 
 def plugin_variant(args: argparse.Namespace) -> PluginVariant:
     chain = tuple(n.strip() for n in args.plugin_chain.split(",") if n.strip())
-    options: dict | None = None  # None: bench.env.DEFAULT_PLUGIN_OPTIONS
+    options: dict | None = None  # None: bench.plugin_variants.DEFAULT_PLUGIN_OPTIONS
     if args.plugins_config:
         data = tomllib.loads(args.plugins_config.read_text())
         section = data.get("plugins", data)

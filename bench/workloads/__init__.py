@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bench.env import BenchEnv, Target
+    from bench.env import BenchEnv
+    from bench.stack import Target
 
 
 class WorkloadError(RuntimeError):

@@ -24,7 +24,8 @@ from bench.procstat import CpuMeter, PeakRss
 from bench.workloads import Metric, Settings, Workload, WorkloadError
 
 if TYPE_CHECKING:
-    from bench.env import BenchEnv, Target
+    from bench.env import BenchEnv
+    from bench.stack import Target
 
 ROW_BYTES = 1000
 INSERT_CHUNK = 20000

@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING
 
 import pymysql
 
-from bench.env import raise_nofile
+from bench.hygiene import raise_nofile
 from bench.procstat import CpuMeter, wait_rss_settled
 from bench.workloads import Metric, Settings, Workload, WorkloadError
 
 if TYPE_CHECKING:
-    from bench.env import BenchEnv, Target
+    from bench.env import BenchEnv
+    from bench.stack import Target
 
 
 def _connect(port: int) -> pymysql.connections.Connection:

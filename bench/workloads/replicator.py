@@ -15,7 +15,8 @@ from bench.procstat import CpuMeter
 from bench.workloads import Metric, Settings, Workload, WorkloadError, WorkloadSkipped
 
 if TYPE_CHECKING:
-    from bench.env import BenchEnv, Target
+    from bench.env import BenchEnv
+    from bench.stack import Target
 
 
 def goclient():

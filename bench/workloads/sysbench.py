@@ -20,7 +20,8 @@ from bench.middle import MiddleMeter
 from bench.workloads import Metric, Settings, Workload, WorkloadError, WorkloadSkipped
 
 if TYPE_CHECKING:
-    from bench.env import BenchEnv, Target
+    from bench.env import BenchEnv
+    from bench.stack import Target
 
 DB = "sbtest"
 

@@ -1,0 +1,96 @@
+"""The proxy as the benchmarks run it: ``python -m proxy`` (or bench/instrumented_proxy.py, which
+counts trio's task steps) as a subprocess, on tests/lab/proxy.py's ``ProxyProcess``; stopping it
+also ends the worker processes a ``--workers`` supervisor left behind, and at interpreter exit
+every proxy still running is killed with its whole process tree."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench import REPO
+from bench.procstat import process_tree
+from tests.lab.procs import kill_at_exit, wait_listening
+from tests.lab.proxy import ProxyProcess
+
+_WORKERS_FLAG: bool | None = None
+
+
+def proxy_has_workers_flag() -> bool:
+    """True once ``python -m proxy --help`` lists ``--workers`` (being implemented alongside)."""
+    global _WORKERS_FLAG
+    if _WORKERS_FLAG is None:
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        try:
+            res = subprocess.run([sys.executable, "-m", "proxy", "--help"], cwd=REPO, env=env, capture_output=True,
+                                 text=True, timeout=60)
+            _WORKERS_FLAG = "--workers" in res.stdout
+        except (OSError, subprocess.TimeoutExpired):
+            _WORKERS_FLAG = False
+    return _WORKERS_FLAG
+
+
+class BenchProxy(ProxyProcess):
+    """tests.lab.proxy.ProxyProcess with extra command-line arguments (``--workers N``) or started
+    through bench/instrumented_proxy.py (``counts``); stop() also ends worker processes the
+    supervisor left behind."""
+
+    def __init__(self, workdir: Path, backend_port: int, *, args: list[str] | None = None, counts: bool = False,
+                 **overrides: Any) -> None:
+        super().__init__(workdir, backend_port, **overrides)
+        self.args = list(args or [])
+        self.counts_path = self.workdir / "loop-counts.json" if counts else None
+        self.tree: list[int] = []
+
+    def start(self, timeout: float = 20) -> "BenchProxy":
+        self._log = open(self.log_path, "ab")
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        if self.counts_path is not None:
+            cmd = [sys.executable, "-m", "bench.instrumented_proxy", "--config", str(self.config_path),
+                   "--counts", str(self.counts_path)]
+        else:
+            cmd = [sys.executable, "-m", "proxy", "--config", str(self.config_path), *self.args]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        kill_at_exit(self.proc)
+        _LIVE_PROXIES.add(self)
+        wait_listening(self.proc, self.port, timeout, "proxy", self.log_text)
+        return self
+
+    def stop(self, timeout: float = 10) -> str:
+        if self.proc is not None and self.proc.poll() is None:
+            self.tree = process_tree(self.proc.pid)
+        try:
+            return super().stop(timeout)
+        finally:
+            _LIVE_PROXIES.discard(self)
+            self.kill_leftovers()
+
+    def kill_leftovers(self) -> None:
+        """SIGKILL the descendants seen at stop() that still run (a supervisor that died first)."""
+        own = self.proc.pid if self.proc is not None else None
+        for pid in self.tree:
+            if pid == own:
+                continue
+            try:
+                if "proxy" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                    os.kill(pid, signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                pass
+
+
+_LIVE_PROXIES: set[BenchProxy] = set()
+
+
+@atexit.register
+def _kill_proxy_trees() -> None:
+    """At exit, before tests.lab.procs kills the supervisors, kill the workers under them too."""
+    for proxy in list(_LIVE_PROXIES):
+        if proxy.proc is not None and proxy.proc.poll() is None:
+            proxy.tree = process_tree(proxy.proc.pid)
+            proxy.proc.kill()
+            proxy.kill_leftovers()
