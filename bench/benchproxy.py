@@ -47,7 +47,7 @@ class BenchProxy(ProxyProcess):
         self.counts_path = self.workdir / "loop-counts.json" if counts else None
         self.tree: list[int] = []
 
-    def start(self, timeout: float = 20) -> "BenchProxy":
+    def start(self, timeout: float = 20) -> BenchProxy:
         self._log = open(self.log_path, "ab")
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         if self.counts_path is not None:

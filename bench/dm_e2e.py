@@ -459,7 +459,7 @@ def write_chart(results: dict[str, Any], path: Path) -> str | None:
         ax.plot(xs, ys, color="#dd8452" if r["target"] == "proxy" else "#555555", lw=1.2, label="lag (s)")
         for i, x in enumerate(r["restarts"]):
             ax.axvspan(x["stop"] - t0, x["up"] - t0, color="#4c72b0", alpha=0.15, lw=0, label="TiDB down" if i == 0 else None)
-        for i, (a, b) in enumerate(r["dm"]["pause_spans"]):
+        for i, (a, _b) in enumerate(r["dm"]["pause_spans"]):
             ax.axvline(a, color="#c44e52", lw=1, ls="--", label="DM paused" if i == 0 else None)
         ax.set_ylabel("lag (s)")
         title = "DM -> TiDB directly" if r["target"] == "direct" else "DM -> replay-proxy -> TiDB"

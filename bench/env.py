@@ -138,7 +138,7 @@ class BenchEnv:
             if self._own_workdir and not self.keep:
                 shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> "BenchEnv":
+    def __enter__(self) -> BenchEnv:
         return self
 
     def __exit__(self, *exc: object) -> None:

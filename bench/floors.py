@@ -71,7 +71,7 @@ def uvloop_pump(port: int, backend_port: int) -> None:
     class Side(asyncio.Protocol):
         """One socket; ``peer`` is the other side. A peer that cannot write pauses our reads."""
 
-        def __init__(self, peer: "Side | None" = None) -> None:
+        def __init__(self, peer: Side | None = None) -> None:
             self.peer, self.transport = peer, None
 
         def connection_made(self, transport: asyncio.Transport) -> None:
@@ -168,7 +168,7 @@ class Floor(ListeningChild):
         self.counts_path = self.workdir / "loop-counts.json" if counts and kind == "trio" else None
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 20) -> "Floor":
+    def start(self, timeout: float = 20) -> Floor:
         reason = floor_unavailable_reason(self.kind)
         if reason:
             raise RuntimeError(reason)

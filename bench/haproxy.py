@@ -15,6 +15,7 @@ from pathlib import Path
 from tests.lab.mariadb import free_port
 from tests.lab.procs import ListeningChild
 
+
 def haproxy_unavailable_reason() -> str | None:
     if shutil.which("haproxy") is None:
         return "haproxy not found on PATH (Debian: apt-get install haproxy)"
@@ -56,7 +57,7 @@ class HAProxy(ListeningChild):
         self.log_path = self.workdir / "haproxy.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 10) -> "HAProxy":
+    def start(self, timeout: float = 10) -> HAProxy:
         reason = haproxy_unavailable_reason()
         if reason:
             raise RuntimeError(reason)

@@ -23,10 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--counts", type=Path, required=True, help="JSON file the counts are written to")
     args = p.parse_args(argv)
 
+    from bench.instrument import LoopCounter, dump_on_signal
     from proxy.cli import run, setup_logging
     from proxy.config import ConfigError, load_config
-
-    from bench.instrument import LoopCounter, dump_on_signal
 
     try:
         from proxy.plugin_loader import check_chain

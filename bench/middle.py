@@ -127,7 +127,7 @@ class PerfStat:
 # -- the meter ------------------------------------------------------------------------------------
 
 class MiddleMeter:
-    def __init__(self, env: "BenchEnv", target: "Target") -> None:
+    def __init__(self, env: BenchEnv, target: Target) -> None:
         self.target = target
         self.cpu = CpuMeter(target.pid)
         self.counts_path = target.counts_path
@@ -139,7 +139,7 @@ class MiddleMeter:
         self.workdir = env.workdir
         self.elapsed = 0.0
 
-    def start(self) -> "MiddleMeter":
+    def start(self) -> MiddleMeter:
         if self.counts_path is not None and self.target.pid is not None:
             self.counts_before = loop_counts(self.target.pid, self.counts_path)
         if self.want_perf:
@@ -148,7 +148,7 @@ class MiddleMeter:
         self._t0 = time.monotonic()
         return self
 
-    def stop(self) -> "MiddleMeter":
+    def stop(self) -> MiddleMeter:
         self.cpu.stop()
         self.elapsed = time.monotonic() - self._t0
         if self.perf is not None:

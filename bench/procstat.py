@@ -116,7 +116,7 @@ class CpuMeter:
         self.lost: list[int] = []
         self.by_pid: dict[int, float] = {}  # CPU seconds of each process over the run
 
-    def start(self) -> "CpuMeter":
+    def start(self) -> CpuMeter:
         if self.pid is not None:
             self.before = tree_cpu_times(self.pid)
             if self.pid not in self.before:
@@ -156,7 +156,7 @@ class PeakRss:
         self._thread: threading.Thread | None = None
         self.peak_kib: int | None = None
 
-    def __enter__(self) -> "PeakRss":
+    def __enter__(self) -> PeakRss:
         if self.pid is None:
             return self
         self.start_kib = rss_kib(self.pid)

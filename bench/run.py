@@ -25,14 +25,12 @@ from pathlib import Path
 from bench import REPO
 from bench.env import BenchEnv
 from bench.hygiene import raise_nofile, sigterm_as_interrupt
-from bench.middle import Profile, flame_summary, perf_counts_instructions, perf_unavailable_reason, \
-    pyspy_unavailable_reason
+from bench.middle import Profile, flame_summary, perf_counts_instructions, perf_unavailable_reason, pyspy_unavailable_reason
 from bench.plugin_variants import DEFAULT_PLUGIN_CHAIN, PluginVariant
 from bench.report import finalize, new_workload_record, render_table, write_chart, write_json
 from bench.runinfo import missing_tools, run_meta
 from bench.stack import ALL_TARGETS
-from bench.workloads import LOOP_METRICS, PERF_METRICS, SYS_METRIC, Settings, Workload, WorkloadError, \
-    WorkloadSkipped
+from bench.workloads import LOOP_METRICS, PERF_METRICS, SYS_METRIC, Settings, Workload, WorkloadError, WorkloadSkipped
 from bench.workloads.bulk import BigResult, BigStatement
 from bench.workloads.idle import IdleConnections
 from bench.workloads.replicator import ReplicatorWorkload
@@ -360,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
                           *perf_metrics]
     raise_nofile(max(16384, settings.idle_conns * 2 + 1024))
 
-    now = _dt.datetime.now(_dt.timezone.utc)
+    now = _dt.datetime.now(_dt.UTC)
     out = args.out or RESULTS_DIR / (now.strftime("%Y%m%d-%H%M%S") + ("-quick" if settings.quick else ""))
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {

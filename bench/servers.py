@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from tests.lab.mariadb import MariaDB
 from tests.lab.tidb import TiDB, tidb_unavailable_reason

@@ -18,9 +18,10 @@ here is left out with its reason (``unavailable``), one that fails to start or d
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bench.benchproxy import BenchProxy, proxy_has_workers_flag
 from bench.floors import Floor, floor_unavailable_reason

@@ -36,9 +36,9 @@ from typing import Annotated
 
 import attrs
 
+from proxy import sqltext
 from proxy.hooks import CommandInfo, Reject, SessionInfo
 from proxy.plugin_loader import Check, PluginContext
-from proxy import sqltext
 from proxy.sqltext.tokens import unquote
 
 __all__ = ["Plugin"]

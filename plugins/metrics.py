@@ -40,7 +40,8 @@ so no locks are needed on the hot path.
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Annotated, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any
 
 import attrs
 from prometheus_client import CollectorRegistry, ProcessCollector, exposition

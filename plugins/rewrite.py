@@ -35,10 +35,10 @@ from typing import Literal
 
 import attrs
 
+from proxy import sqltext as sql
 from proxy.config import Size
 from proxy.hooks import COM_QUERY, COM_STMT_PREPARE, CommandInfo, Rewrite, SessionInfo
 from proxy.plugin_loader import PluginContext
-from proxy import sqltext as sql
 
 __all__ = ["Plugin", "statement_table"]
 

@@ -80,7 +80,7 @@ class Instance:
         assert self.kills is not None
         return (kills_now - self.kills) - (_own_kills.get((self.hostname, self.port), 0) - self.own_kills)
 
-    def same_as(self, other: "Instance") -> bool:
+    def same_as(self, other: Instance) -> bool:
         # Start times come from whole seconds (UNIX_TIMESTAMP() - Uptime): off by one at most.
         return (self.hostname, self.port) == (other.hostname, other.port) and abs(self.started - other.started) <= 1
 

@@ -14,10 +14,10 @@ import json
 import logging
 import os
 import signal
+import socket
 import stat
 import sys
 import time
-import socket
 import urllib.error
 import urllib.request
 from importlib.metadata import PackageNotFoundError, version

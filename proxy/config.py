@@ -78,7 +78,7 @@ class Address:
     port: int
 
     @classmethod
-    def parse(cls, value: Any) -> "Address":
+    def parse(cls, value: Any) -> Address:
         if not isinstance(value, str):
             raise ValueError(f"expected 'host:port', got {value!r}")
         host, sep, port = value.rpartition(":")

@@ -42,7 +42,8 @@ import inspect
 import logging
 import os
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 import trio

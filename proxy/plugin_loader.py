@@ -19,7 +19,8 @@ import importlib
 import inspect
 import logging
 import re
-from typing import Annotated, Any, Callable, get_args, get_origin
+from collections.abc import Callable
+from typing import Annotated, Any, get_args, get_origin
 
 import attrs
 

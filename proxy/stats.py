@@ -8,7 +8,8 @@ counted where it happens (logins, recoveries), which is rare.
 from __future__ import annotations
 
 import bisect
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector, exposition
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric

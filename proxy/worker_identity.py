@@ -25,7 +25,7 @@ class WorkerInfo:
     admin_ports: tuple[int, ...]  # every worker's private admin port, by index
 
     @classmethod
-    def parse(cls, spec: str, ports: str) -> "WorkerInfo":
+    def parse(cls, spec: str, ports: str) -> WorkerInfo:
         index, _, count = spec.partition("/")
         return cls(int(index), int(count), tuple(int(p) for p in ports.split(",")))
 

@@ -1,20 +1,19 @@
 # Lab fixtures and hooks live in tests/lab/fixtures.py; importing them here
 # registers them for the whole test suite.
+import pytest
+
 from tests.lab.fixtures import (  # noqa: F401
     db,
     db_factory,
     goclient,
     mariadb,
     mariadb_factory,
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_runtest_setup,
     tidb,
     tidb_factory,
-    pytest_configure,
-    pytest_collection_modifyitems,
-    pytest_runtest_setup,
 )
-
-
-import pytest  # noqa: E402
 
 
 @pytest.fixture

@@ -70,16 +70,16 @@ class Workload:
     # so --instrument / --perf add their metrics to it (LOOP_METRICS, PERF_METRICS).
     per_statement_meter: bool = False
 
-    def setup(self, env: "BenchEnv", settings: Settings) -> None:
+    def setup(self, env: BenchEnv, settings: Settings) -> None:
         """Once per benchmark run, before the first round, directly against MariaDB."""
 
-    def before_run(self, env: "BenchEnv", settings: Settings) -> None:
+    def before_run(self, env: BenchEnv, settings: Settings) -> None:
         """Before every run (outside the measurement), directly against MariaDB."""
 
-    def run(self, env: "BenchEnv", target: "Target", settings: Settings) -> dict[str, float | None]:
+    def run(self, env: BenchEnv, target: Target, settings: Settings) -> dict[str, float | None]:
         raise NotImplementedError
 
-    def teardown(self, env: "BenchEnv", settings: Settings) -> None:
+    def teardown(self, env: BenchEnv, settings: Settings) -> None:
         """After the last round."""
 
 

@@ -63,7 +63,7 @@ class BigResult(Workload):
         )
         self.rows = 0
 
-    def setup(self, env: "BenchEnv", settings: Settings) -> None:
+    def setup(self, env: BenchEnv, settings: Settings) -> None:
         assert env.db is not None
         self.rows = settings.big_result_mb * MB // ROW_BYTES
         self.title = f"{settings.big_result_mb} MB result set (raw streaming reader)"
@@ -86,7 +86,7 @@ class BigResult(Workload):
         finally:
             conn.close()
 
-    def run(self, env: "BenchEnv", target: "Target", settings: Settings) -> dict[str, float | None]:
+    def run(self, env: BenchEnv, target: Target, settings: Settings) -> dict[str, float | None]:
         try:
             conn = rawclient.connect(target.port)
         except pymysql.err.Error as e:
@@ -109,7 +109,7 @@ class BigResult(Workload):
             raise WorkloadError(f"big result through {target.name}: {rows} of {self.rows} rows ({nbytes} bytes)")
         return {**transfer_numbers(self.rows * ROW_BYTES / MB, elapsed, peak, cpu, target.pid), "_wire_bytes": nbytes}
 
-    def teardown(self, env: "BenchEnv", settings: Settings) -> None:
+    def teardown(self, env: BenchEnv, settings: Settings) -> None:
         if env.db is not None and env.db.is_running():
             env.db.query("DROP TABLE IF EXISTS bench.big")
 
@@ -126,13 +126,13 @@ class BigStatement(Workload):
         self.sql = b""
         self.size = 0
 
-    def setup(self, env: "BenchEnv", settings: Settings) -> None:
+    def setup(self, env: BenchEnv, settings: Settings) -> None:
         self.size = settings.big_statement_mb * MB
         self.sql = b"SELECT LENGTH(_binary'" + b"x" * self.size + b"')"
         self.title = f"{settings.big_statement_mb} MB statement (PyMySQL, SELECT LENGTH(_binary'...'))"
         self.info.update(statement_bytes=len(self.sql), reps=settings.big_statement_reps)
 
-    def run(self, env: "BenchEnv", target: "Target", settings: Settings) -> dict[str, float | None]:
+    def run(self, env: BenchEnv, target: Target, settings: Settings) -> dict[str, float | None]:
         try:
             conn = pymysql.connect(
                 host="127.0.0.1", port=target.port, user="app", password="apppw", autocommit=True, ssl_disabled=True,
@@ -162,5 +162,5 @@ class BigStatement(Workload):
             conn.close()
         return transfer_numbers(len(self.sql) * settings.big_statement_reps / MB, elapsed, peak, cpu, target.pid)
 
-    def teardown(self, env: "BenchEnv", settings: Settings) -> None:
+    def teardown(self, env: BenchEnv, settings: Settings) -> None:
         self.sql = b""

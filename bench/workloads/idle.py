@@ -48,7 +48,7 @@ class IdleConnections(Workload):
             fresh_stack=True,
         )
 
-    def setup(self, env: "BenchEnv", settings: Settings) -> None:
+    def setup(self, env: BenchEnv, settings: Settings) -> None:
         limit = raise_nofile(settings.idle_conns * 2 + 1024)
         if limit < settings.idle_conns + 256:
             raise WorkloadError(f"RLIMIT_NOFILE is {limit}: too low for {settings.idle_conns} connections")
@@ -56,7 +56,7 @@ class IdleConnections(Workload):
         self.info.update(conns=settings.idle_conns,
                          note="direct column: mariadbd's RSS growth per connection (reference only)")
 
-    def run(self, env: "BenchEnv", target: "Target", settings: Settings) -> dict[str, float | None]:
+    def run(self, env: BenchEnv, target: Target, settings: Settings) -> dict[str, float | None]:
         assert env.db is not None
         # The process whose memory is measured: the intermediary, or the server for direct.
         pid = target.pid if target.pid is not None else env.db.pid

@@ -47,18 +47,18 @@ class ReplicatorWorkload(Workload):
         )
         self.per_statement_meter = True
 
-    def setup(self, env: "BenchEnv", settings: Settings) -> None:
+    def setup(self, env: BenchEnv, settings: Settings) -> None:
         gc = goclient()
         env.log("building tests/goclient")
         gc.build_goclient()
         self.info.update(conns=settings.replicator_conns, batch=settings.replicator_batch, sql="safe",
                          statements_per_txn=settings.replicator_batch + 3)
 
-    def before_run(self, env: "BenchEnv", settings: Settings) -> None:
+    def before_run(self, env: BenchEnv, settings: Settings) -> None:
         assert env.db is not None
         goclient().run_goclient("setup", port=env.db.port, conns=settings.replicator_conns, timeout=120)
 
-    def run(self, env: "BenchEnv", target: "Target", settings: Settings) -> dict[str, float | None]:
+    def run(self, env: BenchEnv, target: Target, settings: Settings) -> dict[str, float | None]:
         gc = goclient()
         meter = MiddleMeter(env, target).start()
         server = CpuMeter(env.db.pid).start()

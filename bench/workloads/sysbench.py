@@ -90,7 +90,7 @@ class SysbenchSetup:
     done = False
 
     @classmethod
-    def ensure(cls, env: "BenchEnv", settings: Settings) -> None:
+    def ensure(cls, env: BenchEnv, settings: Settings) -> None:
         if cls.done:
             return
         if shutil.which("sysbench") is None:
@@ -127,12 +127,12 @@ class SysbenchWorkload(Workload):
         self.ps_mode = ps_mode
         self.per_statement_meter = True
 
-    def setup(self, env: "BenchEnv", settings: Settings) -> None:
+    def setup(self, env: BenchEnv, settings: Settings) -> None:
         SysbenchSetup.ensure(env, settings)
         self.info["ps_mode"] = self.ps_mode or settings.sysbench_ps_mode
         self.info["tables"] = f"{settings.sysbench_tables} x {settings.sysbench_table_size} rows"
 
-    def run(self, env: "BenchEnv", target: "Target", settings: Settings) -> dict[str, float | None]:
+    def run(self, env: BenchEnv, target: Target, settings: Settings) -> dict[str, float | None]:
         meter = MiddleMeter(env, target).start()
         try:
             out = run_sysbench(self.test, settings, target.port, self.threads, settings.sysbench_time, ps_mode=self.ps_mode)
@@ -163,12 +163,12 @@ class CpuPerStatement(Workload):
         )
         self.per_statement_meter = True
 
-    def setup(self, env: "BenchEnv", settings: Settings) -> None:
+    def setup(self, env: BenchEnv, settings: Settings) -> None:
         SysbenchSetup.ensure(env, settings)
         self.info["rate_tps"] = settings.cpu_rate
         self.info["ps_mode"] = settings.sysbench_ps_mode
 
-    def run(self, env: "BenchEnv", target: "Target", settings: Settings) -> dict[str, float | None]:
+    def run(self, env: BenchEnv, target: Target, settings: Settings) -> dict[str, float | None]:
         meter = MiddleMeter(env, target).start()
         try:
             out = run_sysbench("oltp_write_only", settings, target.port, 4, settings.cpu_time, rate=settings.cpu_rate)

@@ -20,8 +20,8 @@ import zlib
 
 from proxy.protocol.constants import MAX_FRAME, Commands, ServerStatus
 from proxy.protocol.packets import (
-    ERR_HEADER,
     EOF_HEADER,
+    ERR_HEADER,
     LOCAL_INFILE_HEADER,
     OK_HEADER,
     ErrPacket,

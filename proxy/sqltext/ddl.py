@@ -53,7 +53,7 @@ _ATTRIBUTE_WORDS = frozenset({"DEFAULT", "CHECK", "AUTO_RANDOM"})
 def object_word(tokens: list[Token]) -> int:
     """Index of the word saying what a CREATE statement creates, or -1."""
     parens = 0
-    for i, tok in enumerate(tokens):
+    for i in range(len(tokens)):
         if tk.is_punct(tokens, i, "("):
             parens += 1
         elif tk.is_punct(tokens, i, ")"):

@@ -38,7 +38,7 @@ class Dialect:
     version: int = 0  # version id: 10.11.19 -> 101119, 8.0.11 -> 80011
 
     @classmethod
-    def from_server_version(cls, text: str) -> "Dialect":
+    def from_server_version(cls, text: str) -> Dialect:
         """From the greeting's server version: '5.5.5-10.11.19-MariaDB-0+deb12u1',
         '10.11.19-MariaDB', '8.0.11-TiDB-v8.5.1', '8.0.36'."""
         if "TiDB" in text:

@@ -36,11 +36,11 @@ import attrs
 
 from proxy.sqltext import tokens as tk
 from proxy.sqltext.classify import classify
-from proxy.sqltext.statement import TRANSACTION_KINDS, Kind
 from proxy.sqltext.dialect import UNKNOWN, Dialect
 from proxy.sqltext.inserts import InsertHead, insert_head, insert_target, table_name, table_ref_end
 from proxy.sqltext.lexer import IDC, NAME_KINDS, WS, SqlParseError, Token, TokenKind, quoted_string
 from proxy.sqltext.setstmt import SetScope, parse_set
+from proxy.sqltext.statement import TRANSACTION_KINDS, Kind
 
 __all__ = ["Claim", "TableKeys", "claim", "proves", "is_idempotent"]
 

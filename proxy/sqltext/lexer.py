@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 from proxy.sqltext.dialect import UNKNOWN, Dialect
 

@@ -186,7 +186,7 @@ def _guess_rows_end(sql: bytes, rows_start: int) -> int | None:
     tail = max(rows_start, len(sql) - _GUESS_WINDOW)
     for hint in _ROWS_END_HINTS:
         last = None
-        for last in hint.finditer(sql, tail):
+        for last in hint.finditer(sql, tail):  # noqa: B007 (what is kept is the last match)
             pass
         if last is not None:
             return last.end()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 import struct
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
@@ -122,7 +122,7 @@ class FakeServer:
         self.db.locks.clear()
         self.next_id = 100
 
-    def live(self) -> list["FakeConnection"]:
+    def live(self) -> list[FakeConnection]:
         return [c for c in self.connections if not c.closed]
 
 
@@ -131,7 +131,7 @@ class _FakeChannel(StreamChannel):
 
     __slots__ = ("conn",)
 
-    def __init__(self, conn: "FakeConnection", stream, name: str) -> None:
+    def __init__(self, conn: FakeConnection, stream, name: str) -> None:
         super().__init__(stream, name)
         self.conn = conn
 

@@ -13,7 +13,8 @@ One ``Lab`` for every component suite; what the suites need differently is an ar
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import trio
 import trio.testing

@@ -40,7 +40,7 @@ def certs(tmp_path_factory):
 class TLSFakeConnection(FakeConnection):
     """The fake server's connection, offering TLS (and optionally requiring it)."""
 
-    def __init__(self, server: "TLSFakeServer", stream, conn_id: int) -> None:
+    def __init__(self, server: TLSFakeServer, stream, conn_id: int) -> None:
         super().__init__(server, stream, conn_id)
         self.raw = stream
         self.secure = False

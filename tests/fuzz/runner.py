@@ -7,8 +7,8 @@ import json
 import time
 import traceback
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import attrs
 
@@ -53,7 +53,7 @@ class Report:
                 "findings": self.findings, "engine": self.engine, "note": self.note}  # fmt: skip
 
     @classmethod
-    def from_json(cls, d: dict) -> "Report":
+    def from_json(cls, d: dict) -> Report:
         return cls(d["target"], d["inputs"], d["seconds"], d["crashes"], d["findings"], d.get("engine", "?"), d.get("note", ""))
 
 

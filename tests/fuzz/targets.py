@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import random
 import struct
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import attrs
 import trio
@@ -37,7 +37,7 @@ from proxy import intake
 from proxy.backend import Backend, BackendError, Login, connect_backend
 from proxy.config import Address
 from proxy.netio import PeerClosed
-from proxy.protocol import framing, resultset, response
+from proxy.protocol import framing, response, resultset
 from proxy.protocol.auth import CACHING_SHA2, NATIVE, SHA256, ClientAuth, ServerAuth
 from proxy.protocol.constants import MAX_FRAME, PROXY_CAPABILITIES, Capabilities
 from proxy.protocol.framing import PacketDecoder, encode_packet

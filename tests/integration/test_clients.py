@@ -17,8 +17,8 @@ import hashlib
 import re
 import shutil
 import subprocess
-import time
 import sys
+import time
 from decimal import Decimal
 
 import pymysql
@@ -533,7 +533,7 @@ def test_kill_query_by_the_greeting_connection_id(db, proxy):
         killer = pymysql.connect(host="127.0.0.1", port=port, user="app", password="apppw", database="test")
         outcome = {}
 
-        def sleep():
+        def sleep(victim=victim, outcome=outcome):  # run and joined within this iteration
             started = time.monotonic()
             try:
                 with victim.cursor() as cur:
@@ -592,7 +592,7 @@ def test_kill_by_the_greeting_connection_id_ends_the_session(db, proxy_factory, 
         killer = pymysql.connect(host="127.0.0.1", port=port, user="app", password="apppw")
         outcome: dict = {}
 
-        def sleep():
+        def sleep(victim=victim, outcome=outcome):  # run and joined within this iteration
             started = time.monotonic()
             try:
                 with victim.cursor() as cur:

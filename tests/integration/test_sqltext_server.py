@@ -144,7 +144,7 @@ def alone(conn, statement: str, dialect: Dialect) -> list:
 PROBE = "probe_f"
 NAME_PLACES = [
     f"KEY {PROBE} (a)", f"UNIQUE KEY {PROBE} (a, b)", f"KEY k ({PROBE}(4))", f"INDEX {PROBE} USING BTREE (b)",
-    f"CONSTRAINT {PROBE} CHECK (a >= 0)", f"{PROBE} VARCHAR(8) DEFAULT 'x'", f"c DECIMAL(6,2) DEFAULT 1.5",
+    f"CONSTRAINT {PROBE} CHECK (a >= 0)", f"{PROBE} VARCHAR(8) DEFAULT 'x'", "c DECIMAL(6,2) DEFAULT 1.5",
     "d ENUM('p','q') NOT NULL DEFAULT 'p'", "e TIMESTAMP(6) NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6)",
     "g DOUBLE PRECISION(8,2)", "h INT AS (a + 1) VIRTUAL",
 ]  # fmt: skip
@@ -152,12 +152,12 @@ CALL_PLACES = [
     f"i INT DEFAULT ({PROBE}(1))", f"j INT AS ({PROBE}(a)) VIRTUAL", f"CHECK ({PROBE}(a) > 0)", f"KEY kf (({PROBE}(a)))",
 ]  # fmt: skip
 TAILS = ["", f" SELECT {PROBE}(7) AS a", f" AS SELECT 1 AS a, {PROBE}(2) AS b", " SELECT 3 AS a",
-         f" PARTITION BY HASH (a) PARTITIONS 2", f" ((SELECT {PROBE}(5) AS a))"]  # fmt: skip
+         " PARTITION BY HASH (a) PARTITIONS 2", f" ((SELECT {PROBE}(5) AS a))"]  # fmt: skip
 
 
 @st.composite
 def create_table(draw):
-    parts = ["a INT NOT NULL", f"b VARCHAR(16) NOT NULL DEFAULT ''"]
+    parts = ["a INT NOT NULL", "b VARCHAR(16) NOT NULL DEFAULT ''"]
     parts += draw(st.lists(st.sampled_from(NAME_PLACES), max_size=4, unique=True))
     calls = draw(st.lists(st.sampled_from(CALL_PLACES), max_size=1))
     tail = draw(st.sampled_from(TAILS))

@@ -59,7 +59,7 @@ def _write_cert(path: Path, cert: x509.Certificate) -> None:
 
 def _ca(common_name: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     key = _key()
-    now = _dt.datetime.now(_dt.timezone.utc)
+    now = _dt.datetime.now(_dt.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name(common_name))
@@ -81,7 +81,7 @@ def _ca(common_name: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]
 def _leaf(ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, common_name: str,
           sans: list[x509.GeneralName], usage) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     key = _key()
-    now = _dt.datetime.now(_dt.timezone.utc)
+    now = _dt.datetime.now(_dt.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(_name(common_name))

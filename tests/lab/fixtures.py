@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import pytest
 

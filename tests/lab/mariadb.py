@@ -32,8 +32,9 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import pymysql
 

@@ -8,8 +8,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 _LIVE: set[subprocess.Popen] = set()
 

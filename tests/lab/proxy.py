@@ -85,7 +85,7 @@ class ProxyProcess:
         self.log_path = self.workdir / "proxy.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 20) -> "ProxyProcess":
+    def start(self, timeout: float = 20) -> ProxyProcess:
         self._log = open(self.log_path, "ab")
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.proc = subprocess.Popen(
@@ -113,7 +113,7 @@ class ProxyProcess:
             raise AssertionError(f"proxy logged a traceback:\n{text[-5000:]}")
         return text
 
-    def __enter__(self) -> "ProxyProcess":
+    def __enter__(self) -> ProxyProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -26,12 +26,13 @@ import time
 import urllib.error
 import urllib.request
 import weakref
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pymysql
 
-from tests.lab.mariadb import HOST, _CLIENT_DEFAULTS, _finalize, _kill_group, _reap_orphans, _register, _unregister, free_port
+from tests.lab.mariadb import _CLIENT_DEFAULTS, HOST, _finalize, _kill_group, _reap_orphans, _register, _unregister, free_port
 from tests.lab.procs import read_log
 
 ENV_BINARY = "REPLAY_PROXY_TIDB_SERVER"

@@ -8,7 +8,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.admin import serve_admin
-from proxy.config import AdminConfig, Address
+from proxy.config import Address, AdminConfig
 from proxy.hooks import Hooks
 from proxy.plugin_loader import load_chain
 from tests.component.fakes import make_config

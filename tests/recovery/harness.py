@@ -47,8 +47,9 @@ import dataclasses
 import itertools
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import pymysql
 import pytest
@@ -57,8 +58,8 @@ from pymysql.constants import CLIENT
 from tests.lab.faultshim import Command, Event, FaultShim, Rule, matcher
 from tests.lab.fixtures import APP_PASSWORD, APP_USER, prepare_server, require, require_tidb
 from tests.lab.mariadb import HOST, MariaDB, mariadb_unavailable_reason
-from tests.lab.tidb import TiDB
 from tests.lab.proxy import ProxyProcess
+from tests.lab.tidb import TiDB
 
 __all__ = ["FLAVORS", "MODES", "Fault", "Prepared", "Outcome", "CaseResult", "RecoveryLab", "recovery_lab",
            "SHIM_FAULTS", "ACTION_FAULTS"]
@@ -158,7 +159,7 @@ class CaseResult:
     fault_applied: bool
     shim_events: list[Event]
     proxy_log: str
-    lab: "RecoveryLab"
+    lab: RecoveryLab
 
     @property
     def errors(self) -> list[tuple[int, int, str]]:
@@ -204,7 +205,7 @@ class RecoveryLab:
         self.proxies: dict[str, ProxyProcess] = {}
         self._cases = itertools.count()
 
-    def start(self) -> "RecoveryLab":
+    def start(self) -> RecoveryLab:
         self.db.start()
         prepare_server(self.db)
         self.shim.start()

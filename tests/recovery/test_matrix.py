@@ -41,12 +41,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
 from proxy import sqltext
-
 from tests.recovery.harness import (  # noqa: F401 (fixture)
     DRIVER_CRASH,
     FLAVORS,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import struct
 import subprocess
 import sys
-import struct
 
 import pytest
 

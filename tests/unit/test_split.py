@@ -9,8 +9,8 @@ import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from proxy.sqltext.split import MAX_NESTING, CannotSplit, split_values_statement
 from proxy.sqltext import tokenize
+from proxy.sqltext.split import MAX_NESTING, CannotSplit, split_values_statement
 
 # --- Statement generation ---------------------------------------------------------------------
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import time
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import functools
-
-import attrs
 
 from proxy import sqltext
 from proxy.sqltext import (
