@@ -77,6 +77,18 @@ def test_ci_runs_readmes_test_command_and_fails_loudly():
     assert not any(re.search(r"\bpip install\b|\bapt-get\b", line) for line in lines)  # all of it in scripts/setup
 
 
+def test_ci_lints_with_ruff_after_the_set_up_and_before_the_tests():
+    setup, run = readme_commands()["2"].split(" && ")
+    lines = script_lines(CI)
+    [lint] = [i for i, line in enumerate(lines) if line.startswith(".venv/bin/python -m ruff check . ")]
+    [after] = [i for i, line in enumerate(lines) if line.startswith(setup + " ")]
+    [before] = [i for i, line in enumerate(lines) if line.startswith(run + " ")]
+    assert after < lint < before
+    assert "|| die" in lines[lint]  # findings stop CI with a message
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(r.startswith("ruff==") for r in extras["test"])  # scripts/setup test installs it
+
+
 def test_setup_tells_the_same_next_step_as_readme():
     script = SETUP.read_text()
     for number, mode in (("1", "demo"), ("2", "test")):
