@@ -85,15 +85,17 @@ async def run(config: Config, path: str | None = None, worker=None, *, task_stat
 async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, task_status) -> None:
     from proxy.admin import serve_admin
 
-    async with trio.open_nursery() as nursery:
-        addresses = await nursery.start(proxy.serve)
-        if proxy.worker is not None:  # a worker's private admin port: the supervisor gathers it
-            worker = proxy.worker
-            await nursery.start(serve_admin, config, hooks, proxy, Address("127.0.0.1", worker.admin_ports[worker.index]))
-        elif config.admin.enabled:
-            await nursery.start(serve_admin, config, hooks, proxy)
-        task_status.started(addresses)
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+    # The signals are caught before anything starts: a SIGTERM while starting (a supervisor
+    # stopping a worker it just restarted) is a drain like any other, not a silent death.
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async with trio.open_nursery() as nursery:
+            addresses = await nursery.start(proxy.serve)
+            if proxy.worker is not None:  # a worker's private admin port: the supervisor gathers it
+                worker = proxy.worker
+                await nursery.start(serve_admin, config, hooks, proxy, Address("127.0.0.1", worker.admin_ports[worker.index]))
+            elif config.admin.enabled:
+                await nursery.start(serve_admin, config, hooks, proxy)
+            task_status.started(addresses)
             async for signum in signals:
                 if signum == signal.SIGHUP:
                     reload(proxy, path, retired)

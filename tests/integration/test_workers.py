@@ -66,7 +66,10 @@ def test_workers_share_the_port_and_one_admin_endpoint(db, tmp_path):
         while get_json(admin, "/healthz")["restarts"] < 1 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert get_json(admin, "/healthz")["restarts"] == 1
-        time.sleep(2)
+        # The restarted worker serves once it says so (a fixed wait was short on a loaded machine).
+        deadline = time.monotonic() + 30
+        while (tmp_path / "proxy.log").read_text().count("target w: listening on") < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
         fresh = pymysql.connect(host="127.0.0.1", port=port, user=APP_USER, password=APP_PASSWORD, database="test")
         with fresh.cursor() as cur:
             cur.execute("SELECT 1")
