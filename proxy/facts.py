@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from proxy.protocol.constants import Commands
 from proxy.recovery import StatementFacts
-from proxy.session import PreparedStatement
+from proxy.sessionstate import PreparedStatement
 from proxy.sqltext import Analysis, Kind
 from proxy.sqltext.expressions import reads_last_results
 from proxy.sqltext.idempotence import changes_no_rows, claim

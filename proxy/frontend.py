@@ -145,7 +145,7 @@ class Proxy:
                 log.info(
                     "session %d open: user=%s client=%s backend=%s backend_conn=%d",
                     session_id, session.info.user, client_address, session.info.backend_address,
-                    session.backend.connection_id if session.backend else -1,
+                    session.link.connection_id if session.link.backend else -1,
                 )
                 if target.hooks.session_opened:
                     await target.hooks.notify(target.hooks.session_opened, session.info)

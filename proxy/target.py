@@ -79,7 +79,7 @@ class Target:
     def backend_unusable(self, address: Address, state: str) -> None:
         """An address started draining (or went down): its idle sessions move elsewhere now,
         the others when their transaction ends."""
-        moving = [s for s in self.sessions if s.backend is not None and s.backend.address == address]
+        moving = [s for s in self.sessions if s.link.backend is not None and s.link.backend.address == address]
         if moving:
             log.warning("target %s: backend %s is %s: moving %d session(s) between transactions", self.name, address, state, len(moving))
         for session in moving:

@@ -31,7 +31,7 @@ from proxy.info import SessionInfo
 from proxy.protocol.constants import Commands, ServerStatus
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.response import ResponseTracker
-from proxy.session import PreparedStatement, SessionState
+from proxy.sessionstate import PreparedStatement, SessionState
 from proxy.sqltext import Analysis, Dialect, Kind, ServerReading, SqlParseError, Statement, classify, parse_set, quote_string
 from proxy.sqltext.triage import FAST_VERBS, fast_verb, may_pin_session
 from proxy.transaction import CONNECTION_FATAL, PARSE_ERRORS, ROLLS_BACK, STATEMENT_ERRORS, JournalEntry, Transaction

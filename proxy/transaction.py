@@ -17,7 +17,7 @@ import attrs
 
 from proxy.protocol.constants import Commands
 from proxy.protocol.response import Expect
-from proxy.session import PreparedStatement, SessionState
+from proxy.sessionstate import PreparedStatement, SessionState
 from proxy.sqltext import Analysis, ServerReading
 
 __all__ = ["JournalEntry", "judged", "Transaction", "CONNECTION_FATAL", "ROLLS_BACK", "STATEMENT_ERRORS", "PARSE_ERRORS"]

@@ -12,7 +12,7 @@ import trio
 
 from proxy.intake import Command
 from proxy.protocol.response import ResponseTracker
-from proxy.session import PreparedStatement
+from proxy.sessionstate import PreparedStatement
 from proxy.sqltext import Analysis, ServerReading
 from proxy.transaction import judged
 
@@ -34,7 +34,8 @@ class Inflight:
     reading: ServerReading | None = None  # how the server reads text as it is sent
     state: int = NOT_SENT
     forwarded: bool = False  # part of the response already reached the client
-    held: bytearray | None = None  # PREPARE responses are held whole (statement ids get rewritten)
+    prepare_ok: bytearray | None = None  # a PREPARE's response, held whole: its statement id is rewritten
+    captured: bytearray | None = None  # the response to one of the proxy's own commands, kept for it
     refuse_infile: bool = False  # answering the server's LOCAL INFILE request with "no file"
     marker: int = 0  # commit-marker number written just before this COMMIT (0: none)
     internal: bool = False  # the proxy's own command (split pieces): response not forwarded
@@ -55,8 +56,9 @@ class Inflight:
         """Make it ready to be sent again on a new connection, from a clean slate."""
         self.state = NOT_SENT
         self.tracker = ResponseTracker(self.tracker.expect, deprecate_eof, self.tracker.hashing)
-        if self.held is not None:
-            self.held.clear()
+        for kept in (self.prepare_ok, self.captured):
+            if kept is not None:
+                kept.clear()
 
     def finish(self) -> None:
         """Its response is complete or it was answered otherwise: free it, wake its waiter."""

@@ -15,14 +15,16 @@ from proxy.protocol.packets import ProtocolError, make_err
 from proxy.relay.inflight import ConnectionFailed
 
 if TYPE_CHECKING:
-    from proxy.relay.tasks import Session
+    from proxy.relay.link import BackendLink
+    from proxy.stats import Stats
+    from proxy.target import Target
 
 __all__ = ["killed_by_operator", "killed", "kill_if_alive"]
 
 log = logging.getLogger("replay_proxy.session")
 
 
-async def killed_by_operator(s: Session) -> bool:
+async def killed_by_operator(link: BackendLink, target: Target, io_timeout: float, session_id: int, last_activity: float) -> bool:
     """The backend connection ended (a clean close, or ER_CONNECTION_KILLED): an operator's
     KILL, or a server going away (a shutdown kills every session; another server may answer
     behind the same address), or a load balancer dropping it? It is a KILL only when a new
@@ -31,20 +33,20 @@ async def killed_by_operator(s: Session) -> bool:
     itself, for other sessions' recoveries), or, where the server counts no KILLs (TiDB), another
     session relayed a KILL of this very connection moments ago; a closed door, a restarted or
     another server, an idle session dropped after its wait_timeout, a close without any KILL:
-    recovery."""
-    old = s.backend
-    if old is None or s.login is None or old.instance is None:
+    recovery. ``last_activity``: when the session's last command completed."""
+    old = link.backend
+    if old is None or link.login is None or old.instance is None:
         return False
-    if old.wait_timeout and trio.current_time() - s.last_activity >= old.wait_timeout - 1:
+    if old.wait_timeout and trio.current_time() - last_activity >= old.wait_timeout - 1:
         return False
     try:
-        with trio.fail_after(s.config.backend.io_timeout):
-            probe = await s.target.connect(s.login)
+        with trio.fail_after(io_timeout):
+            probe = await target.connect(link.login)
     except (BackendError, trio.TooSlowError):
         return False  # not accepting connections: going down
     kills, same = None, False
     try:
-        with trio.fail_after(s.config.backend.io_timeout):
+        with trio.fail_after(io_timeout):
             same = await restarted_since(probe, old) is False
             if same and old.instance.kills is not None:
                 kills = int((await server_status(probe)).get("com_kill", -1))
@@ -56,30 +58,30 @@ async def killed_by_operator(s: Session) -> bool:
     # KILL, a clean close with the server up is a load balancer or a network: recover.)
     if kills is not None and old.instance.operator_kills_since(kills) > 0:
         log.warning("session %d: backend connection %d closed by %s, which is still up and ran a KILL since: an "
-                    "operator's KILL; the client is told, the session ends", s.id, old.connection_id, old.instance.hostname)
+                    "operator's KILL; the client is told, the session ends", session_id, old.connection_id, old.instance.hostname)
         return True
-    relayed = s.kill_relayed  # (connection id, when): a refused KILL must not count later
+    relayed = link.kill_relayed  # (connection id, when): a refused KILL must not count later
     if same and relayed is not None and relayed[0] == old.connection_id \
-            and trio.current_time() - relayed[1] < s.config.backend.io_timeout:
+            and trio.current_time() - relayed[1] < io_timeout:
         log.warning("session %d: backend connection %d closed by %s, which is still up, right after another session's "
-                    "KILL of it; the client is told, the session ends", s.id, old.connection_id, old.instance.hostname)
+                    "KILL of it; the client is told, the session ends", session_id, old.connection_id, old.instance.hostname)
         return True
     return False
 
 
-def killed(s: Session, reason: str) -> ConnectionFailed:
+def killed(stats: Stats, reason: str) -> ConnectionFailed:
     """What the client gets after an operator's KILL: the server's error, then the end."""
     msg = f"Connection was killed (replay-proxy: {reason})"
-    s.target.stats.recovered("killed_1927", 0.0)
+    stats.recovered("killed_1927", 0.0)
     return ConnectionFailed(make_err(1927, "70100", msg), msg)
 
 
-async def kill_if_alive(s: Session, backend: Backend, old: Backend) -> None:
+async def kill_if_alive(backend: Backend, old: Backend, session_id: int) -> None:
     """KILL the old connection id, but only on the same server instance: after a restart
     the id may belong to someone else."""
     if await restarted_since(backend, old) is False:
         try:
             await kill_own(backend, old.connection_id)
-            log.info("session %d: killed old backend connection %d", s.id, old.connection_id)
+            log.info("session %d: killed old backend connection %d", session_id, old.connection_id)
         except BackendError:
             pass  # already gone

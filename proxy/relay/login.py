@@ -60,7 +60,7 @@ async def handshake(s: Session) -> bool:
         await s.send_client(make_err(*Err.CON_COUNT, "Too many connections"), seq)
         s.close_reason = f"{len(s.target.sessions)} sessions open (listen.max_connections)"
         return False
-    s.login = _login_for(s, user, resp.database, resp.charset, resp.connect_attrs)
+    s.link.login = _login_for(s, user, resp.database, resp.charset, resp.connect_attrs)
     started = trio.current_time()
     try:
         backend = await _connect_within_window(s)
@@ -69,8 +69,8 @@ async def handshake(s: Session) -> bool:
         s.close_reason = f"backend login failed: {exc}"
         return False
     s.tracking.logged_in(user, resp.database, resp.charset, backend.status)
-    s.use_backend(backend)
-    s.backend_ok = True
+    s.link.replace(backend)
+    s.link.ready()
     if s.markers is not None and not await s.target.markers.ensure(backend):
         s.markers = None
     await s.send_client(make_ok(backend.status), seq)
@@ -215,7 +215,7 @@ async def _connect_within_window(s: Session) -> Backend:
     delays = backoff_delays(rec.backoff_initial, rec.backoff_max)
     while True:
         try:
-            return await s.target.connect(s.login)
+            return await s.target.connect(s.link.login)
         except BackendError as exc:
             if not exc.retryable or trio.current_time() + rec.backoff_initial >= deadline:
                 raise
@@ -235,13 +235,8 @@ async def change_user(s: Session, cmd: Command) -> None:
     if user is None:  # like MariaDB: the session goes on as the previous user
         log.warning("session %d: COM_CHANGE_USER to %r refused", s.id, change.username)
         return
-    old = s.backend
-    s.backend_ok = False
-    s.use_backend(None)
-    s.backend_replaced = trio.Event()
-    if old is not None:
-        old.close()
-    s.login = _login_for(s, user, change.database, collation, change.connect_attrs)
+    s.link.begin_swap()
+    s.link.login = _login_for(s, user, change.database, collation, change.connect_attrs)
     started = trio.current_time()
     try:
         backend = await _connect_within_window(s)
@@ -249,7 +244,6 @@ async def change_user(s: Session, cmd: Command) -> None:
         await _send_backend_error(s, exc, seq, trio.current_time() - started)
         raise SessionClosed(f"backend login after COM_CHANGE_USER failed: {exc}") from None
     s.tracking.logged_in(user, change.database, collation, backend.status)
-    s.use_backend(backend)
-    s.backend_ok = True
-    s.backend_replaced.set()
+    s.link.replace(backend)
+    s.link.ready()
     await s.send_client(make_ok(backend.status), seq)

@@ -16,12 +16,12 @@ from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import make_err, make_ok
 from proxy.protocol.resultset import build_text_result, read_text_result
 from proxy.sqltext.split import CannotSplit, count_rows, split_values_statement
-from proxy.session import PreparedStatement
+from proxy.sessionstate import PreparedStatement
 
 if TYPE_CHECKING:
     from proxy.relay.tasks import Session
 
-__all__ = ["effective_limit", "refuse", "refuse_long_data", "split", "MergedWarnings", "asks_max_packet", "tell_effective_limit"]
+__all__ = ["refuse", "refuse_long_data", "split", "MergedWarnings", "SplitWarnings", "asks_max_packet", "tell_effective_limit"]
 
 log = logging.getLogger("replay_proxy.session")
 
@@ -30,13 +30,6 @@ _SHOW_WARNINGS = re.compile(rb"\s*SHOW\s+WARNINGS\s*;?\s*$", re.I)
 _AT_ROW = re.compile(rb"(at row )(\d+)")
 _MAX_ERROR_COUNT = 64  # the server keeps at most @@max_error_count (default 64) warnings
 _ASKS_MAX_PACKET = re.compile(rb"\s*SELECT\s+@@(?:session\.)?max_allowed_packet\s*;?\s*$", re.I)
-
-
-def effective_limit(configured: int, backend: Backend | None) -> int:
-    """The session's max_allowed_packet: the config's, or the backend's if smaller."""
-    if backend is not None and backend.max_allowed_packet:
-        return min(configured, backend.max_allowed_packet)
-    return configured
 
 
 def asks_max_packet(cmd: Command) -> bool:
@@ -54,9 +47,9 @@ def tell_effective_limit(cmd: Command, limit: int, backend: Backend | None) -> C
 
 async def refuse(s: Session, size: int, seq_end: int, code: int, why: str = "") -> None:
     """ERR 1153 naming the size, the limit and where the limit comes from."""
-    limit = s.limit
+    limit = s.link.limit
     configured = s.config.limits.max_allowed_packet
-    backend = s.backend.max_allowed_packet if s.backend is not None else None
+    backend = s.link.backend.max_allowed_packet if s.link.backend is not None else None
     origin = f"[limits] max_allowed_packet = {configured}"
     if backend and backend < configured:
         origin = f"the backend's @@max_allowed_packet = {backend}"
@@ -82,14 +75,14 @@ async def refuse_long_data(s: Session, cmd: Command, stmt: PreparedStatement) ->
 async def split(s: Session, cmd: Command) -> None:
     """Split mode: run an oversized multi-row INSERT/REPLACE as several statements under the
     limit, atomically, and answer with one OK that adds up their results."""
-    limit = s.limit
+    limit = s.link.limit
     nbe = s.tracking.nbe
     if cmd.code != C.COM_QUERY:
         await refuse(s, cmd.size, cmd.seq_end, cmd.code)
         return
     try:
         # Each piece (command byte included) must be a command the server takes.
-        pieces = split_values_statement(cmd.full_payload()[1:], s.largest, no_backslash_escapes=nbe)
+        pieces = split_values_statement(cmd.full_payload()[1:], s.link.largest, no_backslash_escapes=nbe)
     except CannotSplit as exc:
         cmd.release()
         await refuse(s, cmd.size, cmd.seq_end, cmd.code, f"; split mode could not split it: {exc}")
@@ -138,7 +131,7 @@ async def split(s: Session, cmd: Command) -> None:
         return
     await s.send_client(make_ok(done.status, affected, insert_id or 0, warnings), cmd.seq_end + 1)
     if merged.rows:
-        s.split_warnings = merged  # SHOW WARNINGS right after this gets all pieces' warnings
+        s.first_answer = SplitWarnings(merged)  # SHOW WARNINGS right after this gets all pieces' warnings
 
 
 async def _collect_warnings(s: Session, merged: MergedWarnings, seq_end: int) -> bool:
@@ -153,14 +146,19 @@ async def _collect_warnings(s: Session, merged: MergedWarnings, seq_end: int) ->
     return True
 
 
-async def answer_split_warnings(s: Session, cmd: Command) -> bool:
-    """Only the command right after a split statement may ask for its merged warnings:
-    answer a SHOW WARNINGS with them. True: answered."""
-    merged, s.split_warnings = s.split_warnings, None
-    if merged is None or cmd.code != C.COM_QUERY or not _SHOW_WARNINGS.match(cmd.payload, 1):
-        return False
-    await s.client.send(build_text_result(merged.coldefs, merged.rows, s.tracking.status_word(), s.deprecate_eof, cmd.seq_end + 1))
-    return True
+class SplitWarnings:
+    """The first answer after a split statement: only the command right after it may ask for
+    its merged warnings (SHOW WARNINGS); any other command goes on as usual."""
+
+    def __init__(self, merged: MergedWarnings) -> None:
+        self.merged = merged
+
+    async def answer(self, s: Session, cmd: Command) -> bool:
+        if cmd.code != C.COM_QUERY or not _SHOW_WARNINGS.match(cmd.payload, 1):
+            return False
+        merged = self.merged
+        await s.client.send(build_text_result(merged.coldefs, merged.rows, s.tracking.status_word(), s.deprecate_eof, cmd.seq_end + 1))
+        return True
 
 
 class MergedWarnings:

@@ -20,17 +20,19 @@ from typing import TYPE_CHECKING
 
 
 from proxy.backend import Backend, BackendError
-from proxy.tablekeys import lower_text
+from proxy.tablekeys import KeyCache, lower_text
 from proxy.facts import text_of
-from proxy.session import PreparedStatement, SessionState
+from proxy.sessionstate import PreparedStatement, SessionState
 from proxy.sqltext import Dialect, ServerReading, SqlParseError, Token, TokenKind, analyze, iter_tokens, quote_string
 from proxy.sqltext.idempotence import Claim, changes_no_rows, claim, proves
 from proxy.sqltext.inserts import InsertHead, insert_head, insert_rows, insert_target
 from proxy.sqltext.tokens import name
 
 if TYPE_CHECKING:
+    from proxy.hooks import Hooks
+    from proxy.info import SessionInfo
     from proxy.relay.inflight import Inflight
-    from proxy.relay.tasks import Session
+    from proxy.tracking import SessionTracker
     from proxy.transaction import JournalEntry
 
 __all__ = ["unproven", "code_in_views", "last_insert_id"]
@@ -50,11 +52,11 @@ def _null_params(payload: bytes, stmt: PreparedStatement | None) -> list[bool] |
     return [bool(bitmap[i // 8] >> (i % 8) & 1) for i in range(stmt.num_params)]
 
 
-async def unproven(s: Session, backend: Backend, commands: list[JournalEntry | Inflight]) -> str | None:
+async def unproven(backend: Backend, commands: list[JournalEntry | Inflight], tracking: SessionTracker, keys: KeyCache,
+                   hooks: Hooks, info: SessionInfo) -> str | None:  # fmt: skip
     """Why the idempotence of these commands (the journal, the command in flight) cannot be
     proven on ``backend``; None when every one of them is proven. Each is read as the server
-    read it when it ran."""
-    tracking = s.tracking
+    read it when it ran; the tables' keys come from ``keys``, a plugin's policy from ``hooks``."""
     state = tracking.state
     fk_checks = state is None or state.variables.get("foreign_key_checks", "1").upper() not in _FK_CHECKS_OFF
     before = tracking.tx.session_before if tracking.tx.active else None
@@ -71,19 +73,20 @@ async def unproven(s: Session, backend: Backend, commands: list[JournalEntry | I
             part = text[start:end]
             if changes_no_rows(part, analysis.dialect, analysis.nbe):
                 continue
-            if s.hooks.is_idempotent and await s.hooks.idempotent(s.info, part):
+            if hooks.is_idempotent and await hooks.idempotent(info, part):
                 continue  # a plugin's policy vouches for it
             nulls = _null_params(payload, command.statement) if payload[:1] == b"\x17" else None
             found = claim(part, analysis.dialect, analysis.nbe, nulls)
             if found is None:
                 return f"not a keyed write of constants: {analysis.statements[0].kind.value}"
-            why = await _disproof(s, backend, found, state.database if state else None, session_changed, fk_checks)
+            why = await _disproof(keys, backend, found, state.database if state else None, session_changed, fk_checks)
             if why is not None:
                 return why
     return None
 
 
-async def _disproof(s: Session, backend: Backend, c: Claim, current_db: str | None, session_changed: bool, fk_checks: bool) -> str | None:
+async def _disproof(keys: KeyCache, backend: Backend, c: Claim, current_db: str | None, session_changed: bool,
+                    fk_checks: bool) -> str | None:  # fmt: skip
     database, table = c.table
     if database is None:
         if session_changed:
@@ -91,10 +94,10 @@ async def _disproof(s: Session, backend: Backend, c: Claim, current_db: str | No
         database = current_db
     if database is None:
         return "no database selected"
-    keys = await s.target.keys.get(backend, database.lower(), table)
-    if keys is None:
+    table_keys = await keys.get(backend, database.lower(), table)
+    if table_keys is None:
         return f"the keys of {database}.{table} are unknown"
-    if not proves(c, keys, fk_checks):
+    if not proves(c, table_keys, fk_checks):
         return f"{database}.{table}: the statement does not pin a unique key with constants (or the table has triggers / is referenced by foreign keys)"
     return None
 
@@ -106,13 +109,12 @@ _NAMES_PER_QUERY = 500
 _NAME_MAX = 64  # longer is no table's name
 
 
-async def code_in_views(s: Session, backend: Backend, commands: list[JournalEntry | Inflight]) -> str | None:
+async def code_in_views(backend: Backend, commands: list[JournalEntry | Inflight], tracking: SessionTracker) -> str | None:
     """Why running these commands again may run stored code hidden in a view (``SELECT * FROM
     v`` where v calls a stored function that writes); None when no name they use is a view
     that calls anything but side-effect-free built-ins. Every name is looked up, not just
     table positions (a column that is also a view's name only costs a look): ``db.name`` in db,
     a bare name in every database the session used (a view's own names: in the view's)."""
-    tracking = s.tracking
     state = tracking.state
     before = tracking.tx.session_before if tracking.tx.active else None
     databases = {db for db in (state.database if state else None, before.database if before else None) if db}
@@ -189,14 +191,14 @@ def _could_name(tok: Token) -> bool:
 # --- LAST_INSERT_ID() -------------------------------------------------------------------------------
 
 
-async def last_insert_id(s: Session, backend: Backend, state: SessionState) -> int | None:
+async def last_insert_id(backend: Backend, state: SessionState, keys: KeyCache) -> int | None:
     """The session's LAST_INSERT_ID(), to set again on a new connection; None when it cannot be
     known. An INSERT's OK carries an id both when the AUTO_INCREMENT column was generated (the
     new LAST_INSERT_ID()) and when the statement gave it (LAST_INSERT_ID() unchanged): the
     table's AUTO_INCREMENT column and the statement's values tell which, newest first."""
     zero_is_value = "NO_AUTO_VALUE_ON_ZERO" in state.variables.get("sql_mode", "").upper()
     for value, text, reading in reversed(state.insert_ids):
-        generated = await _generated(s, backend, text, reading, state.database, zero_is_value) if text is not None else None
+        generated = await _generated(keys, backend, text, reading, state.database, zero_is_value) if text is not None else None
         if generated is None:
             return None
         if generated:
@@ -204,7 +206,7 @@ async def last_insert_id(s: Session, backend: Backend, state: SessionState) -> i
     return None if state.insert_id_unknown else state.last_insert_id
 
 
-async def _generated(s: Session, backend: Backend, text: str, reading: ServerReading, current_db: str | None,
+async def _generated(keys: KeyCache, backend: Backend, text: str, reading: ServerReading, current_db: str | None,
                      zero_is_value: bool) -> bool | None:  # fmt: skip
     """Did this INSERT/REPLACE generate its AUTO_INCREMENT value? None: cannot tell."""
     head = insert_head(text, reading.nbe, reading.dialect)
@@ -216,13 +218,13 @@ async def _generated(s: Session, backend: Backend, text: str, reading: ServerRea
     database = table[0] or current_db
     if database is None:
         return None
-    keys = await s.target.keys.get(backend, database.lower(), table[1])
-    if keys is None or keys.auto_increment is None:
+    table_keys = await keys.get(backend, database.lower(), table[1])
+    if table_keys is None or table_keys.auto_increment is None:
         return None
-    order = columns if columns is not None else list(keys.columns)
-    if keys.auto_increment not in order:
+    order = columns if columns is not None else list(table_keys.columns)
+    if table_keys.auto_increment not in order:
         return True  # not given: generated
-    i = order.index(keys.auto_increment)
+    i = order.index(table_keys.auto_increment)
     for row in insert_rows(text, head.rows_start, len(text), reading.dialect, reading.nbe):
         if i >= len(row):
             return None

@@ -1,13 +1,15 @@
 """The backend task of a session: it reads the backend socket all the time, streams each
 response to the client, completes it (session and transaction state, plugins' results), and
 notices a server closing the connection while the client is idle (FIN, reset, an unsolicited
-ERR), so recovery (``reconnect.recover``) replaces it before the client's next command.
+ERR), so recovery (``on_lost``, running ``reconnect``'s steps) replaces it before the client's
+next command.
 
 The hot path is ``backend_task`` -> ``on_response_data`` -> ``complete``.
 """
 
 from __future__ import annotations
 
+import logging
 import struct
 from typing import TYPE_CHECKING
 
@@ -19,15 +21,21 @@ from proxy.protocol.constants import Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ERR_HEADER, ErrPacket, ProtocolError, make_err, parse_err
 from proxy.protocol.response import Expect, ResponseTracker
+from proxy.backend import Backend, BackendError
+from proxy.recovery import Outcome
 from proxy.relay import reconnect
-from proxy.relay.inflight import NOT_SENT, ConnectionFailed, Inflight, SessionClosed
-from proxy.relay.kills import killed_by_operator
+from proxy.relay.answers import Failed, LostTransaction
+from proxy.relay.inflight import NOT_SENT, SENDING, ConnectionFailed, Inflight, SessionClosed
+from proxy.relay.kills import killed, killed_by_operator
+from proxy.relay.link import LinkState
 from proxy.sqltext import Kind
 
 if TYPE_CHECKING:
     from proxy.relay.tasks import Session
 
-__all__ = ["backend_task", "complete", "recover"]
+__all__ = ["backend_task", "complete", "on_lost"]
+
+log = logging.getLogger("replay_proxy.session")
 
 # Errors with which a server says "I am going away" in answer to a command it did not run.
 KILLED = 1927  # ER_CONNECTION_KILLED: a shutdown, or an operator's KILL
@@ -35,9 +43,10 @@ SERVER_GOING_AWAY = frozenset({1053, KILLED})
 
 
 async def backend_task(s: Session) -> None:
+    link = s.link
     try:
         while True:
-            backend = s.backend
+            backend = link.backend
             assert backend is not None
             inflight = s.inflight
             try:
@@ -45,26 +54,26 @@ async def backend_task(s: Session) -> None:
                 # command: wait for readability first, except mid-response.
                 data = await backend.channel.recv(wait_first=inflight is None or inflight.tracker.nbytes == 0)
             except PeerClosed as exc:
-                if s.backend is not backend or s.migrating:  # replaced on purpose (COM_CHANGE_USER, a move)
-                    await s.backend_replaced.wait()
+                if link.backend is not backend or link.state is LinkState.MOVING:  # replaced on purpose (COM_CHANGE_USER, a move)
+                    await link.replaced.wait()
                     continue
                 if isinstance(exc, PeerFinished) and _kills(s.inflight) and s.inflight.state != NOT_SENT:
                     # The client's KILL closed its own connection, and TiDB sends nothing
                     # before the FIN: close the client's too, as the server did; the KILL is
                     # never sent again (a replay used to send it again and again).
                     raise SessionClosed("the client killed its own backend connection")
-                await recover(s, str(exc), clean=isinstance(exc, PeerFinished))
+                await on_lost(s, str(exc), clean=isinstance(exc, PeerFinished))
                 continue
             inflight = s.inflight
             if inflight is None or inflight.state == NOT_SENT:
                 err = _unsolicited_err(data)
-                if err is not None and err.code == KILLED and await killed_by_operator(s):
+                if err is not None and err.code == KILLED and await _killed_by_operator(s):
                     # An operator killed this session's connection: the client hears the
                     # server's error at its next command, and the session ends, as direct.
                     s.target.stats.recovered("killed_1927", 0.0)
-                    s.failed = make_err(err.code, err.sqlstate, err.message)
+                    s.first_answer = Failed(make_err(err.code, err.sqlstate, err.message))
                     return
-                await recover(s, f"backend sent {_describe_unsolicited(data)} while idle")
+                await on_lost(s, f"backend sent {_describe_unsolicited(data)} while idle")
                 continue
             await on_response_data(s, inflight, data)
     except ConnectionFailed as failed:
@@ -76,28 +85,102 @@ async def backend_task(s: Session) -> None:
         if inflight is not None:
             await s.answer_inflight(failed.payload)
             raise SessionClosed(str(failed)) from None
-        s.failed = failed.payload  # an idle client hears it at its next command
+        s.first_answer = Failed(failed.payload)  # an idle client hears it at its next command
+
 
 def _kills(inflight: Inflight | None) -> bool:
     """Is the command in flight a KILL statement (its own connection's end is no loss)?"""
     return inflight is not None and inflight.analysis is not None and inflight.analysis.keywords(0, 1) == ("KILL",)
 
 
-async def recover(s: Session, reason: str, rejected: bool = False, clean: bool = False) -> None:
-    resend = await reconnect.recover(s, reason, rejected, clean)
-    if resend is not None:
-        await s.send_inflight(resend)
+async def _killed_by_operator(s: Session) -> bool:
+    return await killed_by_operator(s.link, s.target, s.config.backend.io_timeout, s.id, s.last_activity)
+
+
+async def on_lost(s: Session, reason: str, rejected: bool = False, clean: bool = False) -> None:
+    """The backend connection is gone (or going): run recovery's steps (``reconnect``) in
+    order, and answer the client where a step says so. ``rejected``: the server answered the
+    command in flight with a going-away error, so it did not run it; ``clean``: the server
+    closed the connection (a FIN), as after a KILL. Fatal outcomes raise ConnectionFailed."""
+    link, inflight = s.link, s.inflight
+    old = link.lost()
+    if inflight is not None and inflight.state == SENDING:
+        await link.settled()
+    loss = reconnect.Loss(s.id, s.client_address, s.config, link, s.tracking, s.target, s.hooks, s.info, s.markers,
+                          reason, old, inflight, s.deprecate_eof)  # fmt: skip
+    if clean and s.config.recovery.enabled and await _killed_by_operator(s):
+        raise killed(s.target.stats, "the server closed the connection and is still up: killed by an operator")
+    plan = await reconnect.decide(loss, rejected)
+    if plan.outcome is Outcome.FAIL_CONNECTION:
+        raise reconnect.failure(loss, plan.reason)
+    if plan.outcome is Outcome.FAIL_RETRYABLE:
+        owed = reconnect.lost_transaction(loss, plan.reason)
+        if inflight is not None:
+            await s.answer_inflight(owed)  # at once: nothing will bring that transaction back
+        else:
+            s.first_answer = LostTransaction(owed)
+    elif inflight is not None:
+        inflight.restart(s.deprecate_eof)
+    resolved = plan.outcome is not Outcome.RESOLVE
+    while True:
+        backend = await _reestablish(s, loss)
+        replayed = 0
+        try:
+            if not resolved:
+                resolved = True
+                if await reconnect.resolve_marker(loss, backend):
+                    link.ready()
+                    await s.answer_inflight(None)  # the COMMIT did commit: OK
+                    return
+                if not plan.replay:
+                    why = f"transaction did not commit and cannot be replayed: {s.tracking.tx.not_replayable}"
+                    s.first_answer = LostTransaction(reconnect.lost_transaction(loss, why))
+                    break
+            replayed, owed = await reconnect.run_plan(loss, backend)
+            if owed is not None:
+                s.first_answer = LostTransaction(owed)
+            break
+        except (PeerClosed, BackendError, ProtocolError, trio.TooSlowError) as exc:
+            log.warning("session %d: new backend connection failed during replay (%s); reconnecting", s.id, exc or "no answer within io_timeout")
+            backend.close()
+    # The command waiting now (the one in flight, or one that arrived meanwhile) goes out, or
+    # gets the 1213 the client is owed.
+    waiting = s.inflight
+    owed = isinstance(s.first_answer, LostTransaction)
+    await reconnect.finish(loss, backend, replayed, waiting, owed)
+    if waiting is not None and waiting.state == NOT_SENT:
+        if owed:
+            answer, s.first_answer = s.first_answer, None
+            await s.answer_inflight(answer.payload)
+        else:
+            await s.send_inflight(waiting)
+
+
+async def _reestablish(s: Session, loss: reconnect.Loss) -> Backend:
+    """A restored connection. A waiting command whose buffer window passes first gets an error
+    meanwhile: a connection error if it may have run already, else 1213."""
+    while True:
+        got = await reconnect.reestablish(loss, lambda: s.inflight)
+        if not isinstance(got, reconnect.Waited):
+            return got
+        if got.inflight is loss.inflight and loss.may_have_run:
+            raise reconnect.failure(loss, got.why)
+        await s.answer_inflight(reconnect.lost_transaction(loss, got.why))
+
 
 async def on_response_data(s: Session, inflight: Inflight, data: bytes) -> None:
     tracker = inflight.tracker
     try:
         end = tracker.feed(data)
     except ProtocolError as exc:
-        raise reconnect.failure(s, f"protocol error in backend response: {exc}") from None
+        raise reconnect.connection_error(s.id, s.link, s.target.stats, f"protocol error in backend response: {exc}") from None
     if end < 0:
-        if inflight.held is not None or inflight.refuse_infile or inflight.internal:
-            if inflight.held is not None:
-                inflight.held += data
+        if inflight.prepare_ok is not None:
+            inflight.prepare_ok += data
+            return
+        if inflight.refuse_infile or inflight.internal:
+            if inflight.captured is not None:
+                inflight.captured += data
             return
         inflight.forwarded = True
         await s.client.send(data)
@@ -112,7 +195,7 @@ async def on_response_data(s: Session, inflight: Inflight, data: bytes) -> None:
             # on and end the session, as the server does, instead of bringing it back.
             await complete(s, inflight, data)
             raise SessionClosed("the client killed its own backend connection")
-        if error.code == KILLED and await killed_by_operator(s):
+        if error.code == KILLED and await _killed_by_operator(s):
             # Not a shutdown: an operator's KILL. It is not undone by running the command
             # again; the client gets the server's error and the session ends, as direct.
             s.target.stats.recovered("killed_1927", 0.0)
@@ -120,23 +203,24 @@ async def on_response_data(s: Session, inflight: Inflight, data: bytes) -> None:
             raise SessionClosed(f"backend connection killed by an operator ({error})")
         # Rejected -- nothing ran -- only when the error is the first result: after an OK of
         # a multi-statement text, the statements before the error did run.
-        await recover(s, f"backend answered {error}", rejected=tracker.results == 0)
+        await on_lost(s, f"backend answered {error}", rejected=tracker.results == 0)
         return
     if tracker.local_infile and not inflight.refuse_infile:
         await _refuse_local_infile(s, inflight)
         return
     await complete(s, inflight, data)
     if extra:
-        await recover(s, f"backend sent {_describe_unsolicited(extra)} after a response")
+        await on_lost(s, f"backend sent {_describe_unsolicited(extra)} after a response")
 
 async def _refuse_local_infile(s: Session, inflight: Inflight) -> None:
     """The server asked for a client file (LOAD DATA LOCAL). Send it an empty one; the
     client gets an ERR instead of the request."""
-    assert s.backend is not None
+    backend = s.link.backend
+    assert backend is not None
     seq = inflight.tracker.last_seq + 1
     inflight.refuse_infile = True
     inflight.tracker = ResponseTracker(Expect.SINGLE, s.deprecate_eof)
-    await s.backend.channel.send(encode_packet(b"", seq)[0])
+    await backend.channel.send(encode_packet(b"", seq)[0])
 
 async def complete(s: Session, inflight: Inflight, last: bytes) -> None:
     """The response is complete: update session and transaction state, then let the
@@ -151,28 +235,28 @@ async def complete(s: Session, inflight: Inflight, last: bytes) -> None:
         try:
             await _capture_variables(s, captures)
         except (PeerClosed, ProtocolError) as exc:
-            await recover(s, f"connection lost while reading back session variables: {exc}")
+            await on_lost(s, f"connection lost while reading back session variables: {exc}")
             return
     if inflight.internal:
-        if inflight.held is not None:
-            inflight.held += last
+        if inflight.captured is not None:
+            inflight.captured += last
         out = b""
     elif inflight.refuse_infile:
         out = encode_packet(
             make_err(*Err.NOT_ALLOWED_COMMAND, "LOAD DATA LOCAL INFILE is not supported through replay-proxy"),
             inflight.command.seq_end + 1,
         )[0]
-    elif inflight.held is not None:
-        inflight.held += last
+    elif inflight.prepare_ok is not None:
+        inflight.prepare_ok += last
         out = _rewrite_prepare_ok(inflight)
     else:
         out = last
     s.inflight = None
-    s.losses_in_a_row = 0
+    s.link.losses_in_a_row = 0
     s.last_activity = trio.current_time()
     inflight.command.release()
-    if s.move_requested and s.idle():
-        s.target.spawn(reconnect.migrate, s)
+    if s.link.move_requested and s.idle():
+        s.start_move()
     if out:
         await s.client.send(out)
     if inflight.done is not None:
@@ -195,7 +279,7 @@ async def complete(s: Session, inflight: Inflight, last: bytes) -> None:
 
 def _rewrite_prepare_ok(inflight: Inflight) -> bytes:
     """The client sees the statement id the proxy gave it, not the backend's."""
-    held = inflight.held
+    held = inflight.prepare_ok
     assert held is not None
     stmt = inflight.statement
     if stmt is not None and stmt.client_id != stmt.backend_id:
@@ -205,12 +289,11 @@ def _rewrite_prepare_ok(inflight: Inflight) -> bytes:
 async def _capture_variables(s: Session, names: list[str]) -> None:
     """Read back session variables that were set from an expression, so a restore can set
     the value its."""
-    from proxy.backend import BackendError
-
-    assert s.backend is not None
+    backend = s.link.backend
+    assert backend is not None
     for name in names:
         try:
-            rows = await s.backend.query(f"SELECT @@session.{name}")
+            rows = await backend.query(f"SELECT @@session.{name}")
         except BackendError as exc:  # the server refused to tell: nothing to restore it from
             s.tracking.mark_unrestorable(f"could not read back session variable {name}: {exc}")
             continue

@@ -26,12 +26,13 @@ from proxy.intake import Command, Oversized, read_command
 from proxy.netio import Channel, PeerClosed
 from proxy.protocol.constants import MAX_FRAME, Commands, Err
 from proxy.protocol.framing import encode_packet
-from proxy.protocol.packets import make_err, make_ok, parse_err
+from proxy.protocol.packets import make_err, make_ok
 from proxy.protocol.response import ResponseTracker, expect_for
 from proxy.relay import login, oversize, reconnect, responses
-from proxy.relay.inflight import SEND_FAILED, SENDING, SENT, Inflight, SessionClosed
+from proxy.relay.answers import FirstAnswer
+from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, SENT, Inflight, SessionClosed
+from proxy.relay.link import BackendLink, LinkState
 from proxy.markers import CommitMarkers
-from proxy.session import PreparedStatement
 from proxy.sqltext import Analysis, Kind
 from proxy.target import Target
 from proxy.tracking import SessionTracker
@@ -74,33 +75,18 @@ class Session:
         self.id = session_id
         self.info = SessionInfo(session_id, target.name, "", client_address, opened_at=trio.current_time())
         self.tracking = SessionTracker(self.info, rec.journal_max_bytes, rec.journal_max_statements, rec.idempotent == "safe-mode")
-        self.backend: Backend | None = None
-        self.limit = config.limits.max_allowed_packet
-        self.largest = self.limit - 1  # the largest command payload the server takes
-        self.backend_ok = False
-        self.login = None  # backend.Login, from login.handshake
+        self.link = BackendLink(self.tracking, config.limits.max_allowed_packet)  # the backend connection's life
         self.client_caps = 0
         self.deprecate_eof = False
         self.scramble = b""
         self.inflight: Inflight | None = None
-        self.pending_error: bytes | None = None  # a 1213 for the waiting or next command
-        self.failed: bytes | None = None  # the ERR the next command gets before the session ends
-        self._send_settled: trio.Event | None = None
-        self.backend_replaced = trio.Event()
+        self.first_answer: FirstAnswer | None = None  # what the next command gets before anything else
         self._cancel: trio.CancelScope | None = None
         self.commands = 0
-        self.recoveries = 0
-        self.losses_in_a_row = 0  # recoveries since the last command completed
-        self.split_warnings: oversize.MergedWarnings | None = None  # warnings of the last split statement
         self._next_marker = 0  # marker number written for the COMMIT about to be submitted
         self.close_reason = ""
         self.login_refused = False  # wrong credentials (counted against the client's host)
-        self.move_requested = False  # its backend is draining: move between transactions
-        self.lost_at = 0.0  # when the backend was last lost (recovery)
-        self.migrating = False
-        self.results_gone = False  # on a new backend connection, before the client's first command ran there
         self.last_activity = trio.current_time()  # when the last command completed (wait_timeout)
-        self.kill_relayed: tuple[int, float] | None = None  # (backend connection id, when): another session's KILL of it
 
     async def handshake(self) -> bool:
         return await login.handshake(self)
@@ -136,11 +122,37 @@ class Session:
         """Between transactions with nothing in flight: it can be closed or moved now."""
         return self.inflight is None and not self.tracking.tx.active
 
+    @property
+    def recoveries(self) -> int:
+        return self.link.recoveries
+
     def request_move(self) -> None:
         """Its backend address is draining: move to another connection as soon as it is idle."""
-        self.move_requested = True
-        if self.idle() and self.backend_ok:
-            self.target.spawn(reconnect.migrate, self)
+        self.link.move_requested = True
+        if self.idle() and self.link.up:
+            self.start_move()
+
+    def start_move(self) -> None:
+        self.target.spawn(self._move)
+
+    async def _move(self) -> None:
+        """Move an idle session off its draining backend (``reconnect.move``), then send a
+        command that arrived meanwhile."""
+        link, state = self.link, self.tracking.state
+        if not link.move_requested or not link.up or not self.idle() or state is None:
+            return
+        if state.unrestorable is not None:
+            log.warning("session %d: cannot move off a draining backend: %s", self.id, state.unrestorable)
+            link.move_requested = False
+            return
+        await reconnect.move(self._loss("its backend is draining", link.backend))
+        waiting = self.inflight
+        if waiting is not None and waiting.state == NOT_SENT:
+            await self.send_inflight(waiting)
+
+    def _loss(self, reason: str, old: Backend | None) -> reconnect.Loss:
+        return reconnect.Loss(self.id, self.client_address, self.config, self.link, self.tracking, self.target, self.hooks,
+                              self.info, self.markers, reason, old, self.inflight, self.deprecate_eof)  # fmt: skip
 
     def describe(self) -> dict:
         """For /status: who, where, what state (no statement text)."""
@@ -149,30 +161,18 @@ class Session:
             "user": self.info.user,
             "client": self.client_address,
             "backend": self.info.backend_address,
-            "backend_connection": self.backend.connection_id if self.backend is not None else None,
+            "backend_connection": self.link.connection_id,
             "in_transaction": self.tracking.tx.active,
             "command_in_flight": self.inflight is not None,
             "commands": self.commands,
-            "recoveries": self.recoveries,
+            "recoveries": self.link.recoveries,
             "opened_s_ago": round(trio.current_time() - self.info.opened_at, 1),
             "restorable": self.tracking.state is None or self.tracking.state.unrestorable is None,
         }
 
     def close(self) -> None:
-        if self.backend is not None:
-            if self.backend_ok and not self.backend.channel.closed:
-                # A polite COM_QUIT spares the server an "aborted connection" warning.
-                self.backend.channel.send_nowait(encode_packet(b"\x01", 0)[0])
-            self.backend.close()
+        self.link.close()
         self.client.close()
-
-    def use_backend(self, backend: Backend | None) -> None:
-        self.backend = backend
-        if backend is not None:
-            self.limit = oversize.effective_limit(self.config.limits.max_allowed_packet, backend)
-            self.tracking.backend_changed(str(backend.address), backend.handshake.server_version)
-            # MariaDB takes a command smaller than max_allowed_packet, TiDB one of that size too
-            self.largest = self.limit if self.tracking.dialect.flavor == "tidb" else self.limit - 1
 
     # ------------------------------------------------------------------ client task
 
@@ -186,12 +186,11 @@ class Session:
             self.commands += 1
             if self.inflight is not None:
                 await self._wait_inflight()
-            if self.failed is not None or self.pending_error is not None:
-                await self._answer_pending(cmd)
-                continue
+            if self.first_answer is not None:
+                first, self.first_answer = self.first_answer, None
+                if await first.answer(self, cmd):
+                    continue
             code = cmd.code
-            if self.split_warnings is not None and await oversize.answer_split_warnings(self, cmd):
-                continue
             if code in _REFUSED_COMMANDS:
                 await self.answer_error(cmd, *Err.UNKNOWN_COM, f"{CommandInfo(code, b'').name} is not supported through replay-proxy")
                 continue
@@ -202,14 +201,14 @@ class Session:
                 cmd = await self._run_command_hooks(cmd)
                 if cmd is None:
                     continue
-            if cmd.size > self.largest:  # kept whole because split mode may cut it into pieces
+            if cmd.size > self.link.largest:  # kept whole because split mode may cut it into pieces
                 await oversize.split(self, cmd)
                 continue
             await self._submit(cmd)
 
     async def _read_command(self) -> Command | None:
         limits = self.config.limits
-        max_size = self.largest  # like the server
+        max_size = self.link.largest  # like the server
         keep = max(max_size, limits.split_max_statement) if self._split_mode else max_size
         idle_timeout = self.config.listen.idle_timeout
         while True:
@@ -249,18 +248,6 @@ class Session:
                 inflight.done = trio.Event()
             await inflight.done.wait()
 
-    async def _answer_pending(self, cmd: Command) -> None:
-        if self.failed is not None:
-            payload, self.failed = self.failed, None
-            await self.send_client(payload, cmd.seq_end + 1)
-            raise SessionClosed(parse_err(payload).message)
-        payload = self.take_pending_error()
-        if cmd.code == C.COM_QUERY and _is_rollback(self.tracking.triage(cmd.payload)[1]):
-            # The client wants to roll back a transaction that is already gone: that is fine.
-            await self.send_client(make_ok(self.tracking.status_word()), cmd.seq_end + 1)
-            return
-        await self.send_client(payload, cmd.seq_end + 1)
-
     async def _run_command_hooks(self, cmd: Command) -> Command | None:
         try:
             verdict = await self.hooks.run_command_chain(self.info, CommandInfo.for_session(self.info, cmd.code, cmd.payload, cmd.complete))
@@ -287,15 +274,15 @@ class Session:
 
     async def _submit(self, cmd: Command) -> None:
         code = cmd.code
-        tracking = self.tracking
+        tracking, link = self.tracking, self.link
         statement = None
         if code in _STMT_COMMANDS:
             statement = tracking.statement_of(cmd.payload)
-            if statement is not None and statement.long_data_bytes >= self.limit and code == C.COM_STMT_EXECUTE:
+            if statement is not None and statement.long_data_bytes >= link.limit and code == C.COM_STMT_EXECUTE:
                 await oversize.refuse_long_data(self, cmd, statement)
                 return
-        if self.results_gone and (self.backend_ok or self.migrating) and self.reads_gone_results(cmd, statement):
-            # mid-recovery, recover() asks instead
+        if link.state in (LinkState.UP, LinkState.MOVING) and link.takes_results_debt(code) and \
+                needs_last_results(tracking, cmd.payload, statement):  # mid-recovery, reconnect.finish asks instead
             msg = ("Lost connection to backend during query (replay-proxy: the backend connection was replaced; "
                    "the previous statement's results, such as FOUND_ROWS() and warnings, are gone)")
             log.warning("session %d: %s; the client gets 1158 and the session ends", self.id, msg)
@@ -317,27 +304,17 @@ class Session:
         if self._next_marker:
             inflight.marker, self._next_marker = self._next_marker, 0
         if code == C.COM_STMT_PREPARE:
-            inflight.held = bytearray()
+            inflight.prepare_ok = bytearray()
         elif code == C.COM_STMT_SEND_LONG_DATA and statement is not None:
-            if not tracking.long_data_received(statement, cmd.payload, self.limit):
+            if not tracking.long_data_received(statement, cmd.payload, link.limit):
                 return  # kept from the server; the execute that would use it gets 1153
         elif analysis is not None and analysis.single and analysis.first.kind is Kind.SELECT and oversize.asks_max_packet(cmd):
-            cmd = inflight.command = oversize.tell_effective_limit(cmd, self.limit, self.backend)
+            cmd = inflight.command = oversize.tell_effective_limit(cmd, link.limit, link.backend)
         elif analysis is not None and analysis.first.kind is Kind.OTHER and analysis.keywords(0, 1) == ("KILL",):
             cmd = inflight.command = await self._translate_kill(cmd)
         self.inflight = inflight
-        if self.backend_ok:
+        if link.up:
             await self.send_inflight(inflight)
-
-    def reads_gone_results(self, cmd: Command, statement: PreparedStatement | None) -> bool:
-        """The first command on a new backend connection (``results_gone``): does it read what
-        the previous statement left (FOUND_ROWS(), warnings, ...), which stayed on the old
-        connection? A statement that runs makes the results the new connection's; PING and the
-        like leave them as they are."""
-        if cmd.code not in (C.COM_QUERY, C.COM_STMT_EXECUTE):
-            return False
-        self.results_gone = False
-        return needs_last_results(self.tracking, cmd.payload, statement)
 
     async def _translate_kill(self, cmd: Command) -> Command:
         """Clients KILL by the connection id of the proxy's greeting (the mariadb CLI on Ctrl-C:
@@ -349,17 +326,19 @@ class Session:
         session_id = int(m.group(2))
         session = self.target.session_by_id(session_id)
         killing = not m.group(1).upper().startswith(b"QUERY")
-        if session is not None and session.backend is not None:
-            address, connection_id = str(session.backend.address), session.backend.connection_id
+        victim = session.link.backend if session is not None else None
+        if victim is not None:
+            address, connection_id = str(victim.address), victim.connection_id
             if killing:  # the server may not count KILLs (TiDB): tell the victim's recovery
-                session.kill_relayed = (connection_id, trio.current_time())
+                session.link.kill_relayed = (connection_id, trio.current_time())
         else:
             worker = self.target.worker
             found = await backend_connection_of(worker, session_id, killing) if worker is not None else None
             if found is None:
                 return cmd  # not a proxy session: the server will judge the id
             address, connection_id = found
-        if self.backend is None or address != str(self.backend.address):
+        backend = self.link.backend
+        if backend is None or address != str(backend.address):
             log.info("session %d: KILL of proxy session %d, which is on backend %s, not this session's", self.id, session_id, address)
         payload = b"\x03KILL %s%d" % (m.group(1), connection_id)
         log.info("session %d: %s of proxy session %d sent as backend connection %d",
@@ -393,19 +372,21 @@ class Session:
         tracker = ResponseTracker(expect_for(payload[0]), self.deprecate_eof, self.tracking.wants_fingerprint(analysis))
         inflight = Inflight(cmd, tracker, statement, trio.current_time(), verb, analysis, self.tracking.reading,
                             internal=True, done=trio.Event())  # fmt: skip
-        inflight.held = capture
+        inflight.captured = capture
         self.inflight = inflight
-        if self.backend_ok:
+        if self.link.up:
             await self.send_inflight(inflight)
         await inflight.done.wait()
         return None if inflight.answered else inflight.tracker
 
     async def send_inflight(self, inflight: Inflight) -> None:
         """Send (or resend) the in-flight command to the current backend."""
-        backend = self.backend
+        link = self.link
+        backend = link.backend
         assert backend is not None
         cmd = inflight.command
         inflight.state = SENDING
+        link.sending()
         try:
             if cmd.complete:
                 await backend.channel.send(self.tracking.backend_bytes(cmd.payload, cmd.raw, inflight.statement))
@@ -418,16 +399,9 @@ class Session:
         except (PeerClosed, trio.ClosedResourceError):
             inflight.state = SEND_FAILED  # the backend task notices the loss and recovers
         finally:
-            if self._send_settled is not None:
-                self._send_settled.set()
+            link.sent()
         if inflight.state == SENT and inflight.tracker.done:  # no response expected
             await responses.complete(self, inflight, b"")
-
-    async def send_settled(self) -> None:
-        """Recovery: wait until the client task's send of the in-flight command has finished."""
-        self._send_settled = trio.Event()
-        await self._send_settled.wait()
-        self._send_settled = None
 
     # ------------------------------------------------------------------ answering locally
 
@@ -436,12 +410,6 @@ class Session:
 
     async def answer_error(self, cmd: Command, code: int, sqlstate: str, message: str) -> None:
         await self.send_client(make_err(code, sqlstate, message), cmd.seq_end + 1)
-
-    def take_pending_error(self) -> bytes:
-        payload = self.pending_error
-        assert payload is not None
-        self.pending_error = None
-        return payload
 
     async def answer_inflight(self, err: bytes | None) -> None:
         """Answer the in-flight command in the server's place: with ``err``, or OK (a COMMIT that
@@ -460,10 +428,6 @@ class Session:
 def _is_commit(analysis: Analysis | None) -> bool:
     """One COMMIT [AND CHAIN] (what a commit marker can protect)."""
     return analysis is not None and analysis.unknown is None and analysis.single and analysis.first.kind is Kind.COMMIT and not analysis.first.release
-
-
-def _is_rollback(analysis: Analysis | None) -> bool:
-    return analysis is not None and analysis.unknown is None and analysis.single and analysis.first.kind is Kind.ROLLBACK
 
 
 def _first_cause(group: BaseExceptionGroup) -> BaseException:

@@ -390,7 +390,7 @@ async def test_a_server_silent_after_accepting_a_command_is_waited_for_as_direct
     with trio.fail_after(5):
         while session in lab.proxy.target.sessions:
             await trio.sleep(0.01)
-    assert session.backend.channel.closed  # the server's session is let go
+    assert session.link.backend.channel.closed  # the server's session is let go
     assert lab.server.queries.count("SELECT v FROM t WHERE k = 3") == 1
 
 

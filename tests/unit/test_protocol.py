@@ -37,7 +37,7 @@ C = Capabilities
 # ---------------------------------------------------------------- sans-IO guarantee
 
 
-SANS_IO = ["proxy.protocol", "proxy.sqltext", "proxy.tracking", "proxy.facts", "proxy.recovery", "proxy.session", "proxy.transaction", "proxy.info"]
+SANS_IO = ["proxy.protocol", "proxy.sqltext", "proxy.tracking", "proxy.facts", "proxy.recovery", "proxy.sessionstate", "proxy.transaction", "proxy.info"]
 
 
 def test_sans_io_modules_never_import_trio():

@@ -230,7 +230,7 @@ def test_without_multi_statements_two_statements_are_unknown():
 def test_insert_ids_kept_are_bounded_in_count_and_text():
     """The INSERTs remembered for LAST_INSERT_ID() stay within 64 and 256 KiB of text (the
     running total matches what is kept); dropping one makes the value unknown."""
-    from proxy.session import SessionState
+    from proxy.sessionstate import SessionState
 
     state = SessionState("app", "test", 45)
     for i in range(1, 11):
@@ -324,7 +324,7 @@ def test_a_journal_entry_is_judged_as_the_server_read_it_when_it_ran():
 def test_prepared_statements_change_only_through_the_tracker():
     """Long data kept for replay within the limit (per statement and per session), parameter
     types bound again after a re-prepare, ids renumbered, and a failed move's ids put back."""
-    from proxy.session import PreparedStatement
+    from proxy.sessionstate import PreparedStatement
 
     t = tracker()
     a = t.prepared[1] = PreparedStatement(1, b"\x16SELECT ?", 1, 1, 1)
