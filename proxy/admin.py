@@ -21,7 +21,7 @@ import inspect
 import json
 import logging
 import urllib.parse
-from typing import Callable
+from collections.abc import Callable
 
 import trio
 

@@ -36,7 +36,7 @@ class Rewrite:
     payload: bytes
 
     @classmethod
-    def query(cls, sql: str) -> "Rewrite":
+    def query(cls, sql: str) -> Rewrite:
         # surrogateescape: text taken from CommandInfo.sql goes back to the exact original bytes.
         return cls(b"\x03" + sql.encode("utf-8", "surrogateescape"))
 
@@ -120,7 +120,7 @@ class CommandInfo:
     _analysis: Any = attrs.field(default=None, init=False, repr=False)
 
     @classmethod
-    def for_session(cls, session: SessionInfo, code: int, payload: bytes, complete: bool = True) -> "CommandInfo":
+    def for_session(cls, session: SessionInfo, code: int, payload: bytes, complete: bool = True) -> CommandInfo:
         return cls(code, payload, complete, session.dialect, session.no_backslash_escapes, session.multi_statements)
 
     @property

@@ -30,7 +30,8 @@ import importlib
 import inspect
 import itertools
 import struct
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 import trio.testing
@@ -178,7 +179,7 @@ def _chain_name(cls: type) -> str | None:
     return f"{cls.__module__}:{cls.__qualname__}" if found is cls else None
 
 
-def harness(plugin: str | type, options: dict[str, Any] | None = None, /, *, target: str = "test", **kwargs: Any) -> "Harness":
+def harness(plugin: str | type, options: dict[str, Any] | None = None, /, *, target: str = "test", **kwargs: Any) -> Harness:
     """One plugin, built as the proxy builds it. Options as a dict (the ``[plugins.<name>]``
     table) or as keyword arguments. Bad options raise ``ConfigError`` naming the key's path."""
     opts = {**(options or {}), **kwargs}
@@ -194,7 +195,7 @@ def harness(plugin: str | type, options: dict[str, Any] | None = None, /, *, tar
     return Harness(Hooks([(label, instance)]), config)
 
 
-def chain(names: list[str], options: dict[str, dict[str, Any]] | None = None, *, target: str = "test") -> "Harness":
+def chain(names: list[str], options: dict[str, dict[str, Any]] | None = None, *, target: str = "test") -> Harness:
     """Several plugins in chain order, e.g. ``chain(["firewall", "metrics"], {"firewall": {...}})``."""
     config = _base_config(target, {"chain": list(names), **(options or {})})
     return Harness(load_chain(config), config)
@@ -289,7 +290,7 @@ class Harness:
         """What the proxy does at exit: each plugin's ``close()``."""
         self.hooks.close()
 
-    def __enter__(self) -> "Harness":
+    def __enter__(self) -> Harness:
         return self
 
     def __exit__(self, *exc: object) -> None:

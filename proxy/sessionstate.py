@@ -32,7 +32,7 @@ class PreparedStatement:
     long_data: list[bytes] = attrs.Factory(list)
     long_data_bytes: int = 0
     generation: int = 0  # which backend connection (Session.generation) backend_id belongs to
-    analysis: "sql.Analysis | None" = None  # what the statement does (judged at PREPARE)
+    analysis: sql.Analysis | None = None  # what the statement does (judged at PREPARE)
 
 
 @attrs.define(slots=True)
@@ -49,11 +49,11 @@ class SessionState:
     # an id -- generated (the new LAST_INSERT_ID()) or given explicitly (no change): the
     # table's AUTO_INCREMENT column decides, at restore (relay.proofs.last_insert_id).
     last_insert_id: int = 0
-    insert_ids: list[tuple[int, str | None, "sql.ServerReading"]] = attrs.Factory(list)  # (id, INSERT text or None, its reading)
+    insert_ids: list[tuple[int, str | None, sql.ServerReading]] = attrs.Factory(list)  # (id, INSERT text or None, its reading)
     insert_id_unknown: bool = False  # set by an expression the proxy cannot evaluate
     insert_text_bytes: int = 0  # the INSERT texts kept in insert_ids (their sum, kept as it changes)
 
-    def snapshot(self) -> "SessionState":
+    def snapshot(self) -> SessionState:
         return attrs.evolve(self, variables=dict(self.variables), user_variables=dict(self.user_variables),
                             insert_ids=list(self.insert_ids))  # fmt: skip
 
@@ -93,7 +93,7 @@ class SessionState:
         if forced is not None and forced.isdigit() and int(forced) == value:
             del self.variables["insert_id"]
 
-    def insert_id(self, value: int, text: str | None, reading: "sql.ServerReading") -> None:
+    def insert_id(self, value: int, text: str | None, reading: sql.ServerReading) -> None:
         """An INSERT/REPLACE answered with id ``value``: generated, or given by the statement
         (``text``, read as the server read it then)."""
         if text is not None and len(text) > self._MAX_INSERT_TEXT:

@@ -15,8 +15,8 @@ from proxy.protocol.constants import Commands, Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import make_err, make_ok
 from proxy.protocol.resultset import build_text_result, read_text_result
-from proxy.sqltext.split import CannotSplit, count_rows, split_values_statement
 from proxy.sessionstate import PreparedStatement
+from proxy.sqltext.split import CannotSplit, count_rows, split_values_statement
 
 if TYPE_CHECKING:
     from proxy.relay.tasks import Session

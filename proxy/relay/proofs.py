@@ -18,15 +18,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-
 from proxy.backend import Backend, BackendError
-from proxy.tablekeys import KeyCache, lower_text
 from proxy.facts import text_of
 from proxy.sessionstate import PreparedStatement, SessionState
 from proxy.sqltext import Dialect, ServerReading, SqlParseError, Token, TokenKind, analyze, iter_tokens, quote_string
 from proxy.sqltext.idempotence import Claim, changes_no_rows, claim, proves
 from proxy.sqltext.inserts import InsertHead, insert_head, insert_rows, insert_target
 from proxy.sqltext.tokens import name
+from proxy.tablekeys import KeyCache, lower_text
 
 if TYPE_CHECKING:
     from proxy.hooks import Hooks

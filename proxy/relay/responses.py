@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from proxy.backend import Backend, BackendError
 from proxy.hooks import CommandInfo, ResultInfo
 from proxy.netio import PeerClosed, PeerFinished
 from proxy.protocol.constants import Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ERR_HEADER, ErrPacket, ProtocolError, make_err, parse_err
 from proxy.protocol.response import Expect, ResponseTracker
-from proxy.backend import Backend, BackendError
 from proxy.recovery import Outcome
 from proxy.relay import reconnect
 from proxy.relay.answers import Failed, LostTransaction
@@ -61,7 +61,7 @@ async def backend_task(s: Session) -> None:
                     # The client's KILL closed its own connection, and TiDB sends nothing
                     # before the FIN: close the client's too, as the server did; the KILL is
                     # never sent again (a replay used to send it again and again).
-                    raise SessionClosed("the client killed its own backend connection")
+                    raise SessionClosed("the client killed its own backend connection") from None
                 await on_lost(s, str(exc), clean=isinstance(exc, PeerFinished))
                 continue
             inflight = s.inflight

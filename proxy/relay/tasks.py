@@ -23,6 +23,7 @@ from proxy.backend import Backend
 from proxy.facts import needs_last_results
 from proxy.hooks import AnswerOk, CommandInfo, PluginError, Reject, Rewrite, SessionInfo
 from proxy.intake import Command, Oversized, read_command
+from proxy.markers import CommitMarkers
 from proxy.netio import Channel, PeerClosed
 from proxy.protocol.constants import MAX_FRAME, Commands, Err
 from proxy.protocol.framing import encode_packet
@@ -32,7 +33,6 @@ from proxy.relay import login, oversize, reconnect, responses
 from proxy.relay.answers import FirstAnswer
 from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, SENT, Inflight, SessionClosed
 from proxy.relay.link import BackendLink, LinkState
-from proxy.markers import CommitMarkers
 from proxy.sqltext import Analysis, Kind
 from proxy.target import Target
 from proxy.tracking import SessionTracker
