@@ -78,8 +78,14 @@ class Target:
 
     def backend_unusable(self, address: Address, state: str) -> None:
         """An address started draining (or went down): its idle sessions move elsewhere now,
-        the others when their transaction ends."""
+        the others when their transaction ends. With no other usable address there is nowhere
+        to move to: a new connection would reach the same server (and a draining one closes
+        it again moments later), so they stay, and recovery takes over when it closes them."""
         moving = [s for s in self.sessions if s.link.backend is not None and s.link.backend.address == address]
+        if moving and not any(self.health_of(a).usable for a in self.addresses if a != address):
+            log.warning("target %s: backend %s is %s, and no other address is usable: %d session(s) stay on it until "
+                        "it closes them (recovery)", self.name, address, state, len(moving))  # fmt: skip
+            return
         if moving:
             log.warning("target %s: backend %s is %s: moving %d session(s) between transactions", self.name, address, state, len(moving))
         for session in moving:

@@ -65,6 +65,8 @@ def test_status_answers_500_during_graceful_wait_and_the_proxy_sees_it(tidb_fact
         wait_for(lambda: "is draining" in proxy.log_text(), 3, "the proxy to mark the address draining")
         # Still serving during the graceful wait: the client's query runs on the same TiDB.
         assert scalar(client, "SELECT 1") == 1
+        # One address: nowhere to move to (a new connection would reach the same draining TiDB).
+        assert "no other address is usable" in proxy.log_text() and "moved from" not in proxy.log_text()
         stopping.join(60)
         db.start()
         assert scalar(client, "SELECT 2") == 2  # reconnected behind the client's back

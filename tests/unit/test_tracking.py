@@ -347,3 +347,13 @@ def test_prepared_statements_change_only_through_the_tracker():
     assert sent[4 + 11] == 1 and sent[4 + 12 : 4 + 14] == b"\x08\x00"  # types bound again
     t.restore_backend_ids(ids)
     assert (a.backend_id, t.generation) == (1, ids[0])
+
+
+def test_a_statement_the_server_does_not_support_leaves_the_transaction_as_it_was():
+    """1235 (TiDB: SQL_CALC_FOUND_ROWS, READ ONLY...) fails the statement only: the transaction
+    stays replayable (a loss after it was a cautious 1213)."""
+    t = tracker()
+    run(t, "BEGIN", in_trans=True)
+    run(t, "INSERT INTO t VALUES (1)", in_trans=True)
+    run(t, "SELECT SQL_CALC_FOUND_ROWS * FROM t", 1235)
+    assert t.tx.active and t.pending is None and t.tx.not_replayable is None and t.tx.in_doubt is None
