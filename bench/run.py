@@ -33,6 +33,7 @@ from bench.stack import ALL_TARGETS
 from bench.workloads import LOOP_METRICS, PERF_METRICS, SYS_METRIC, Settings, Workload, WorkloadError, WorkloadSkipped
 from bench.workloads.bulk import BigResult, BigStatement
 from bench.workloads.idle import IdleConnections
+from bench.workloads.longdata import LongDataFlood
 from bench.workloads.replicator import ReplicatorWorkload
 from bench.workloads.sysbench import CpuPerStatement, SysbenchSetup, SysbenchWorkload
 
@@ -53,6 +54,7 @@ def all_workloads() -> list[Workload]:
         BigResult(),
         BigStatement(),
         IdleConnections(),
+        LongDataFlood(),
     ]
 
 

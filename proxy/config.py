@@ -243,8 +243,13 @@ class LimitsConfig:
     oversized: Literal["reject", "split"] = "reject"
     # In split mode, statements up to this size are read whole to be split; bigger ones get 1153.
     split_max_statement: Size = Size(1024 * 1024 * 1024)
-    # Commands bigger than this are spooled to a temporary file instead of memory while being checked.
+    # Commands bigger than this are spooled to a temporary file instead of memory while being checked;
+    # a session's long data (COM_STMT_SEND_LONG_DATA, kept to be sent again after a reconnect)
+    # stays in memory up to this much, the rest goes to the session's spool file.
     spool_threshold: Size = Size(4 * 1024 * 1024)
+    # The most long data one session may have kept at once (memory and spool file): past it, the
+    # execute that would use it gets ERR 1153 (the proxy cannot promise to send it again).
+    long_data_spool: Size = Size(256 * 1024 * 1024)
 
 
 @attrs.frozen

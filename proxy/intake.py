@@ -1,7 +1,7 @@
 """Reading client commands: whole packets, the size limit, and spooling of large ones.
 
 Small commands (the hot path) come straight out of the packet decoder. A command whose first
-frame is large or continued (16 MiB frames) takes the slow path: its frames are copied into a
+frame is large or continued (16 MiB frames), or a large COM_STMT_SEND_LONG_DATA, takes the slow path: its frames are copied into a
 spool (memory up to ``spool_threshold``, then a temporary file), so memory stays bounded and a
 command is forwarded only once it is known to be complete and within the limit. A command over
 the limit is read to its end and dropped, never sent to the backend, not even in part.
@@ -20,6 +20,11 @@ from proxy.protocol.constants import MAX_FRAME
 __all__ = ["Command", "Oversized", "read_command", "HEAD_SIZE"]
 
 HEAD_SIZE = 64 * 1024  # what classification and plugins see of a spooled command
+# A COM_STMT_SEND_LONG_DATA this large goes to a file from its first bytes: the proxy reads
+# only its first 7, and keeps it to send again (proxy.longdata); whole in memory it would be
+# held three times over (the decoder's buffer, its frames, its payload).
+LONG_DATA_SPOOL = 256 * 1024
+COM_STMT_SEND_LONG_DATA = 0x18
 _COPY_CHUNK = 1 << 20
 
 
@@ -39,6 +44,14 @@ class Command:
     def complete(self) -> bool:
         """Is ``payload`` the whole command (not just the head of a spooled one)?"""
         return self.spool is None
+
+    @property
+    def wire_size(self) -> int:
+        """Bytes of the command's frames (headers included)."""
+        if self.spool is None:
+            return len(self.raw) if self.raw is not None else len(self.payload) + 4
+        self.spool.seek(0, 2)
+        return self.spool.tell()
 
     def text(self) -> str:
         return self.payload[1:].decode("utf-8", "surrogateescape")
@@ -118,6 +131,13 @@ async def read_command(channel: Channel, max_size: int, spool_threshold: int, ke
         header = decoder.peek_header()
         if header is not None:
             length = header[0]
+            if length >= LONG_DATA_SPOOL:
+                command = decoder.peek_byte(4)
+                if command is None:
+                    decoder.feed(await channel.recv())
+                    continue
+                if command == COM_STMT_SEND_LONG_DATA:
+                    return await _read_large(channel, LONG_DATA_SPOOL, keep_up_to)
             if length >= spool_threshold or length == MAX_FRAME or length > max_size:
                 return await _read_large(channel, spool_threshold, keep_up_to)
             packet = decoder.next_packet()

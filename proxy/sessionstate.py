@@ -28,9 +28,10 @@ class PreparedStatement:
     # again when they change, but a re-prepared statement has none yet.
     param_types: bytes | None = None
     types_bound_on_backend: bool = False
-    # COM_STMT_SEND_LONG_DATA payloads since the last execute/reset, resent after a reconnect.
-    long_data: list[bytes] = attrs.Factory(list)
+    # COM_STMT_SEND_LONG_DATA commands since the last execute/reset, sent again after a reconnect.
+    long_data: list = attrs.Factory(list)  # longdata.Piece, in the order sent
     long_data_bytes: int = 0
+    long_data_refused: str | None = None  # why its long data was held back: its execute gets 1153
     generation: int = 0  # which backend connection (Session.generation) backend_id belongs to
     analysis: sql.Analysis | None = None  # what the statement does (judged at PREPARE)
 

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import re
 import struct
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
 from proxy.info import SessionInfo
+from proxy.longdata import LongDataSpool, Piece
 from proxy.protocol.constants import Commands, ServerStatus
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.response import ResponseTracker
@@ -35,6 +36,9 @@ from proxy.sessionstate import PreparedStatement, SessionState
 from proxy.sqltext import Analysis, Dialect, Kind, ServerReading, SqlParseError, Statement, classify, parse_set, quote_string
 from proxy.sqltext.triage import FAST_VERBS, fast_verb, may_pin_session
 from proxy.transaction import CONNECTION_FATAL, PARSE_ERRORS, ROLLS_BACK, STATEMENT_ERRORS, JournalEntry, Transaction
+
+if TYPE_CHECKING:
+    from proxy.intake import Command
 
 __all__ = ["SessionTracker", "IN_TRANS", "AUTOCOMMIT", "SESSION_ONLY_COMMANDS", "CONNECTION_FATAL"]
 
@@ -80,9 +84,12 @@ class Pending:
 
 
 class SessionTracker:
-    def __init__(self, info: SessionInfo, journal_max_bytes: int, journal_max_statements: int, safe_mode: bool = False) -> None:
+    def __init__(self, info: SessionInfo, journal_max_bytes: int, journal_max_statements: int, safe_mode: bool = False,
+                 long_data: LongDataSpool | None = None) -> None:  # fmt: skip
         self.info = info
-        self.tx = Transaction(journal_max_bytes, journal_max_statements)
+        # COM_STMT_SEND_LONG_DATA kept to be sent again (statements' pending ones, the journal's)
+        self.long_data = long_data or LongDataSpool(4 << 20, 256 << 20)
+        self.tx = Transaction(journal_max_bytes, journal_max_statements, release=self.long_data.release)
         self.state: SessionState | None = None
         self.autocommit = True
         # How the server reads the session's text: the backend's dialect (from its greeting),
@@ -105,7 +112,7 @@ class SessionTracker:
         self.info._user = user
         self.info._database = database
         self.autocommit = bool(status & AUTOCOMMIT)
-        self.prepared.clear()
+        self._forget_prepared()
         self._end_transaction()
 
     def backend_changed(self, address: str, server_version: str) -> None:
@@ -260,6 +267,8 @@ class SessionTracker:
                     self._journal_step(done, None, False, long_data)
                 else:
                     self._apply(done, a, long_data)
+                if long_data and not (self.tx.entries and self.tx.entries[-1].long_data is long_data):
+                    self.long_data.release(long_data)  # not journaled: nothing will send it again
             return []
         if code == C.COM_STMT_PREPARE:
             if ok and tracker.prepare_ok is not None:
@@ -268,10 +277,11 @@ class SessionTracker:
         if code == C.COM_STMT_CLOSE:
             if done.statement is not None:
                 self.prepared.pop(done.statement.client_id, None)
+                self.long_data_dropped(done.statement)
             return []
         if code == C.COM_STMT_RESET:
             if ok and done.statement is not None:
-                done.statement.long_data, done.statement.long_data_bytes = [], 0
+                self.long_data_dropped(done.statement)
             return []
         if code == C.COM_STMT_FETCH:
             self.tx.mark_not_replayable("server-side cursor fetch")
@@ -285,7 +295,7 @@ class SessionTracker:
         if code == C.COM_RESET_CONNECTION:
             if ok:
                 state.reset()
-                self.prepared.clear()
+                self._forget_prepared()
                 self._end_transaction()
             return []
         if code == C.COM_SET_OPTION:
@@ -300,7 +310,7 @@ class SessionTracker:
         self._journal_step(done, None, False)
         return []
 
-    def _apply(self, done: Completed, analysis: Analysis | None, long_data: list[bytes] | None = None) -> list[str]:
+    def _apply(self, done: Completed, analysis: Analysis | None, long_data: list[Piece] | None = None) -> list[str]:
         """The effects of a judged text: session changes of the statements that ran, where the
         transaction ended or began, what is now in doubt."""
         tracker = done.tracker
@@ -385,7 +395,7 @@ class SessionTracker:
         done: Completed,
         boundary: int | None,
         single: bool,
-        long_data: list[bytes] | None = None,
+        long_data: list[Piece] | None = None,
         *,
         in_doubt: str | None = None,
         begins: bool = False,
@@ -498,21 +508,43 @@ class SessionTracker:
         self.prepared[client_id] = stmt
         return stmt
 
-    def long_data_received(self, stmt: PreparedStatement, payload: bytes, limit: int) -> bool:
-        """A COM_STMT_SEND_LONG_DATA of ``stmt``, kept to be sent again after a reconnect, up to
-        ``limit`` (max_allowed_packet) per statement and per session. False: over it, held back
-        from the server; the execute that would use it gets 1153."""
-        stmt.long_data_bytes += len(payload) - 7
-        held = sum(st.long_data_bytes for st in self.prepared.values())
-        if stmt.long_data_bytes >= limit or held >= limit:
-            stmt.long_data_bytes = max(stmt.long_data_bytes, limit)
+    def long_data_received(self, stmt: PreparedStatement, cmd: Command, limit: int) -> bool:
+        """A COM_STMT_SEND_LONG_DATA of ``stmt``, kept in the session's spool to be sent again
+        after a reconnect. False: held back from the server, and the execute that would use it
+        gets 1153 (``stmt.long_data_refused`` says why): over ``limit`` (max_allowed_packet, as
+        the server counts a statement's long data), or the spool is full."""
+        if stmt.long_data_refused is not None:
             return False
-        stmt.long_data.append(payload)
+        stmt.long_data_bytes += cmd.size - 7
+        if stmt.long_data_bytes >= limit:
+            stmt.long_data_refused = f"{stmt.long_data_bytes}+ bytes of parameter data sent with COM_STMT_SEND_LONG_DATA"
+            return False
+        piece = self.long_data.keep(cmd.frames(), cmd.wire_size, cmd.raw)
+        if piece is None:
+            spool = self.long_data
+            stmt.long_data_refused = (f"the session's long data would exceed limits.long_data_spool = {spool.max_bytes} bytes "
+                                      f"({spool.held} kept to be sent again after a reconnect)")  # fmt: skip
+            return False
+        stmt.long_data.append(piece)
         return True
 
     def long_data_dropped(self, stmt: PreparedStatement) -> None:
-        """The execute that would have used ``stmt``'s long data was refused (COM_STMT_RESET sent)."""
-        stmt.long_data, stmt.long_data_bytes = [], 0
+        """``stmt``'s long data is gone (reset, closed, or its execute refused)."""
+        self.long_data.release(stmt.long_data)
+        stmt.long_data, stmt.long_data_bytes, stmt.long_data_refused = [], 0, None
+
+    def long_data_frames(self, piece: Piece, stmt: PreparedStatement):
+        """A kept COM_STMT_SEND_LONG_DATA as the current backend connection must see it."""
+        return self.long_data.frames(piece, struct.pack("<I", stmt.backend_id) if stmt.backend_id != stmt.client_id else None)
+
+    def close(self) -> None:
+        """The session ends: its spool goes."""
+        self.long_data.close()
+
+    def _forget_prepared(self) -> None:
+        for stmt in self.prepared.values():
+            self.long_data.release(stmt.long_data)
+        self.prepared.clear()
 
     def backend_bytes(self, payload: bytes, raw: bytes | None, stmt: PreparedStatement | None) -> bytes:
         """A command as the current backend connection must see it: statement ids renumbered,
@@ -536,6 +568,20 @@ class SessionTracker:
             return raw
         return encode_packet(new, 0)[0]
 
+    def backend_frames(self, cmd: Command, stmt: PreparedStatement | None):
+        """A spooled command's frames as the current backend connection must see them, in
+        chunks: streamed from its file, the statement id of its first frame renumbered. (An
+        execute whose parameter types must be bound again is rebuilt whole: its layout changes.)"""
+        if stmt is None:
+            return cmd.frames()
+        payload = cmd.payload  # the head: enough for the id and the types' flag
+        if payload[0] == C.COM_STMT_EXECUTE and stmt.num_params and not stmt.types_bound_on_backend:
+            return iter([self.backend_bytes(cmd.full_payload(), None, stmt)])
+        if stmt.backend_id == stmt.client_id:
+            return cmd.frames()
+        new_id = struct.pack("<I", stmt.backend_id)
+        return _first_patched(cmd.frames(), new_id)
+
     def backend_ids(self) -> tuple[int, dict[PreparedStatement, tuple[int, int, bool]]]:
         """What ties the prepared statements to the current backend connection (a move that
         fails goes back to it: ``restore_backend_ids``)."""
@@ -558,3 +604,13 @@ class SessionTracker:
         stmt.types_bound_on_backend = False
         if backend_id != stmt.client_id:
             self.remap_ids = True
+
+
+def _first_patched(chunks, stmt_id: bytes):
+    """Chunks of frames with the statement id of the first frame replaced (header 4 + command 1)."""
+    first = True
+    for chunk in chunks:
+        if first:
+            chunk = chunk[:5] + stmt_id + chunk[9:]
+            first = False
+        yield chunk

@@ -13,8 +13,11 @@ connection and checked to have produced the same results.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 
+from proxy.longdata import Piece
 from proxy.protocol.constants import Commands
 from proxy.protocol.response import Expect
 from proxy.sessionstate import PreparedStatement, SessionState
@@ -46,7 +49,7 @@ class JournalEntry:
     # (statements before the transaction was known to be open, e.g. its BEGIN).
     fingerprint: int | None
     statement: PreparedStatement | None = None  # for COM_STMT_EXECUTE
-    long_data: list[bytes] | None = None  # COM_STMT_SEND_LONG_DATA payloads sent before this execute
+    long_data: list[Piece] | None = None  # the COM_STMT_SEND_LONG_DATA commands sent before this execute
     # The judgement made when it ran (None on the hot path, which judges nothing), and how
     # the server read text then: recovery reads these, never the session's reading of now.
     analysis: Analysis | None = None
@@ -90,9 +93,16 @@ class Transaction:
     # SET TRANSACTION ... that applied to this transaction, replayed before it.
     prefix: str | None = None
     writes: bool = False  # a command of it may have changed data (a commit marker is worth it)
+    # Called with the long data of entries dropped from the journal (the session's spool).
+    release: Callable[[list[Piece]], None] | None = attrs.field(default=None, eq=False)
+
+    def _drop(self, entries: list[JournalEntry]) -> None:
+        if self.release is not None:
+            self.release([piece for e in entries if e.long_data for piece in e.long_data])
 
     def reset(self) -> None:
         self.active = False
+        self._drop(self.entries)
         self.entries.clear()
         self.size = 0
         self.not_replayable = None
@@ -108,9 +118,11 @@ class Transaction:
 
     def record(self, entry: JournalEntry) -> None:
         if self.not_replayable is not None:
+            self._drop([entry])
             return
         self.size += len(entry.payload) + 64  # + bookkeeping, roughly
         if self.size > self.max_bytes or len(self.entries) >= self.max_entries:
+            self._drop([entry])
             self.mark_not_replayable(
                 f"journal over its limit ({len(self.entries) + 1} commands, {self.size} bytes;"
                 f" limits {self.max_entries} commands, {self.max_bytes} bytes)"
@@ -121,6 +133,7 @@ class Transaction:
     def mark_not_replayable(self, reason: str) -> None:
         if self.not_replayable is None:
             self.not_replayable = reason
+        self._drop(self.entries)
         self.entries.clear()  # nothing will replay them; give the memory back
         self.size = 0
 

@@ -75,6 +75,11 @@ class PacketDecoder:
             return None
         return buf[p] | buf[p + 1] << 8 | buf[p + 2] << 16, buf[p + 3]
 
+    def peek_byte(self, offset: int) -> int | None:
+        """The buffered byte ``offset`` bytes ahead (4: the next frame's first payload byte)."""
+        p = self._pos + offset
+        return self._buf[p] if p < len(self._buf) else None
+
     def take_raw(self, n: int) -> bytes:
         """Remove and return up to n buffered bytes (for callers that stream a large packet)."""
         out = bytes(self._buf[self._pos : self._pos + n])

@@ -64,11 +64,18 @@ async def refuse(s: Session, size: int, seq_end: int, code: int, why: str = "") 
 
 
 async def refuse_long_data(s: Session, cmd: Command, stmt: PreparedStatement) -> None:
-    """COM_STMT_SEND_LONG_DATA over the limit was held back; refuse the execute that would
-    use it and clear what the server got of it."""
+    """Long data of ``stmt`` was held back from the server (over the limit, or the session's
+    spool full): refuse the execute that would use it, and clear what the server got of it."""
+    why = stmt.long_data_refused
     size = stmt.long_data_bytes
     await s.run_internal(b"\x1a" + struct.pack("<I", stmt.client_id), cmd.seq_end)
     s.tracking.long_data_dropped(stmt)
+    if why is not None and why.startswith("the session's"):
+        msg = (f"Got a packet bigger than 'max_allowed_packet' bytes: {why} (target {s.target.name}); the statement's "
+               "long data was not sent to the backend: send less long data at once, or raise limits.long_data_spool")  # fmt: skip
+        log.warning("session %d: refused COM_STMT_EXECUTE: %s", s.id, why)
+        await s.send_client(make_err(*Err.NET_PACKET_TOO_LARGE, msg), cmd.seq_end + 1)
+        return
     await refuse(s, size, cmd.seq_end, cmd.code, " (parameter data sent with COM_STMT_SEND_LONG_DATA)")
 
 

@@ -277,8 +277,14 @@ async def _prepare_on(tracking: SessionTracker, backend: Backend, stmt: Prepared
     if tracker.error is not None or tracker.prepare_ok is None:
         raise BackendError(f"re-preparing statement {stmt.client_id} failed: {tracker.error}", retryable=False)
     tracking.reprepared(stmt, tracker.prepare_ok.statement_id)
-    for payload in stmt.long_data:
-        await backend.channel.send(tracking.backend_bytes(payload, None, stmt))
+    for piece in stmt.long_data:
+        await _send_long_data(tracking, backend, piece, stmt)
+
+
+async def _send_long_data(tracking: SessionTracker, backend: Backend, piece, stmt: PreparedStatement) -> None:
+    """A kept COM_STMT_SEND_LONG_DATA, again, exactly (from the session's spool)."""
+    for chunk in tracking.long_data_frames(piece, stmt):
+        await backend.channel.send(chunk)
 
 
 # --- 3. resolve_marker -------------------------------------------------------------------------
@@ -394,8 +400,8 @@ async def _replay(loss: Loss, backend: Backend, verify: bool) -> tuple[int, str 
             if stmt is not None and stmt.generation != tracking.generation:
                 await _prepare_on(tracking, backend, stmt)  # closed by the client since; needed again
                 temporary.append(stmt)
-            for payload in entry.long_data or ():
-                await backend.channel.send(tracking.backend_bytes(payload, None, stmt))
+            for piece in entry.long_data or ():
+                await _send_long_data(tracking, backend, piece, stmt)
             with trio.fail_after(io_timeout):
                 tracker = await backend.exchange(tracking.backend_bytes(entry.payload, None, stmt), entry.expect, True)
             count += 1

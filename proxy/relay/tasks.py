@@ -23,6 +23,7 @@ from proxy.backend import Backend
 from proxy.facts import needs_last_results
 from proxy.hooks import AnswerOk, CommandInfo, PluginError, Reject, Rewrite, SessionInfo
 from proxy.intake import Command, Oversized, read_command
+from proxy.longdata import LongDataSpool
 from proxy.markers import CommitMarkers
 from proxy.netio import Channel, PeerClosed
 from proxy.protocol.constants import MAX_FRAME, Commands, Err
@@ -74,7 +75,9 @@ class Session:
         self.client_address = client_address
         self.id = session_id
         self.info = SessionInfo(session_id, target.name, "", client_address, opened_at=trio.current_time())
-        self.tracking = SessionTracker(self.info, rec.journal_max_bytes, rec.journal_max_statements, rec.idempotent == "safe-mode")
+        limits = config.limits
+        self.tracking = SessionTracker(self.info, rec.journal_max_bytes, rec.journal_max_statements, rec.idempotent == "safe-mode",
+                                       LongDataSpool(limits.spool_threshold, limits.long_data_spool))  # fmt: skip
         self.link = BackendLink(self.tracking, config.limits.max_allowed_packet)  # the backend connection's life
         self.client_caps = 0
         self.deprecate_eof = False
@@ -173,6 +176,7 @@ class Session:
     def close(self) -> None:
         self.link.close()
         self.client.close()
+        self.tracking.close()
 
     # ------------------------------------------------------------------ client task
 
@@ -278,7 +282,7 @@ class Session:
         statement = None
         if code in _STMT_COMMANDS:
             statement = tracking.statement_of(cmd.payload)
-            if statement is not None and statement.long_data_bytes >= link.limit and code == C.COM_STMT_EXECUTE:
+            if statement is not None and statement.long_data_refused is not None and code == C.COM_STMT_EXECUTE:
                 await oversize.refuse_long_data(self, cmd, statement)
                 return
         if link.state in (LinkState.UP, LinkState.MOVING) and link.takes_results_debt(code) and \
@@ -306,7 +310,7 @@ class Session:
         if code == C.COM_STMT_PREPARE:
             inflight.prepare_ok = bytearray()
         elif code == C.COM_STMT_SEND_LONG_DATA and statement is not None:
-            if not tracking.long_data_received(statement, cmd.payload, link.limit):
+            if not tracking.long_data_received(statement, cmd, link.limit):
                 return  # kept from the server; the execute that would use it gets 1153
         elif analysis is not None and analysis.single and analysis.first.kind is Kind.SELECT and oversize.asks_max_packet(cmd):
             cmd = inflight.command = oversize.tell_effective_limit(cmd, link.limit, link.backend)
@@ -390,10 +394,8 @@ class Session:
         try:
             if cmd.complete:
                 await backend.channel.send(self.tracking.backend_bytes(cmd.payload, cmd.raw, inflight.statement))
-            elif inflight.statement is not None:  # a huge execute that needs rewriting
-                await backend.channel.send(self.tracking.backend_bytes(cmd.full_payload(), None, inflight.statement))
-            else:
-                for chunk in cmd.frames():
+            else:  # spooled: streamed from its file, its statement id renumbered on the way
+                for chunk in self.tracking.backend_frames(cmd, inflight.statement):
                     await backend.channel.send(chunk)
             inflight.state = SENT
         except (PeerClosed, trio.ClosedResourceError):

@@ -324,17 +324,23 @@ def test_a_journal_entry_is_judged_as_the_server_read_it_when_it_ran():
 def test_prepared_statements_change_only_through_the_tracker():
     """Long data kept for replay within the limit (per statement and per session), parameter
     types bound again after a re-prepare, ids renumbered, and a failed move's ids put back."""
+    from proxy.longdata import LongDataSpool
     from proxy.sessionstate import PreparedStatement
 
-    t = tracker()
+    t = SessionTracker(SessionInfo(1, "test", "app", "127.0.0.1:1"), 1 << 20, 1000, long_data=LongDataSpool(1000, 1300))
+    t.logged_in("app", "test", 45, AUTOCOMMIT)
     a = t.prepared[1] = PreparedStatement(1, b"\x16SELECT ?", 1, 1, 1)
     b = t.prepared[2] = PreparedStatement(2, b"\x16SELECT ?", 1, 1, 2)
-    piece = b"\x18" + (1).to_bytes(4, "little") + b"\x00\x00" + b"x" * 600
-    assert t.long_data_received(a, piece, limit=1000) and a.long_data == [piece]
-    assert not t.long_data_received(b, piece, limit=1000)  # the session's 1200 bytes: over
-    assert b.long_data == [] and b.long_data_bytes == 1000  # its execute will get 1153
+    payload = b"\x18" + (1).to_bytes(4, "little") + b"\x00\x00" + b"x" * 600
+    piece = Command(payload, encode_packet(payload, 0)[0], 0, len(payload))
+    assert t.long_data_received(a, piece, limit=10_000) and a.long_data[0].data == piece.raw  # in memory
+    assert t.long_data_received(b, piece, limit=10_000) and b.long_data[0].data is None  # past the memory budget: the file
+    assert not t.long_data_received(b, piece, limit=10_000)  # the spool's 1300 bytes: full
+    assert "limits.long_data_spool" in b.long_data_refused  # its execute will get 1153
+    assert not t.long_data_received(a, piece, limit=1000)  # over max_allowed_packet for one statement
     t.long_data_dropped(b)
-    assert (b.long_data, b.long_data_bytes) == ([], 0)
+    assert (b.long_data, b.long_data_bytes, b.long_data_refused) == ([], 0, None)
+    assert t.long_data.in_file == 0 and t.long_data.in_memory == len(piece.raw)
 
     execute = b"\x17" + (1).to_bytes(4, "little") + b"\x00" + (1).to_bytes(4, "little") + b"\x00" + b"\x01" + b"\x08\x00" + b"\x05" * 8
     assert t.backend_bytes(execute, b"raw", a) == b"raw"  # types bound now, nothing to change
