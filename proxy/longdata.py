@@ -31,6 +31,9 @@ class Piece:
     data: bytes | None = None
     offset: int = 0  # where in the spool file, when not in memory
     live: bool = True  # not released yet (a piece may be dropped by more than one owner)
+    # The backend connection (SessionTracker.generation) it last went to: a restore that sent it
+    # already makes resending the command itself, lost in flight, a second copy.
+    sent_on: int = -1
 
 
 class LongDataSpool:

@@ -508,25 +508,26 @@ class SessionTracker:
         self.prepared[client_id] = stmt
         return stmt
 
-    def long_data_received(self, stmt: PreparedStatement, cmd: Command, limit: int) -> bool:
+    def long_data_received(self, stmt: PreparedStatement, cmd: Command, limit: int) -> Piece | None:
         """A COM_STMT_SEND_LONG_DATA of ``stmt``, kept in the session's spool to be sent again
         after a reconnect. False: held back from the server, and the execute that would use it
         gets 1153 (``stmt.long_data_refused`` says why): over ``limit`` (max_allowed_packet, as
-        the server counts a statement's long data), or the spool is full."""
+        the server counts a statement's long data), or the spool is full. Returns what was kept
+        (None: held back)."""
         if stmt.long_data_refused is not None:
-            return False
+            return None
         stmt.long_data_bytes += cmd.size - 7
         if stmt.long_data_bytes >= limit:
             stmt.long_data_refused = f"{stmt.long_data_bytes}+ bytes of parameter data sent with COM_STMT_SEND_LONG_DATA"
-            return False
+            return None
         piece = self.long_data.keep(cmd.frames(), cmd.wire_size, cmd.raw)
         if piece is None:
             spool = self.long_data
             stmt.long_data_refused = (f"the session's long data would exceed limits.long_data_spool = {spool.max_bytes} bytes "
                                       f"({spool.held} kept to be sent again after a reconnect)")  # fmt: skip
-            return False
+            return None
         stmt.long_data.append(piece)
-        return True
+        return piece
 
     def long_data_dropped(self, stmt: PreparedStatement) -> None:
         """``stmt``'s long data is gone (reset, closed, or its execute refused)."""
@@ -534,7 +535,9 @@ class SessionTracker:
         stmt.long_data, stmt.long_data_bytes, stmt.long_data_refused = [], 0, None
 
     def long_data_frames(self, piece: Piece, stmt: PreparedStatement):
-        """A kept COM_STMT_SEND_LONG_DATA as the current backend connection must see it."""
+        """A kept COM_STMT_SEND_LONG_DATA as the current backend connection must see it (noted
+        as sent on it)."""
+        piece.sent_on = self.generation
         return self.long_data.frames(piece, struct.pack("<I", stmt.backend_id) if stmt.backend_id != stmt.client_id else None)
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ import attrs
 import trio
 
 from proxy.intake import Command
+from proxy.longdata import Piece
 from proxy.protocol.response import ResponseTracker
 from proxy.sessionstate import PreparedStatement
 from proxy.sqltext import Analysis, ServerReading
@@ -38,6 +39,7 @@ class Inflight:
     captured: bytearray | None = None  # the response to one of the proxy's own commands, kept for it
     refuse_infile: bool = False  # answering the server's LOCAL INFILE request with "no file"
     marker: int = 0  # commit-marker number written just before this COMMIT (0: none)
+    piece: Piece | None = None  # a COM_STMT_SEND_LONG_DATA: what the session keeps of it
     internal: bool = False  # the proxy's own command (split pieces): response not forwarded
     answered: bool = False  # recovery answered the client with an error instead
     done: trio.Event | None = None

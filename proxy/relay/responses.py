@@ -152,6 +152,8 @@ async def on_lost(s: Session, reason: str, rejected: bool = False, clean: bool =
         if owed:
             answer, s.first_answer = s.first_answer, None
             await s.answer_inflight(answer.payload)
+        elif waiting.piece is not None and waiting.piece.sent_on == s.tracking.generation:
+            await complete(s, waiting, b"")  # long data the restore sent already: it has no answer
         else:
             await s.send_inflight(waiting)
 

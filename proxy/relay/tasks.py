@@ -310,7 +310,8 @@ class Session:
         if code == C.COM_STMT_PREPARE:
             inflight.prepare_ok = bytearray()
         elif code == C.COM_STMT_SEND_LONG_DATA and statement is not None:
-            if not tracking.long_data_received(statement, cmd, link.limit):
+            inflight.piece = tracking.long_data_received(statement, cmd, link.limit)
+            if inflight.piece is None:
                 return  # kept from the server; the execute that would use it gets 1153
         elif analysis is not None and analysis.single and analysis.first.kind is Kind.SELECT and oversize.asks_max_packet(cmd):
             cmd = inflight.command = oversize.tell_effective_limit(cmd, link.limit, link.backend)
@@ -398,6 +399,8 @@ class Session:
                 for chunk in self.tracking.backend_frames(cmd, inflight.statement):
                     await backend.channel.send(chunk)
             inflight.state = SENT
+            if inflight.piece is not None:
+                inflight.piece.sent_on = self.tracking.generation
         except (PeerClosed, trio.ClosedResourceError):
             inflight.state = SEND_FAILED  # the backend task notices the loss and recovers
         finally:

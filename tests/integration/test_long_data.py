@@ -100,3 +100,24 @@ def test_the_long_data_spool_has_a_limit_per_session(table, proxy_factory):
     rawps.execute(conn, stmt, [4, rawps.LONG_DATA])  # the statement within the limit still runs
     assert stored(table.port, 4)[0] == 5 * MiB
     conn.close()
+
+
+@pytest.mark.parametrize("when", ["idle", "in flight"])
+def test_pending_long_data_is_sent_again_when_the_statement_is_prepared_again(table, proxy_factory, when):
+    """The connection is lost between the long data and its execute (``idle``: once the server
+    has it all; ``in flight``: while the proxy still forwards it): the proxy prepares the
+    statement again on a new connection and sends the long data again, once, before the execute."""
+    with FaultShim(table.port) as shim:
+        proxy = proxy_factory(shim.port)
+        conn = rawps.connect(proxy.port)
+        stmt = rawps.prepare(conn, "INSERT INTO long_data (id, data) VALUES (?, ?)")
+        pieces = pieces_for(table)
+        for piece in pieces:
+            rawps.send_long_data(conn, stmt, 1, piece)
+        if when == "idle":
+            assert shim.wait_for(lambda: shim.count(lambda c: c.name == "COM_STMT_SEND_LONG_DATA") == len(pieces))
+        assert shim.close_idle_connections()
+        rawps.execute(conn, stmt, [5, rawps.LONG_DATA])
+        whole = b"".join(pieces)
+        assert stored(table.port, 5) == (len(whole), hashlib.sha1(whole).hexdigest())  # neither lost nor doubled
+        conn.close()
