@@ -28,7 +28,7 @@ from proxy.protocol.packets import (
     parse_server_handshake,
 )
 from proxy.protocol.response import Expect, ResponseTracker
-from proxy.protocol.resultset import decode_text_row
+from proxy.protocol.resultset import Column, decode_text_row
 from proxy.sqltext.redact import redact
 from proxy.tls import BackendTLS, TLSError, describe, start_tls
 
@@ -122,9 +122,9 @@ class Backend:
                     raise ProtocolError(f"{len(data) - end} unexpected bytes after a response from {self.address}")
                 return tracker
 
-    async def query(self, sql: str) -> list[list[bytes | None]]:
-        """Run a statement of the proxy's own; returns text rows (empty for OK). Raises
-        BackendError on ERR."""
+    async def query(self, sql: str, columns: list[Column] | None = None) -> list[list[bytes | None]]:
+        """Run a statement of the proxy's own; returns text rows (empty for OK), and appends the
+        columns' types to ``columns`` if given. Raises BackendError on ERR."""
         await self.channel.send(encode_packet(b"\x03" + sql.encode("utf-8"), 0)[0])
         first = (await self.channel.read_packet()).payload
         if not first:
@@ -138,7 +138,9 @@ class Backend:
             return []
         ncols = Reader(first).lenenc()
         for _ in range(ncols):
-            await self.channel.read_packet()
+            coldef = (await self.channel.read_packet()).payload
+            if columns is not None:
+                columns.append(Column.parse(coldef))
         if not self.deprecate_eof:
             await self.channel.read_packet()
         rows = []

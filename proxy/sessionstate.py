@@ -7,10 +7,14 @@ restore never applies something the server refused.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import attrs
 
 from proxy import sqltext as sql
+
+if TYPE_CHECKING:
+    from proxy.protocol.resultset import Column
 
 __all__ = ["PreparedStatement", "SessionState"]
 
@@ -108,8 +112,9 @@ class SessionState:
             self.insert_id_unknown = True  # the one dropped may have been the last generated id
 
     def apply_set(self, assignments: list[sql.SetAssignment]) -> list[str]:
-        """Record an accepted SET; returns the names of session variables whose value must be
-        read back from the server (assigned an expression, not a constant)."""
+        """Record an accepted SET; returns the variables whose value must be read back from the
+        server (assigned an expression, not a constant): session variables by name, user
+        variables as ``@name``."""
         capture: list[str] = []
         for a in assignments:
             scope = a.scope
@@ -130,7 +135,7 @@ class SessionState:
                 if a.is_constant:
                     self.user_variables[a.name] = a.value_sql
                 else:
-                    self.mark_unrestorable(f"user variable @{a.name} was assigned a non-constant expression")
+                    capture.append("@" + a.name)  # its value, as the server computed it
             elif scope == sql.SetScope.TRANSACTION:
                 # One entry per characteristic (isolation level, access mode).
                 key = f"{_TRANSACTION_PREFIX}{a.name}"
@@ -165,7 +170,6 @@ class SessionState:
 # connection later, they would apply to a statement they were never meant for.
 _NEXT_STATEMENT_ONLY = frozenset({"rand_seed1", "rand_seed2", "gtid_seq_no"})
 _TRANSACTION_PREFIX = "transaction:"  # keys of SET SESSION TRANSACTION characteristics
-_PLAIN_IDENT = re.compile(r"[A-Za-z0-9_$]+")
 
 
 def _same_characteristic(a: str, b: str) -> bool:
@@ -174,4 +178,67 @@ def _same_characteristic(a: str, b: str) -> bool:
 
 
 def _ident(name: str) -> str:
-    return name if _PLAIN_IDENT.fullmatch(name) else "`" + name.replace("`", "``") + "`"
+    return sql.quote_ident(name)
+
+
+# MYSQL_TYPE_* a user variable can hold: integers, DECIMAL, DOUBLE, strings (binary ones too),
+# and on TiDB DATETIME and DATE (MariaDB turns temporal values into strings).
+_INTEGER_TYPES = frozenset({1, 2, 3, 8, 9, 13})
+_DECIMAL_TYPES = frozenset({0, 246})
+_FLOAT_TYPES = frozenset({4, 5})
+_STRING_TYPES = frozenset({15, 249, 250, 251, 252, 253, 254})
+_DATETIME, _DATE = 12, 10
+_NAME = re.compile(r"[A-Za-z0-9_]+")
+_HEX = re.compile(rb"(?:[0-9A-Fa-f]{2})*")
+_SHAPES = {  # what each type's text looks like when it can be written back as it reads
+    "integer": re.compile(r"-?\d+"),
+    "decimal": re.compile(r"-?\d+(\.\d+)?"),
+    "double": re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?"),
+    "datetime": re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d{1,6})?"),
+    "date": re.compile(r"\d{4}-\d\d-\d\d"),
+}
+
+
+def session_variable_literal(column: Column, value: bytes | None) -> str:
+    """A constant for a session variable's value as ``SELECT @@session.name`` reported it."""
+    if value is None:
+        return "NULL"
+    text = value.decode("utf-8", "surrogateescape")
+    numeric = (_INTEGER_TYPES, "integer"), (_DECIMAL_TYPES, "decimal"), (_FLOAT_TYPES, "double")
+    if any(column.type in types and _SHAPES[shape].fullmatch(text) for types, shape in numeric):
+        return text
+    return sql.quote_string(text)
+
+
+def user_variable_literal(column: Column, value: bytes | None, hexed: bytes | None, charset: str, collation: str) -> str | None:
+    """A constant that gives a user variable back the value and type the server reported for
+    it (``SELECT @v, HEX(@v), CHARSET(@v), COLLATION(@v)``: a string's ``value`` comes converted
+    to character_set_results, ``hexed`` is its own bytes): a number of its type (signedness
+    too), a string with its character set and collation, a binary string as hex, a date and
+    time as such, NULL of its type. None: a value the proxy cannot write back exactly."""
+    t = column.type
+    integer = "UNSIGNED" if column.unsigned else "SIGNED"
+    if value is None:
+        if t in _INTEGER_TYPES:
+            return f"CAST(NULL AS {integer})"
+        if t in _DECIMAL_TYPES:
+            return "CAST(NULL AS DECIMAL)"
+        return "CAST(NULL AS DOUBLE)" if t in _FLOAT_TYPES else "NULL"
+    text = value.decode("ascii", "replace")
+    if t in _INTEGER_TYPES and _SHAPES["integer"].fullmatch(text):
+        return f"CAST({text} AS UNSIGNED)" if column.unsigned else text
+    if t in _DECIMAL_TYPES and _SHAPES["decimal"].fullmatch(text):
+        return text
+    if t in _FLOAT_TYPES and _SHAPES["double"].fullmatch(text):
+        return text if "e" in text.lower() else text + "E0"  # an E makes the literal a DOUBLE
+    if t == _DATETIME and _SHAPES["datetime"].fullmatch(text):
+        return f"CAST('{text}' AS DATETIME({min(column.decimals, 6)}))"
+    if t == _DATE and _SHAPES["date"].fullmatch(text):
+        return f"CAST('{text}' AS DATE)"
+    if t in _STRING_TYPES and hexed is not None and _HEX.fullmatch(hexed):
+        own = hexed.decode()
+        if charset == "binary":
+            return f"CAST(X'{own}' AS BINARY)"  # a string: a bare X'' is a number in arithmetic
+        if _NAME.fullmatch(charset) and _NAME.fullmatch(collation):
+            return f"CONVERT(X'{own}' USING {charset}) COLLATE {collation}"
+    return None

@@ -32,8 +32,9 @@ from proxy.longdata import LongDataSpool, Piece
 from proxy.protocol.constants import Commands, ServerStatus
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.response import ResponseTracker
-from proxy.sessionstate import PreparedStatement, SessionState
-from proxy.sqltext import Analysis, Dialect, Kind, ServerReading, SqlParseError, Statement, classify, parse_set, quote_string
+from proxy.protocol.resultset import Column
+from proxy.sessionstate import PreparedStatement, SessionState, session_variable_literal, user_variable_literal
+from proxy.sqltext import Analysis, Dialect, Kind, ServerReading, SqlParseError, Statement, classify, parse_set
 from proxy.sqltext.triage import FAST_VERBS, fast_verb, may_pin_session
 from proxy.transaction import CONNECTION_FATAL, PARSE_ERRORS, ROLLS_BACK, STATEMENT_ERRORS, JournalEntry, Transaction
 
@@ -253,6 +254,7 @@ class SessionTracker:
             return self._apply(done, done.analysis)
         if code == C.COM_STMT_EXECUTE:
             stmt = done.statement
+            captures: list[str] = []
             if stmt is not None:
                 long_data = stmt.long_data
                 stmt.long_data, stmt.long_data_bytes = [], 0
@@ -266,10 +268,10 @@ class SessionTracker:
                         self._failed(a.first, tracker.error.code)
                     self._journal_step(done, None, False, long_data)
                 else:
-                    self._apply(done, a, long_data)
+                    captures = self._apply(done, a, long_data)  # SET @v = ?: read back like text
                 if long_data and not (self.tx.entries and self.tx.entries[-1].long_data is long_data):
                     self.long_data.release(long_data)  # not journaled: nothing will send it again
-            return []
+            return captures
         if code == C.COM_STMT_PREPARE:
             if ok and tracker.prepare_ok is not None:
                 done.statement = self._register_prepared(cmd.payload, tracker)
@@ -483,11 +485,23 @@ class SessionTracker:
         if st.session_unrestorable:
             self.state.mark_unrestorable(st.session_unrestorable)
 
-    def captured(self, name: str, value: bytes | None) -> None:
-        """The server's value of a session variable that was set from an expression."""
+    def captured(self, name: str, column: Column, value: bytes | None) -> None:
+        """The server's value of a session variable that was set from an expression or a
+        parameter: a number as a number (MariaDB refuses wait_timeout = '7777', 1232), anything
+        else as a string."""
         assert self.state is not None
         self.state.variables.pop(name, None)
-        self.state.variables[name] = "NULL" if value is None else quote_string(value.decode("utf-8", "surrogateescape"))
+        self.state.variables[name] = session_variable_literal(column, value)
+
+    def captured_user(self, name: str, column: Column, value: bytes | None, hexed: bytes | None, charset: str, collation: str) -> None:
+        """The server's value of a user variable that was set from an expression (a prepared
+        ``SET @v = ?``, ``SET @v = NOW()``): restored as a constant of the same type."""
+        assert self.state is not None
+        literal = user_variable_literal(column, value, hexed, charset, collation)
+        if literal is None:
+            self.state.mark_unrestorable(f"user variable @{name} holds a value the proxy cannot write back (column type {column.type})")
+            return
+        self.state.user_variables[name] = literal
 
     # ------------------------------------------------------------------ prepared statements
 

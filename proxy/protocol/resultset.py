@@ -6,13 +6,35 @@ reads or writes itself (SELECT @@var, SHOW WARNINGS merged after a split stateme
 
 from __future__ import annotations
 
+import attrs
+
 from proxy.protocol.constants import MAX_FRAME
 from proxy.protocol.framing import PacketDecoder, encode_packet
 from proxy.protocol.packets import ERR_HEADER, ProtocolError, Reader, lenenc_int, lenenc_str, make_eof, make_ok, parse_err
 
-__all__ = ["decode_text_row", "read_text_result", "build_text_result"]
+__all__ = ["Column", "decode_text_row", "read_text_result", "build_text_result"]
 
 NULL = 0xFB
+
+
+@attrs.frozen
+class Column:
+    """What a column definition (Protocol::ColumnDefinition41) says of a value's type."""
+
+    type: int  # MYSQL_TYPE_*
+    unsigned: bool
+    decimals: int
+
+    @classmethod
+    def parse(cls, coldef: bytes) -> Column:
+        r = Reader(coldef)
+        for _ in range(6):  # catalog, schema, table, org_table, name, org_name
+            r.lenenc_str()
+        r.lenenc()  # length of the fixed fields (0x0c)
+        r.u16()  # character set
+        r.u32()  # column length
+        type_, flags, decimals = r.u8(), r.u16(), r.u8()
+        return cls(type_, bool(flags & 0x20), decimals)  # 0x20: UNSIGNED_FLAG
 
 
 def decode_text_row(payload: bytes, ncols: int) -> list[bytes | None]:

@@ -22,6 +22,7 @@ from proxy.protocol.constants import Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ERR_HEADER, ErrPacket, ProtocolError, make_err, parse_err
 from proxy.protocol.response import Expect, ResponseTracker
+from proxy.protocol.resultset import Column
 from proxy.recovery import Outcome
 from proxy.relay import reconnect
 from proxy.relay.answers import Failed, LostTransaction
@@ -29,6 +30,7 @@ from proxy.relay.inflight import NOT_SENT, SENDING, ConnectionFailed, Inflight, 
 from proxy.relay.kills import killed, killed_by_operator
 from proxy.relay.link import LinkState
 from proxy.sqltext import Kind
+from proxy.sqltext.tokens import quote_ident
 
 if TYPE_CHECKING:
     from proxy.relay.tasks import Session
@@ -289,18 +291,27 @@ def _rewrite_prepare_ok(inflight: Inflight) -> bytes:
     return bytes(held)
 
 async def _capture_variables(s: Session, names: list[str]) -> None:
-    """Read back session variables that were set from an expression, so a restore can set
-    the value its."""
+    """Read back the variables that were set from an expression (session ones by name, user
+    ones as ``@name``), so a restore can set the values they took."""
     backend = s.link.backend
     assert backend is not None
     for name in names:
+        user = name.startswith("@")
+        # A string comes back converted to character_set_results: its own bytes come as HEX().
+        expr = "@{0}, HEX(@{0}), CHARSET(@{0}), COLLATION(@{0})".format(quote_ident(name[1:])) if user else f"@@session.{name}"
+        columns: list[Column] = []
         try:
-            rows = await backend.query(f"SELECT @@session.{name}")
+            rows = await backend.query(f"SELECT {expr}", columns)
         except BackendError as exc:  # the server refused to tell: nothing to restore it from
-            s.tracking.mark_unrestorable(f"could not read back session variable {name}: {exc}")
+            s.tracking.mark_unrestorable(f"could not read back {'user' if user else 'session'} variable {name}: {exc}")
             continue
-        s.tracking.captured(name, rows[0][0] if rows else None)
-
+        if len(rows) != 1 or len(columns) != len(rows[0]):
+            s.tracking.mark_unrestorable(f"variable {name} read back as {len(rows)} row(s) of {len(columns)} column(s)")
+        elif not user:
+            s.tracking.captured(name, columns[0], rows[0][0])
+        else:
+            value, hexed, charset, collation = rows[0]
+            s.tracking.captured_user(name[1:], columns[0], value, hexed, (charset or b"").decode(), (collation or b"").decode())
 
 
 def _unsolicited_err(data: bytes) -> ErrPacket | None:

@@ -30,11 +30,11 @@ from proxy.sqltext.lexer import (
 )
 from proxy.sqltext.setstmt import SetAssignment, SetScope, parse_set, render_set
 from proxy.sqltext.statement import TRANSACTION_KINDS, Analysis, Kind, Statement
-from proxy.sqltext.tokens import leading_keywords, quote_string
+from proxy.sqltext.tokens import leading_keywords, quote_ident, quote_string
 
 __all__ = [
     "Analysis", "Dialect", "InsertHead", "Kind", "MARIADB", "SetAssignment", "SetScope", "SqlLexError",
     "ServerReading", "SqlParseError", "SqlUnknown", "Statement", "TRANSACTION_KINDS", "TRIVIA", "Token", "TokenKind", "UNKNOWN",
     "analyze", "classify", "is_idempotent", "iter_tokens", "leading_keywords", "parse_insert_head", "parse_set",
-    "quote_string", "quoted_string", "render_set", "split_statements", "tokenize",
+    "quote_ident", "quote_string", "quoted_string", "render_set", "split_statements", "tokenize",
 ]  # fmt: skip

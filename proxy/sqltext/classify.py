@@ -235,10 +235,15 @@ def _classify_set(sql: str, kws: tuple[str, ...], r: tk.Reading) -> Statement:
     needs_capture = implicit_commit = False
     autocommit = None
     for a in assignments:
-        if a.scope is SetScope.USER and not a.is_constant and reason is None:
-            reason = f"user variable @{a.name} is assigned a non-constant expression"
-        elif a.scope is SetScope.SESSION:
+        if not a.is_constant and reason is None:
+            # A value is an expression like a query's: it may assign other variables inside
+            # (SET @v = (SELECT @w := 1)), which no read-back of @v restores.
+            reason = effects(r.tokens(a.value_sql))[1]
+        if a.scope in (SetScope.USER, SetScope.SESSION):
+            # An expression's value is read back from the server once the SET ran (a prepared
+            # SET @v = ?, @v = NOW(), ...): restorable, as a constant.
             needs_capture |= not a.is_constant
+        if a.scope is SetScope.SESSION:
             if a.name == "autocommit":
                 autocommit = _AUTOCOMMIT_VALUES.get(a.value_sql.upper())
                 implicit_commit = autocommit is not False  # turning autocommit on commits

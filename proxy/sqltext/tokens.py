@@ -3,6 +3,8 @@ lists, names and literals, constant expressions."""
 
 from __future__ import annotations
 
+import re
+
 import attrs
 
 from proxy.sqltext.dialect import UNKNOWN, Dialect
@@ -147,6 +149,14 @@ def name(tok: Token, nbe: bool = False) -> str:
     if tok.kind is TokenKind.WORD:
         return tok.text
     return unquote(tok.text, nbe)
+
+
+def quote_ident(name: str) -> str:
+    """``name`` as an identifier: bare when plain, else in backticks."""
+    return name if _PLAIN_IDENT.fullmatch(name) else "`" + name.replace("`", "``") + "`"
+
+
+_PLAIN_IDENT = re.compile(r"[A-Za-z0-9_$]+")
 
 
 def quote_string(value: str, *, no_backslash_escapes: bool = False) -> str:

@@ -1,8 +1,11 @@
-"""Chaos with PyMySQL: pinned connections that set session state once, then run non-idempotent
-transactions (INSERT + `n = n + 1`) while the server restarts (MariaDB: SIGKILL and SIGTERM in
-turn; TiDB: SIGTERM, its graceful shutdown -- unistore loses acknowledged writes on SIGKILL --,
-with DM's tidb_txn_mode='optimistic' in the session). After every transaction each worker checks
-that its session variables survived; at the end every row and counter is verified."""
+"""Chaos with Python clients: pinned connections that set session state once, then run
+non-idempotent transactions (INSERT + `n = n + 1`) while the server restarts (MariaDB: SIGKILL
+and SIGTERM in turn; TiDB: SIGTERM, its graceful shutdown -- unistore loses acknowledged writes on
+SIGKILL --, with DM's tidb_txn_mode='optimistic' in the session). PyMySQL speaks the text
+protocol; mysql-connector's prepared cursor sends every statement as COM_STMT_PREPARE / EXECUTE
+(the statements are prepared again on every new backend connection). After every transaction
+each worker checks that its session variables survived; at the end every row and counter is
+verified."""
 
 from __future__ import annotations
 
@@ -23,13 +26,31 @@ INTERVAL = 4.0
 SESSION = {"sql_mode": "STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION", "time_zone": "+05:30", "wait_timeout": 7777}
 
 
+def _text(value) -> str:
+    return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def _connect(client: str, port: int):
+    """(connection, cursor, the client's error class): PyMySQL, or mysql-connector's prepared cursor."""
+    if client == "pymysql":
+        conn = pymysql.connect(host="127.0.0.1", port=port, user="app", password="apppw", database="test",
+                               autocommit=True, read_timeout=120)  # fmt: skip
+        return conn, conn.cursor(), pymysql.MySQLError
+    import mysql.connector
+
+    conn = mysql.connector.connect(host="127.0.0.1", port=port, user="app", password="apppw", database="test",
+                                   autocommit=True, use_pure=True, connection_timeout=120)  # fmt: skip
+    return conn, conn.cursor(prepared=True), mysql.connector.Error
+
+
 class Worker(threading.Thread):
-    def __init__(self, index: int, port: int, stop: threading.Event, session: dict) -> None:
+    def __init__(self, index: int, port: int, stop: threading.Event, session: dict, client: str) -> None:
         super().__init__(daemon=True)
         self.index = index
         self.port = port
         self.stop = stop
         self.session = session
+        self.client = client
         self.committed: list[int] = []
         self.errors: list[str] = []
         self.session_checks = 0
@@ -41,9 +62,7 @@ class Worker(threading.Thread):
             self.errors.append(f"worker crashed: {type(exc).__name__}: {exc}")
 
     def _run(self) -> None:
-        conn = pymysql.connect(host="127.0.0.1", port=self.port, user="app", password="apppw", database="test",
-                               autocommit=True, read_timeout=120)
-        cur = conn.cursor()
+        conn, cur, error = _connect(self.client, self.port)
         names = list(self.session)
         cur.execute("SET SESSION " + ", ".join(f"{name} = %s" for name in names) + ", @worker = %s",
                     (*self.session.values(), self.index))
@@ -60,16 +79,16 @@ class Worker(threading.Thread):
                 cur.execute("COMMIT")
                 self.committed.append(row_id)
                 cur.execute(check)
-                seen = tuple(str(v) for v in cur.fetchone())
+                seen = tuple(_text(v) for v in cur.fetchone())
                 if seen != want:
                     self.errors.append(f"session state lost: {seen}, want {want}")
                 self.session_checks += 1
-            except pymysql.MySQLError as exc:
+            except error as exc:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
                 return  # the connection is not trustworthy any more: stop this worker
 
 
-def run_workers(server, workdir) -> tuple[list[Worker], list[str], str]:
+def run_workers(server, workdir, client: str) -> tuple[list[Worker], list[str], str]:
     """The workers through a proxy while ``server`` restarts: (workers, restarts, proxy log)."""
     server.query("CREATE TABLE test.chaos_rows (id BIGINT PRIMARY KEY, worker INT, v VARCHAR(64))")
     server.query("CREATE TABLE test.chaos_counters (worker INT PRIMARY KEY, n BIGINT)")
@@ -79,7 +98,7 @@ def run_workers(server, workdir) -> tuple[list[Worker], list[str], str]:
     proxy = start_chaos_proxy(workdir, server.port, backend=tidb_backend(server) if tidb else None, commit_marker=True)
     stop = threading.Event()
     session = {**SESSION, "tidb_txn_mode": "optimistic"} if tidb else SESSION
-    workers = [Worker(i, proxy.port, stop, session) for i in range(WORKERS)]
+    workers = [Worker(i, proxy.port, stop, session, client) for i in range(WORKERS)]
     restarts = []
     try:
         for w in workers:
@@ -102,10 +121,11 @@ def run_workers(server, workdir) -> tuple[list[Worker], list[str], str]:
     return workers, restarts, log
 
 
-def test_pymysql_workload_with_session_state_through_restarts(db_factory, tmp_path):
+@pytest.mark.parametrize("client", ["pymysql", "connector-prepared"])
+def test_workload_with_session_state_through_restarts(db_factory, tmp_path, client):
     for attempt in (1, 2):
         server = db_factory()
-        workers, restarts, log = run_workers(server, tmp_path / f"proxy-{attempt}")
+        workers, restarts, log = run_workers(server, tmp_path / f"proxy-{attempt}", client)
         committed = {row_id for w in workers for row_id in w.committed}
         rows = {r[0] for r in server.query("SELECT id FROM test.chaos_rows")}
         counters = dict(server.query("SELECT worker, n FROM test.chaos_counters"))

@@ -430,10 +430,8 @@ def test_transaction_flags():
         ("INSERT INTO t VALUES ('get_lock(', 1), (Get_Lock ('l', 1))", "GET_LOCK"),
         ("LOCK TABLES t WRITE", "LOCK TABLES"),
         ("SELECT a INTO @v FROM t", "INTO @variable"),
-        ("SET @v = (SELECT MAX(id) FROM t)", "@v"),
-        ("SET @v = NOW()", "@v"),
-        ("SET @v = @@session.sql_mode", "@v"),
-        ("SET @a := @a + 1", "@a"),
+        ("SET @v := (SELECT @w := 1)", "@v := ..."),  # @w: assigned where no read-back sees it
+        ("SET @@session.sql_mode = (SELECT @w := 'ANSI')", "@v := ..."),
         ("PREPARE stmt FROM 'SELECT 1'", "PREPARE"),
         ("HANDLER t OPEN", "HANDLER"),
         ("FLUSH TABLES WITH READ LOCK", "READ LOCK"),
@@ -470,6 +468,11 @@ def test_needs_capture():
     assert classify("SET @@session.time_zone = @@global.time_zone").needs_capture
     assert not classify("SET time_zone = '+00:00'").needs_capture
     assert not classify("SET GLOBAL time_zone = @@session.time_zone").needs_capture
+    # A user variable set from an expression is read back too (it was once unrestorable).
+    for text in ("SET @v = (SELECT MAX(id) FROM t)", "SET @v = NOW()", "SET @v = @@session.sql_mode", "SET @a := @a + 1", "SET @w = ?"):
+        st = classify(text)
+        assert st.needs_capture and st.session_unrestorable is None, text
+    assert not classify("SET @v = 1, @w = 'x'").needs_capture
 
 
 def test_classify_targets():

@@ -12,6 +12,8 @@ from proxy.intake import Command
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import make_err, make_ok
 from proxy.protocol.response import ResponseTracker, expect_for
+from proxy.protocol.resultset import Column
+from proxy.sessionstate import user_variable_literal
 from proxy.sqltext import ServerReading
 from proxy.tracking import AUTOCOMMIT, IN_TRANS, SessionTracker
 
@@ -29,6 +31,7 @@ class Done:
     verb: bytes | None = None
     analysis: object = None
     reading: ServerReading = ServerReading()
+    captures: list[str] = attrs.Factory(list)  # what the tracker asked to read back
 
 
 def tracker(autocommit: bool = True, multi: bool = True, safe_mode: bool = False) -> SessionTracker:
@@ -55,7 +58,7 @@ def run(t: SessionTracker, sql: str, *answers, in_trans: bool | None = None, ins
     rt = ResponseTracker(expect_for(3), False, t.wants_fingerprint(analysis))
     assert rt.feed(raw) == len(raw)
     done = Done(Command(payload, encode_packet(payload, 0)[0], 0, len(payload)), rt, None, verb, analysis, t.reading)
-    t.completed(done)
+    done.captures = t.completed(done)
     return done
 
 
@@ -363,3 +366,45 @@ def test_a_statement_the_server_does_not_support_leaves_the_transaction_as_it_wa
     run(t, "INSERT INTO t VALUES (1)", in_trans=True)
     run(t, "SELECT SQL_CALC_FOUND_ROWS * FROM t", 1235)
     assert t.tx.active and t.pending is None and t.tx.not_replayable is None and t.tx.in_doubt is None
+
+
+def test_a_user_variable_set_from_an_expression_is_read_back_and_restored_as_a_constant():
+    t = tracker()
+    done = run(t, "SET @a = 1, @n = NOW(), @@session.sql_mode = CONCAT(@@sql_mode, ',ANSI')")
+    assert done.captures == ["@n", "sql_mode"]
+    t.captured_user("n", Column(253, False, 0), b"2026-12-01 10:00:00", b"323032362D31322D30312031303A30303A3030", "latin1", "latin1_swedish_ci")
+    assert t.state.restore_statements()[-1].startswith(
+        "SET @a = 1, @n = CONVERT(X'323032362D31322D30312031303A30303A3030' USING latin1) COLLATE latin1_swedish_ci"
+    )
+    assert t.state.unrestorable is None
+    t.captured_user("g", Column(255, False, 0), b"\x00\x01", b"0001", "binary", "binary")  # a GEOMETRY
+    assert "@g" in t.state.unrestorable
+
+
+@pytest.mark.parametrize(
+    "column, value, hexed, charset, collation, literal",
+    [
+        (Column(8, False, 0), b"-42", b"FFFFFFFFFFFFFFD6", "binary", "binary", "-42"),
+        (Column(8, True, 0), b"7", b"7", "binary", "binary", "CAST(7 AS UNSIGNED)"),  # @u - 8 stays an error
+        (Column(246, False, 2), b"3.00", b"3", "binary", "binary", "3.00"),
+        (Column(5, False, 31), b"0.3333333333333333", b"0", "binary", "binary", "0.3333333333333333E0"),
+        (Column(5, False, 31), b"1.7976931348623157e308", b"", "binary", "binary", "1.7976931348623157e308"),
+        (Column(251, False, 39), b"\x00'\\", b"00275C", "binary", "binary", "CAST(X'00275C' AS BINARY)"),
+        # the text came converted to utf8mb4; the variable's own bytes are latin1
+        (Column(251, False, 39), "é".encode(), b"E9", "latin1", "latin1_bin", "CONVERT(X'E9' USING latin1) COLLATE latin1_bin"),
+        (Column(12, False, 6), b"2026-12-01 12:54:57.598506", b"", "binary", "binary", "CAST('2026-12-01 12:54:57.598506' AS DATETIME(6))"),
+        (Column(10, False, 0), b"2026-12-01", b"", "binary", "binary", "CAST('2026-12-01' AS DATE)"),
+        (Column(8, False, 0), None, None, "binary", "binary", "CAST(NULL AS SIGNED)"),
+        (Column(5, False, 31), None, None, "binary", "binary", "CAST(NULL AS DOUBLE)"),
+        (Column(251, False, 39), None, None, "binary", "binary", "NULL"),
+        # what the proxy cannot write back exactly
+        (Column(8, False, 0), b"1; DROP TABLE t", b"", "binary", "binary", None),
+        (Column(251, False, 39), b"x", b"7", "utf8mb4", "utf8mb4_bin", None),  # odd hex
+        (Column(251, False, 39), b"x", b"78", "utf8mb4' OR 1", "utf8mb4_bin", None),
+        (Column(12, False, 6), b"0000-00-00 00:00:00' OR 1", b"", "binary", "binary", None),
+        (Column(7, False, 0), b"2026-12-01 10:00:00", b"", "binary", "binary", None),  # TIMESTAMP: no literal of the type
+        (Column(245, False, 0), b"{}", b"7B7D", "utf8mb4", "utf8mb4_bin", None),  # JSON
+    ],
+)
+def test_user_variable_literals(column, value, hexed, charset, collation, literal):
+    assert user_variable_literal(column, value, hexed, charset, collation) == literal
