@@ -27,8 +27,7 @@ def proxy_has_workers_flag() -> bool:
     if _WORKERS_FLAG is None:
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         try:
-            res = subprocess.run([sys.executable, "-m", "proxy", "--help"], cwd=REPO, env=env, capture_output=True,
-                                 text=True, timeout=60)
+            res = subprocess.run([sys.executable, "-m", "proxy", "--help"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
             _WORKERS_FLAG = "--workers" in res.stdout
         except (OSError, subprocess.TimeoutExpired):
             _WORKERS_FLAG = False
@@ -40,8 +39,7 @@ class BenchProxy(ProxyProcess):
     through bench/instrumented_proxy.py (``counts``); stop() also ends worker processes the
     supervisor left behind."""
 
-    def __init__(self, workdir: Path, backend_port: int, *, args: list[str] | None = None, counts: bool = False,
-                 **overrides: Any) -> None:
+    def __init__(self, workdir: Path, backend_port: int, *, args: list[str] | None = None, counts: bool = False, **overrides: Any) -> None:
         super().__init__(workdir, backend_port, **overrides)
         self.args = list(args or [])
         self.counts_path = self.workdir / "loop-counts.json" if counts else None
@@ -51,8 +49,7 @@ class BenchProxy(ProxyProcess):
         self._log = open(self.log_path, "ab")
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         if self.counts_path is not None:
-            cmd = [sys.executable, "-m", "bench.instrumented_proxy", "--config", str(self.config_path),
-                   "--counts", str(self.counts_path)]
+            cmd = [sys.executable, "-m", "bench.instrumented_proxy", "--config", str(self.config_path), "--counts", str(self.counts_path)]
         else:
             cmd = [sys.executable, "-m", "proxy", "--config", str(self.config_path), *self.args]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=env)

@@ -42,16 +42,16 @@ TARGETS = ("direct", "proxy")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="12 s runs, a restart every 3 s, 1 round (~2 min)")
     p.add_argument("--duration", type=float, help="seconds per run (default 30)")
     p.add_argument("--interval", type=float, help="seconds between restarts (default 5)")
     p.add_argument("--rounds", type=int, help="rounds (default 1)")
     p.add_argument("--conns", type=int, default=16, help="pinned connections (default 16)")
     p.add_argument("--batch", type=int, default=10, help="rows per transaction (default 10)")
-    p.add_argument("--sql", choices=("safe", "insert"), default="safe",
-                   help="safe: REPLACE (DM safe mode, default); insert: plain INSERT + counters")
+    p.add_argument(
+        "--sql", choices=("safe", "insert"), default="safe", help="safe: REPLACE (DM safe mode, default); insert: plain INSERT + counters"
+    )
     p.add_argument("--out", type=Path, help="results folder (default bench/results/<timestamp>-chaos)")
     p.add_argument("--keep", action="store_true", help="keep the work dir (MariaDB, proxy log, workload JSON)")
     args = p.parse_args(argv)
@@ -124,12 +124,32 @@ def build_rows(runs: dict[str, list[dict[str, Any]]]) -> list[tuple[str, dict[st
     add("p99 txn latency (ms)", lambda r: r["chaos"]["p99_ms"], "{:.1f}")
     add("client reconnects", lambda r: r["chaos"]["reconnects"])
     add("stuck workers", lambda r: r["chaos"]["stuck_workers"])
-    rows.append(("rows verified (with restarts)", {
-        t: (" ".join("ok" if r["chaos"]["verify_ok"] else f"FAIL({r['chaos']['verify_problem_count']})"
-                     for r in runs.get(t, [])) or "-") for t in TARGETS}))
-    rows.append(("rows verified (no restarts)", {
-        t: (" ".join("ok" if r["baseline"]["verify_ok"] else f"FAIL({r['baseline']['verify_problem_count']})"
-                     for r in runs.get(t, [])) or "-") for t in TARGETS}))
+    rows.append(
+        (
+            "rows verified (with restarts)",
+            {
+                t: (
+                    " ".join("ok" if r["chaos"]["verify_ok"] else f"FAIL({r['chaos']['verify_problem_count']})" for r in runs.get(t, []))
+                    or "-"
+                )
+                for t in TARGETS
+            },
+        )
+    )
+    rows.append(
+        (
+            "rows verified (no restarts)",
+            {
+                t: (
+                    " ".join(
+                        "ok" if r["baseline"]["verify_ok"] else f"FAIL({r['baseline']['verify_problem_count']})" for r in runs.get(t, [])
+                    )
+                    or "-"
+                )
+                for t in TARGETS
+            },
+        )
+    )
     add("proxy recoveries logged", lambda r: r.get("recoveries"))
     return rows
 
@@ -202,8 +222,11 @@ def write_chart(results: dict[str, Any], path: Path) -> str | None:
                 ax.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{v:.0f}", ha="center", va="bottom", fontsize=8)
         ax.set_title(title, fontsize=9)
     s = results["meta"]["settings"]
-    fig.suptitle(f"chaos: MariaDB restarted every {s['interval']:g} s during {s['duration']:g} s runs "
-                 f"({s['conns']} conns, {s['sql']} SQL) — {results['meta']['date']}", fontsize=10)
+    fig.suptitle(
+        f"chaos: MariaDB restarted every {s['interval']:g} s during {s['duration']:g} s runs "
+        f"({s['conns']} conns, {s['sql']} SQL) — {results['meta']['date']}",
+        fontsize=10,
+    )
     fig.tight_layout(rect=(0, 0, 1, 0.92))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -226,8 +249,10 @@ async def run_all(args: argparse.Namespace, env: BenchEnv, results: dict[str, An
                     env.log(f"{t} unavailable: {env.unavailable.get(t, '?')}")
                     continue
                 label = f"{t}_{phase}_r{rnd + 1}"
-                env.log(f"round {rnd + 1}/{args.rounds}: {t}, {phase} "
-                        f"({args.duration:g} s{'' if phase == 'baseline' else f', restart every {args.interval:g} s'})")
+                env.log(
+                    f"round {rnd + 1}/{args.rounds}: {t}, {phase} "
+                    f"({args.duration:g} s{'' if phase == 'baseline' else f', restart every {args.interval:g} s'})"
+                )
                 log_before = env.proxies["proxy"].log_text() if t == "proxy" and "proxy" in env.proxies else ""
                 try:
                     result = await run_chaos(label, db, target.port, env.workdir / "runs", restarts=phase == "chaos", **kw)
@@ -240,7 +265,7 @@ async def run_all(args: argparse.Namespace, env: BenchEnv, results: dict[str, An
                 summary = summarize_run(result)
                 pending[t][phase] = summary
                 if t == "proxy" and "proxy" in env.proxies:
-                    new_log = env.proxies["proxy"].log_text()[len(log_before):]
+                    new_log = env.proxies["proxy"].log_text()[len(log_before) :]
                     pending[t].setdefault("recoveries", 0)
                     if phase == "chaos":
                         pending[t]["recoveries"] = sum(1 for line in new_log.splitlines() if "recovered on" in line)
@@ -252,8 +277,7 @@ async def run_all(args: argparse.Namespace, env: BenchEnv, results: dict[str, An
                     env.problems.append(f"{label}: {died}")
                 if not summary["verify_ok"]:
                     env.problems.append(
-                        f"{label}: row verification FAILED ({summary['verify_problem_count']} problems): "
-                        f"{summary['verify_problems'][:3]}"
+                        f"{label}: row verification FAILED ({summary['verify_problem_count']} problems): {summary['verify_problems'][:3]}"
                     )
                 if t == "proxy" and phase == "chaos" and args.sql == "safe" and summary["errors"]:
                     env.problems.append(
@@ -261,11 +285,14 @@ async def run_all(args: argparse.Namespace, env: BenchEnv, results: dict[str, An
                         f"(expected 0): {dict(list(summary['error_kinds'].items())[:3])}"
                     )
                 if phase == "baseline" and summary["errors"]:
-                    env.problems.append(f"{label}: {summary['errors']} errors without any restart: "
-                                        f"{dict(list(summary['error_kinds'].items())[:3])}")
-                env.log(f"  {label}: txns={summary['committed_txns']} errors={summary['errors']} "
-                        f"max_ms={summary['max_ms']} verify={'ok' if summary['verify_ok'] else 'FAIL'} "
-                        f"restarts={len(summary['restarts'])}")
+                    env.problems.append(
+                        f"{label}: {summary['errors']} errors without any restart: {dict(list(summary['error_kinds'].items())[:3])}"
+                    )
+                env.log(
+                    f"  {label}: txns={summary['committed_txns']} errors={summary['errors']} "
+                    f"max_ms={summary['max_ms']} verify={'ok' if summary['verify_ok'] else 'FAIL'} "
+                    f"restarts={len(summary['restarts'])}"
+                )
         for t in order:
             rec = pending[t]
             if "baseline" in rec and "chaos" in rec:
@@ -314,8 +341,10 @@ def main(argv: list[str] | None = None) -> int:
         (out / "table.txt").write_text(table + "\n")
         note = write_chart(results, out / "chart.png")
         print(table)
-        print(f"\nelapsed {results['meta']['elapsed_s']:.0f} s; results: {out / 'results.json'}, "
-              f"{out / 'table.txt'}, {out / 'chart.png' if note is None else note}")
+        print(
+            f"\nelapsed {results['meta']['elapsed_s']:.0f} s; results: {out / 'results.json'}, "
+            f"{out / 'table.txt'}, {out / 'chart.png' if note is None else note}"
+        )
     return 130 if interrupted else (1 if results["problems"] else 0)
 
 

@@ -50,14 +50,22 @@ PREPARED = ("prepared", {"sql": "safe", "extra": {"extra_dsn": "interpolateParam
 
 MARIADB_WORKLOADS = [SAFE, INSERT, MARKER, PREPARED]
 # (label, graceful-wait-before-shutdown, crash through the shim)
-TIDB_DISRUPTIONS = [("graceful restarts, wait 0 s", 0, False), ("graceful restarts, wait 2 s", 2, False),
-                    ("SQL layer crash (shim)", 0, True)]
+TIDB_DISRUPTIONS = [
+    ("graceful restarts, wait 0 s", 0, False),
+    ("graceful restarts, wait 2 s", 2, False),
+    ("SQL layer crash (shim)", 0, True),
+]
 TIDB_WORKLOADS = [SAFE, MARKER]
 
 
 def row(scenario: str, workload: str, direct: ChaosResult, proxied: ChaosResult, proxy_log: str) -> dict[str, Any]:
-    return {"scenario": scenario, "workload": workload, "direct": direct.summary(), "proxy": proxied.summary(),
-            "proxy_recoveries": recoveries(proxy_log)}
+    return {
+        "scenario": scenario,
+        "workload": workload,
+        "direct": direct.summary(),
+        "proxy": proxied.summary(),
+        "proxy_recoveries": recoveries(proxy_log),
+    }
 
 
 async def mariadb_rows(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
@@ -71,8 +79,9 @@ async def mariadb_rows(args: argparse.Namespace, work: Path) -> list[dict[str, A
             label = name.replace("-", "_")
             run = {"duration": args.duration, "interval": args.interval, **workload}
             direct = await run_chaos(f"{label}_direct", server, server.port, work, **run)
-            proxy = ProxyProcess(work / f"proxy-{name}", server.port, log={"level": "info"},
-                                 **({"recovery": recovery} if recovery else {})).start()
+            proxy = ProxyProcess(
+                work / f"proxy-{name}", server.port, log={"level": "info"}, **({"recovery": recovery} if recovery else {})
+            ).start()
             try:
                 via = await run_chaos(f"{label}_proxy", server, proxy.port, work, **run)
             finally:
@@ -115,20 +124,31 @@ async def tidb_rows(args: argparse.Namespace, work: Path) -> list[dict[str, Any]
 
 def line(r: dict[str, Any]) -> str:
     d, p = r["direct"], r["proxy"]
-    return (f"{r['scenario']}, {r['workload']}: direct {d['client_errors']} errors, rows {d['row_check'][:40]} | "
-            f"proxy {p['client_errors']} errors, rows {p['row_check'][:40]}, {len(p['restarts'])} disruptions, "
-            f"longest stall {p['max_txn_latency_ms']} ms")
+    return (
+        f"{r['scenario']}, {r['workload']}: direct {d['client_errors']} errors, rows {d['row_check'][:40]} | "
+        f"proxy {p['client_errors']} errors, rows {p['row_check'][:40]}, {len(p['restarts'])} disruptions, "
+        f"longest stall {p['max_txn_latency_ms']} ms"
+    )
 
 
 def render(rows: list[dict[str, Any]], header: str) -> str:
     def verified(s: dict[str, Any]) -> str:
         return f"{s['rows_verified']} {'ok' if s['row_check'] == 'ok' else 'FAIL'}"
 
-    cols = ["scenario", "workload", "disruptions", "direct errors", "proxy errors", "rows verified: direct", "proxy",
-            "txns direct / proxy"]
-    table = [[r["scenario"], r["workload"], f"{len(r['direct']['restarts'])} / {len(r['proxy']['restarts'])}",
-              str(r["direct"]["client_errors"]), str(r["proxy"]["client_errors"]), verified(r["direct"]),
-              verified(r["proxy"]), f"{r['direct']['committed_txns']} / {r['proxy']['committed_txns']}"] for r in rows]
+    cols = ["scenario", "workload", "disruptions", "direct errors", "proxy errors", "rows verified: direct", "proxy", "txns direct / proxy"]
+    table = [
+        [
+            r["scenario"],
+            r["workload"],
+            f"{len(r['direct']['restarts'])} / {len(r['proxy']['restarts'])}",
+            str(r["direct"]["client_errors"]),
+            str(r["proxy"]["client_errors"]),
+            verified(r["direct"]),
+            verified(r["proxy"]),
+            f"{r['direct']['committed_txns']} / {r['proxy']['committed_txns']}",
+        ]
+        for r in rows
+    ]
     widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(cols)]
     out = [header, "", "  ".join(c.ljust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
     out += ["  ".join(v.ljust(w) for v, w in zip(t, widths)) for t in table]
@@ -155,13 +175,17 @@ async def main(args: argparse.Namespace) -> int:
     started = time.monotonic()
     rows = await (tidb_rows if args.server == "tidb" else mariadb_rows)(args, work)
     if args.server == "tidb":
-        header = (f"chaos on TiDB (tidb-server, unistore): DM-like Go workload, 8 pinned go-sql-driver connections, "
-                  f"10-row transactions, DM's session (tidb_txn_mode='optimistic'); {args.duration:g} s per run, a "
-                  f"disruption every {args.interval:g} s; direct = client -> tidb-server (through the shim for the "
-                  f"crash), proxy = client -> proxy -> same")
+        header = (
+            f"chaos on TiDB (tidb-server, unistore): DM-like Go workload, 8 pinned go-sql-driver connections, "
+            f"10-row transactions, DM's session (tidb_txn_mode='optimistic'); {args.duration:g} s per run, a "
+            f"disruption every {args.interval:g} s; direct = client -> tidb-server (through the shim for the "
+            f"crash), proxy = client -> proxy -> same"
+        )
     else:
-        header = (f"chaos on MariaDB: DM-like Go workload, 8 pinned go-sql-driver connections, 10-row transactions; "
-                  f"{args.duration:g} s per run, a restart every {args.interval:g} s (SIGTERM / SIGKILL in turn)")
+        header = (
+            f"chaos on MariaDB: DM-like Go workload, 8 pinned go-sql-driver connections, 10-row transactions; "
+            f"{args.duration:g} s per run, a restart every {args.interval:g} s (SIGTERM / SIGKILL in turn)"
+        )
     table = render(rows, header)
     out = work / "chaos_matrix.json"
     out.write_text(json.dumps(rows, indent=1))

@@ -89,13 +89,16 @@ async def main(args: argparse.Namespace) -> int:
 
 
 def cli() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m bench.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=30, help="seconds of workload per run (default 30)")
     parser.add_argument("--interval", type=float, default=4, help="seconds between restarts (default 4)")
     parser.add_argument("--conns", type=int, default=8, help="pinned connections (default 8)")
-    parser.add_argument("--sql", choices=["safe", "insert"], default="safe",
-                        help="safe: DM safe mode (REPLACE); insert: plain INSERT + counters (default safe)")
+    parser.add_argument(
+        "--sql",
+        choices=["safe", "insert"],
+        default="safe",
+        help="safe: DM safe mode (REPLACE); insert: plain INSERT + counters (default safe)",
+    )
     raise SystemExit(trio.run(main, parser.parse_args()))
 
 

@@ -298,7 +298,7 @@ def dm_events(dm: DMCluster, started: float) -> dict[str, Any]:
 # ["CRUCIAL OPERATION"] ... [sql="..."] [user=u@h].
 _LOGGED_SQL = re.compile(r'\[sql=("(?:[^"\\]|\\.)*"|[^\]]*)\]')
 _LOGGED_USER = re.compile(r"\[user=([^@\]]*)@")
-_GO_ESCAPE = re.compile(r'\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[0-7]{3}|.)')
+_GO_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[0-7]{3}|.)")
 _SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v"}
 
 
@@ -388,7 +388,9 @@ def proxy_numbers(proxy: ProxyProcess) -> dict[str, Any]:
     outcomes: dict[str, float] = {}
     for m in re.finditer(r'^replay_proxy_recoveries_total\{[^}]*outcome="([^"]+)"[^}]*\} ([0-9.e+]+)$', text, re.M):
         outcomes[m.group(1)] = outcomes.get(m.group(1), 0) + float(m.group(2))
-    replayed = sum(float(m.group(1)) for m in re.finditer(r"^replay_proxy_replayed_statements_total(?:\{[^}]*\})? ([0-9.e+]+)$", text, re.M))
+    replayed = sum(
+        float(m.group(1)) for m in re.finditer(r"^replay_proxy_replayed_statements_total(?:\{[^}]*\})? ([0-9.e+]+)$", text, re.M)
+    )
     log_text = proxy.log_text()
     return {"recoveries": outcomes, "replayed_statements": replayed,
             "refused_1158": outcomes.get("aborted_1158", 0),
@@ -414,7 +416,7 @@ def render(results: dict[str, Any]) -> str:
 
     row("run (s) / TiDB restarts (SIGTERM)", lambda r: f"{r['ended'] - r['started']:.0f} / {len(r['restarts'])}")
     row("  restarts during the full load", load_restarts)
-    row("graceful waits (s)", lambda r: ",".join(sorted({str(x['graceful_wait']) for x in r["restarts"]})))
+    row("graceful waits (s)", lambda r: ",".join(sorted({str(x["graceful_wait"]) for x in r["restarts"]})))
     row("upstream transactions", lambda r: str(r["load"]["transactions"]))
     row("DM pauses (dm-worker log)", lambda r: str(r["dm"]["pauses"]))
     row("time paused (s)", lambda r: f"{r['dm']['paused_s']:.0f}")

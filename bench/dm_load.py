@@ -233,7 +233,9 @@ class ShopLoad:
             cur.execute("INSERT INTO order_items VALUES (%s, %s, %s, %s, '9.50')", (order, line, sku, qty))
             cur.execute("UPDATE products SET stock = stock - %s WHERE sku = %s", (qty, sku))
         cur.execute("UPDATE customers SET balance = balance - %s, updated = UTC_TIMESTAMP(6) WHERE id = %s", (f"{total:.2f}", customer))
-        cur.execute("INSERT INTO events (kind, ref, payload, at) VALUES ('order', %s, %s, UTC_TIMESTAMP(6))", (order, "e" * rng.randint(20, 300)))
+        cur.execute(
+            "INSERT INTO events (kind, ref, payload, at) VALUES ('order', %s, %s, UTC_TIMESTAMP(6))", (order, "e" * rng.randint(20, 300))
+        )
         cur.execute("COMMIT")
         return 2 * len(lines) + 5
 

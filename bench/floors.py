@@ -34,6 +34,7 @@ BUFSIZE = 256 * 1024
 
 # -- the pumps (the child process) ---------------------------------------------------------------
 
+
 async def trio_pump(port: int, backend_port: int) -> None:
     import trio
 
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
 # -- the parent side: a Floor is started and stopped like bench.haproxy.HAProxy ------------------
 
+
 def floor_unavailable_reason(kind: str) -> str | None:
     if kind == "uvloop" and importlib.util.find_spec("uvloop") is None:
         return "uvloop is not installed (pip install uvloop, or pip install -e '.[bench]')"
@@ -172,8 +174,7 @@ class Floor(ListeningChild):
         reason = floor_unavailable_reason(self.kind)
         if reason:
             raise RuntimeError(reason)
-        cmd = [sys.executable, "-m", "bench.floors", self.kind, "--port", str(self.port),
-               "--backend-port", str(self.backend_port)]
+        cmd = [sys.executable, "-m", "bench.floors", self.kind, "--port", str(self.port), "--backend-port", str(self.backend_port)]
         if self.counts_path is not None:
             cmd += ["--counts", str(self.counts_path)]
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))

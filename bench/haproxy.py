@@ -51,9 +51,7 @@ class HAProxy(ListeningChild):
         self.port = free_port()
         self.backend_port = backend_port
         self.config_path = self.workdir / "haproxy.cfg"
-        self.config_path.write_text(
-            CONFIG_TEMPLATE.format(port=self.port, backend_port=backend_port, maxconn=maxconn, nbthread=nbthread)
-        )
+        self.config_path.write_text(CONFIG_TEMPLATE.format(port=self.port, backend_port=backend_port, maxconn=maxconn, nbthread=nbthread))
         self.log_path = self.workdir / "haproxy.log"
         self.proc: subprocess.Popen | None = None
 
@@ -61,9 +59,7 @@ class HAProxy(ListeningChild):
         reason = haproxy_unavailable_reason()
         if reason:
             raise RuntimeError(reason)
-        check = subprocess.run(
-            ["haproxy", "-c", "-f", str(self.config_path)], capture_output=True, text=True, timeout=30
-        )
+        check = subprocess.run(["haproxy", "-c", "-f", str(self.config_path)], capture_output=True, text=True, timeout=30)
         if check.returncode != 0:
             raise RuntimeError(f"haproxy rejected {self.config_path}:\n{check.stdout}{check.stderr}")
         # Stopped with SIGTERM (hard stop), then SIGKILL: SIGUSR1, HAProxy's soft stop, could wait

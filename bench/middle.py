@@ -38,6 +38,7 @@ PERF_EVENTS = ("task-clock", "context-switches", "cpu-migrations", "page-faults"
 
 # -- trio loop counts -----------------------------------------------------------------------------
 
+
 def loop_counts(pid: int, path: Path, timeout: float = 3.0) -> dict[str, Any] | None:
     """Ask the instrumented process (SIGUSR1) for its counts and return them (None: no answer)."""
 
@@ -63,12 +64,12 @@ def loop_counts(pid: int, path: Path, timeout: float = 3.0) -> dict[str, Any] | 
 
 # -- perf stat ------------------------------------------------------------------------------------
 
+
 def perf_unavailable_reason() -> str | None:
     if shutil.which("perf") is None:
         return "perf not found on PATH (Debian: apt-get install linux-perf)"
     try:
-        res = subprocess.run(["perf", "stat", "-x", ",", "-e", "task-clock", "true"], capture_output=True,
-                             text=True, timeout=30)
+        res = subprocess.run(["perf", "stat", "-x", ",", "-e", "task-clock", "true"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"perf stat does not run: {exc}"
     if res.returncode != 0 or "task-clock" not in res.stderr:
@@ -79,8 +80,7 @@ def perf_unavailable_reason() -> str | None:
 def perf_counts_instructions() -> bool:
     """False where the CPU exposes no hardware counters to perf (VMs): instructions <not supported>."""
     try:
-        res = subprocess.run(["perf", "stat", "-x", ",", "-e", "instructions", "true"], capture_output=True,
-                             text=True, timeout=30)
+        res = subprocess.run(["perf", "stat", "-x", ",", "-e", "instructions", "true"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return res.returncode == 0 and any(line.split(",")[0].strip().isdigit() for line in res.stderr.splitlines())
@@ -93,7 +93,9 @@ class PerfStat:
         self.out = Path(name)
         self.proc = subprocess.Popen(
             ["perf", "stat", "-x", ",", "-e", ",".join(PERF_EVENTS), "-p", ",".join(map(str, pids)), "-o", str(self.out)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         from tests.lab.procs import kill_at_exit
 
@@ -125,6 +127,7 @@ class PerfStat:
 
 
 # -- the meter ------------------------------------------------------------------------------------
+
 
 class MiddleMeter:
     def __init__(self, env: BenchEnv, target: Target) -> None:
@@ -171,8 +174,8 @@ class MiddleMeter:
             out["_middle_processes"] = len(self.cpu.pids)
             if n:
                 out["_cpu_us_per_stmt_by_process"] = {
-                    ("supervisor" if p == self.target.pid else f"child {p}"): round(cpu * 1e6 / n, 1)
-                    for p, cpu in self.cpu.by_pid.items()}
+                    ("supervisor" if p == self.target.pid else f"child {p}"): round(cpu * 1e6 / n, 1) for p, cpu in self.cpu.by_pid.items()
+                }
         if self.cpu.lost:
             out["_middle_processes_exited"] = self.cpu.lost
         a, b = self.counts_before, self.counts_after
@@ -183,8 +186,7 @@ class MiddleMeter:
             out["_tasks_spawned_per_stmt"] = (b["spawned"] - a["spawned"]) / n
             out["_io_wait_share"] = (b["wait_s"] - a["wait_s"]) / self.elapsed if self.elapsed else None
             steps = {k: (v - a["by_task"].get(k, 0)) / n for k, v in b["by_task"].items()}
-            out["_steps_per_stmt_by_task"] = {k: round(v, 3) for k, v in sorted(steps.items(), key=lambda kv: -kv[1])
-                                              if v >= 0.005}
+            out["_steps_per_stmt_by_task"] = {k: round(v, 3) for k, v in sorted(steps.items(), key=lambda kv: -kv[1]) if v >= 0.005}
         elif self.counts_path is not None:
             out["_loop_counts"] = "no answer from the instrumented process"
         if self.perf_values is not None and n:
@@ -196,6 +198,7 @@ class MiddleMeter:
 
 
 # -- py-spy ---------------------------------------------------------------------------------------
+
 
 def pyspy_unavailable_reason() -> str | None:
     if shutil.which("py-spy") is None:
@@ -215,9 +218,10 @@ class Profile:
         self.log = svg.with_suffix(".log")
         self._log = open(self.log, "wb")
         self.proc = subprocess.Popen(
-            ["py-spy", "record", "-p", str(pid), "-o", str(svg), "-r", str(rate), "-f", "flamegraph",
-             *(["--gil"] if gil else [])],
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            ["py-spy", "record", "-p", str(pid), "-o", str(svg), "-r", str(rate), "-f", "flamegraph", *(["--gil"] if gil else [])],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
         kill_at_exit(self.proc)
         time.sleep(0.5)
@@ -267,8 +271,9 @@ def flame_summary(svg: Path, top: int = 15) -> dict[str, Any]:
     text = svg.read_text(errors="replace")
     frames = []
     for m in _G.finditer(text):
-        title = (m.group("title").replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
-                 .replace("&quot;", '"').replace("&apos;", "'"))
+        title = (
+            m.group("title").replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&").replace("&quot;", '"').replace("&apos;", "'")
+        )
         frames.append((float(m.group("y")), int(m.group("x")), int(m.group("w")), title))
     if not frames:
         return {"samples": 0}

@@ -88,5 +88,9 @@ class PluginVariant:
     def describe(self) -> dict[str, Any]:
         chain, missing = self.resolved_chain()
         options = DEFAULT_PLUGIN_OPTIONS if self.options is None else self.options
-        return {"requested": list(self.chain), "chain": chain, "missing": missing,
-                "options": {n: options[n] for n in chain if n in options}}
+        return {
+            "requested": list(self.chain),
+            "chain": chain,
+            "missing": missing,
+            "options": {n: options[n] for n in chain if n in options},
+        }

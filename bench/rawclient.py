@@ -20,8 +20,17 @@ class RawQueryError(RuntimeError):
 
 
 def connect(port: int, **kwargs) -> pymysql.connections.Connection:
-    params = dict(host="127.0.0.1", port=port, user="app", password="apppw", autocommit=None,
-                  ssl_disabled=True, connect_timeout=10, read_timeout=300, write_timeout=300)
+    params = dict(
+        host="127.0.0.1",
+        port=port,
+        user="app",
+        password="apppw",
+        autocommit=None,
+        ssl_disabled=True,
+        connect_timeout=10,
+        read_timeout=300,
+        write_timeout=300,
+    )
     params.update(kwargs)
     return pymysql.connect(**params)
 

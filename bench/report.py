@@ -30,8 +30,16 @@ from bench.workloads import Metric
 # Ratio columns; every target's throughput relative to direct is a row of its own ("÷ direct").
 RATIO_COLUMNS = (("proxy+plugins", "proxy"),)
 # Workloads whose CPU per statement is compared with the trio pump's (the floor of a trio relay).
-FLOOR_WORKLOADS = ("write_only_16t", "point_select_1t", "write_only_16t_ps", "point_select_1t_ps", "point_select_16t", "replicator",
-                   "write_only_1t", "cpu_per_stmt")
+FLOOR_WORKLOADS = (
+    "write_only_16t",
+    "point_select_1t",
+    "write_only_16t_ps",
+    "point_select_1t_ps",
+    "point_select_16t",
+    "replicator",
+    "write_only_1t",
+    "cpu_per_stmt",
+)
 FLOOR_TARGET = 1.10  # proxy CPU/stmt <= 1.10 x trio pump CPU/stmt
 
 
@@ -59,9 +67,7 @@ def new_workload_record(wl) -> dict[str, Any]:
 def finalize(results: dict[str, Any]) -> None:
     """Fill in medians and the target checks."""
     for rec in results["workloads"].values():
-        rec["median"] = {
-            key: {t: median(vals) for t, vals in per_target.items()} for key, per_target in rec["samples"].items()
-        }
+        rec["median"] = {key: {t: median(vals) for t, vals in per_target.items()} for key, per_target in rec["samples"].items()}
     results["checks"] = checks(results)
 
 
@@ -84,8 +90,7 @@ def checks(results: dict[str, Any]) -> list[dict[str, Any]]:
 
     qp, qd = _med(results, "write_only_16t", "qps", "proxy"), _med(results, "write_only_16t", "qps", "direct")
     add("oltp_write_only 16 threads: proxy QPS / direct QPS", qp / qd if qp and qd else None, ">=", 0.40, "x")
-    add("proxy CPU per statement (cpu_per_stmt, fixed rate)", _med(results, "cpu_per_stmt", "cpu_us_per_stmt", "proxy"),
-        "<=", 120.0, "µs")
+    add("proxy CPU per statement (cpu_per_stmt, fixed rate)", _med(results, "cpu_per_stmt", "cpu_us_per_stmt", "proxy"), "<=", 120.0, "µs")
     add("proxy RSS per idle connection pair", _med(results, "idle_conns", "rss_kib_per_conn", "proxy"), "<=", 64.0, "KiB")
     add("proxy peak RSS streaming the big result", _med(results, "big_result", "peak_rss_mb", "proxy"), "<", 100.0, "MB")
     # Plugin chain overhead: informational (no target), CPU per statement with 3 plugins minus empty chain.
@@ -110,19 +115,42 @@ def checks(results: dict[str, Any]) -> list[dict[str, Any]]:
             a, b = _med(results, wl, key, "proxy_workers"), _med(results, wl, key, "proxy")
             if a is not None and b:
                 add(f"{wl}: proxy_workers {key} ÷ proxy {key}", a / b, "<=", None, "x")
-    workers_off = next((rec["unavailable"]["proxy_workers"] for rec in results["workloads"].values()
-                        if rec.get("unavailable", {}).get("proxy_workers")), None)
+    workers_off = next(
+        (rec["unavailable"]["proxy_workers"] for rec in results["workloads"].values() if rec.get("unavailable", {}).get("proxy_workers")),
+        None,
+    )
     if workers_off:
-        out.append({"name": "proxy_workers ÷ proxy", "value": None, "op": "", "threshold": None, "unit": "x",
-                    "pass": None, "note": f"skipped: {workers_off.splitlines()[0]}"})
+        out.append(
+            {
+                "name": "proxy_workers ÷ proxy",
+                "value": None,
+                "op": "",
+                "threshold": None,
+                "unit": "x",
+                "pass": None,
+                "note": f"skipped: {workers_off.splitlines()[0]}",
+            }
+        )
     if not any(c["name"].startswith("plugin chain") for c in out):
         reason = next(
-            (rec["unavailable"].get("proxy+plugins") for rec in results["workloads"].values()
-             if rec.get("unavailable", {}).get("proxy+plugins")),
+            (
+                rec["unavailable"].get("proxy+plugins")
+                for rec in results["workloads"].values()
+                if rec.get("unavailable", {}).get("proxy+plugins")
+            ),
             "proxy+plugins target not run",
         )
-        out.append({"name": "plugin chain overhead per statement", "value": None, "op": "", "threshold": None,
-                    "unit": "µs", "pass": None, "note": f"skipped: {reason.splitlines()[0]}"})
+        out.append(
+            {
+                "name": "plugin chain overhead per statement",
+                "value": None,
+                "op": "",
+                "threshold": None,
+                "unit": "µs",
+                "pass": None,
+                "note": f"skipped: {reason.splitlines()[0]}",
+            }
+        )
     return out
 
 
@@ -130,8 +158,7 @@ def _throughput_metric(rec: dict[str, Any]) -> str | None:
     """The first higher-is-better metric that has a ratio (QPS, statements/s, MB/s, ...)."""
     if rec.get("metrics") and rec["metrics"][0]["key"] == "txn_per_s":
         return "stmt_per_s"  # the replicator: statements, comparable with sysbench's queries
-    return next((m["key"] for m in rec.get("metrics", []) if m["better"] == "higher" and m["ratio"]
-                 and not m["intermediary_only"]), None)
+    return next((m["key"] for m in rec.get("metrics", []) if m["better"] == "higher" and m["ratio"] and not m["intermediary_only"]), None)
 
 
 def _fmt(value: float | None, digits: int) -> str:
@@ -147,8 +174,7 @@ def render_table(results: dict[str, Any]) -> str:
     targets = [t for t in results["targets"]]
     ratio_cols = [(a, b) for a, b in RATIO_COLUMNS if a in targets and b in targets]
     head = [
-        f"replay-proxy benchmark  {meta['date']}  host {meta['host']}  {meta['cores']} cores  "
-        f"{meta['kernel']}",
+        f"replay-proxy benchmark  {meta['date']}  host {meta['host']}  {meta['cores']} cores  {meta['kernel']}",
         f"rounds {meta['settings']['rounds']} (medians shown){'  QUICK MODE' if meta['settings']['quick'] else ''}"
         f"  sysbench ps-mode={meta['settings']['sysbench_ps_mode']}  commit {meta['versions'].get('git_commit', '?')}",
         "client, server and intermediaries share the same cores: compare columns, not machines.",
@@ -179,15 +205,13 @@ def render_table(results: dict[str, Any]) -> str:
                 cells.append(_fmt(med.get(t), metric.digits) + mark)
             for a, b in ratio_cols:
                 va, vb = med.get(a), med.get(b)
-                if (not metric.ratio or (metric.intermediary_only and b == "direct") or va is None
-                        or vb in (None, 0)):
+                if not metric.ratio or (metric.intermediary_only and b == "direct") or va is None or vb in (None, 0):
                     cells.append("")
                 else:
                     cells.append(f"{va / vb:.2f}x")
             rows.append(cells)
             direct = med.get("direct")
-            if (metric.better == "higher" and metric.ratio and not metric.intermediary_only and direct
-                    and len(targets) > 1):
+            if metric.better == "higher" and metric.ratio and not metric.intermediary_only and direct and len(targets) > 1:
                 ratio_row = [name, f"  {metric.label} ÷ direct"]
                 for t in targets:
                     v = med.get(t)
@@ -205,13 +229,18 @@ def render_table(results: dict[str, Any]) -> str:
         lines.append(fmt_row([r[0] if r[0] != prev else "", *r[1:]]))
         prev = r[0]
     lines.append("")
-    lines.append("'*' = some rounds failed for that cell (see errors below / results.json); "
-                 "empty = not applicable; n/a = target unavailable")
-    lines.append("CPU/stmt, CPU/MB, peak RSS: the intermediary process's own counters (/proc/<pid>/stat, status; "
-                 "proxy_workers: supervisor + workers); idle RSS/conn for direct is mariadbd's growth (reference only)")
+    lines.append(
+        "'*' = some rounds failed for that cell (see errors below / results.json); empty = not applicable; n/a = target unavailable"
+    )
+    lines.append(
+        "CPU/stmt, CPU/MB, peak RSS: the intermediary process's own counters (/proc/<pid>/stat, status; "
+        "proxy_workers: supervisor + workers); idle RSS/conn for direct is mariadbd's growth (reference only)"
+    )
     if meta.get("instrument"):
-        lines.append("--instrument: proxy, proxy+plugins and trio_pump ran with a trio Instrument (task steps, epoll "
-                     "waits); its own cost is in their CPU/stmt, compare CPU with a run without --instrument")
+        lines.append(
+            "--instrument: proxy, proxy+plugins and trio_pump ran with a trio Instrument (task steps, epoll "
+            "waits); its own cost is in their CPU/stmt, compare CPU with a run without --instrument"
+        )
     for note in meta.get("notes") or []:
         lines.append(f"note: {note}")
     lines.append("")
@@ -229,8 +258,10 @@ def render_table(results: dict[str, Any]) -> str:
     profiles = [(n, t, p) for n, rec in results["workloads"].items() for t, p in rec.get("profile", {}).items()]
     if profiles:
         lines.append("")
-        lines.append("Profiles (py-spy, one extra run; self time in % of the samples outside epoll_wait; a socket "
-                     "call's kernel time is in the Python line that made it):")
+        lines.append(
+            "Profiles (py-spy, one extra run; self time in % of the samples outside epoll_wait; a socket "
+            "call's kernel time is in the Python line that made it):"
+        )
         for name, t, p in profiles:
             if p.get("error"):
                 lines.append(f"  {name} {t}: no profile: {p['error'].splitlines()[0][:300]}")
@@ -245,8 +276,13 @@ def render_table(results: dict[str, Any]) -> str:
         lines.append("Skipped workloads:")
         for name, why in skipped:
             lines.append(f"  {name}: {why.strip().splitlines()[0][:300] if why.strip() else '?'}")
-    unavailable = sorted({(t, why.strip().splitlines()[0][:300] if why.strip() else "?")
-                          for rec in results["workloads"].values() for t, why in rec.get("unavailable", {}).items()})
+    unavailable = sorted(
+        {
+            (t, why.strip().splitlines()[0][:300] if why.strip() else "?")
+            for rec in results["workloads"].values()
+            for t, why in rec.get("unavailable", {}).items()
+        }
+    )
     if unavailable:
         lines.append("")
         lines.append("Targets not run:")
@@ -281,8 +317,15 @@ def write_chart(results: dict[str, Any], path: Path) -> str | None:
     except ImportError:
         return "matplotlib is not installed (pip install matplotlib, or pip install -e '.[bench]'): no chart"
 
-    colors = {"direct": "#777777", "haproxy": "#4c72b0", "trio_pump": "#8172b3", "uvloop_pump": "#64b5cd",
-              "proxy": "#dd8452", "proxy_workers": "#937860", "proxy+plugins": "#c44e52"}
+    colors = {
+        "direct": "#777777",
+        "haproxy": "#4c72b0",
+        "trio_pump": "#8172b3",
+        "uvloop_pump": "#64b5cd",
+        "proxy": "#dd8452",
+        "proxy_workers": "#937860",
+        "proxy+plugins": "#c44e52",
+    }
     middle = [t for t in results["targets"] if t != "direct"]
     wls = results["workloads"]
     meta = results["meta"]
@@ -308,12 +351,12 @@ def write_chart(results: dict[str, Any], path: Path) -> str | None:
             bars = ax.barh(y + (i - (len(names) - 1) / 2) * h, vals, h, label=n, color=colors.get(n))
             for bar, v in zip(bars, series[n]):
                 if v is not None:
-                    ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {v:.2f}" if v < 10 else f" {v:.0f}",
-                            va="center", fontsize=7)
+                    ax.text(
+                        bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {v:.2f}" if v < 10 else f" {v:.0f}", va="center", fontsize=7
+                    )
         for x, lab in refs:
             ax.axvline(x, color="k", linestyle="--", linewidth=0.8)
-            ax.text(x, 0.98, lab, transform=ax.get_xaxis_transform(), rotation=90, va="top", ha="right",
-                    fontsize=7, color="#333333")
+            ax.text(x, 0.98, lab, transform=ax.get_xaxis_transform(), rotation=90, va="top", ha="right", fontsize=7, color="#333333")
         ax.set_yticks(y)
         ax.set_yticklabels(labels, fontsize=8)
         ax.invert_yaxis()
@@ -337,8 +380,14 @@ def write_chart(results: dict[str, Any], path: Path) -> str | None:
                     v = med.get(t)
                     series[t].append(v / d if v is not None else None)
                 break
-    grouped(axes[0][0], labels, series, "Throughput relative to direct (higher is better)", "x direct",
-            refs=[(1.0, "direct"), (0.40, "0.40x target (write_only 16t)")])
+    grouped(
+        axes[0][0],
+        labels,
+        series,
+        "Throughput relative to direct (higher is better)",
+        "x direct",
+        refs=[(1.0, "direct"), (0.40, "0.40x target (write_only 16t)")],
+    )
 
     # 2. CPU per statement.
     labels, series = [], {t: [] for t in middle}
@@ -349,8 +398,9 @@ def write_chart(results: dict[str, Any], path: Path) -> str | None:
         labels.append(name)
         for t in series:
             series[t].append(med.get(t))
-    grouped(axes[0][1], labels, series, "Intermediary CPU per statement (lower is better)", "µs / statement",
-            refs=[(120.0, "120 µs target")])
+    grouped(
+        axes[0][1], labels, series, "Intermediary CPU per statement (lower is better)", "µs / statement", refs=[(120.0, "120 µs target")]
+    )
 
     # 3. RSS per idle connection.
     rec = wls.get("idle_conns")
@@ -359,8 +409,7 @@ def write_chart(results: dict[str, Any], path: Path) -> str | None:
         labels = ["RSS per idle connection"]
         for t in series:
             series[t].append(rec["median"].get("rss_kib_per_conn", {}).get(t))
-    grouped(axes[1][0], labels, series, "Memory per idle connection (lower is better)", "KiB",
-            refs=[(64.0, "64 KiB target")])
+    grouped(axes[1][0], labels, series, "Memory per idle connection (lower is better)", "KiB", refs=[(64.0, "64 KiB target")])
 
     # 4. Peak RSS during bulk transfers.
     labels, series = [], {t: [] for t in ("haproxy", "proxy")}
@@ -370,8 +419,9 @@ def write_chart(results: dict[str, Any], path: Path) -> str | None:
             labels.append(name)
             for t in series:
                 series[t].append(rec["median"].get("peak_rss_mb", {}).get(t))
-    grouped(axes[1][1], labels, series, "Peak RSS during bulk transfers (lower is better)", "MB",
-            refs=[(100.0, "100 MB target (big_result)")])
+    grouped(
+        axes[1][1], labels, series, "Peak RSS during bulk transfers (lower is better)", "MB", refs=[(100.0, "100 MB target (big_result)")]
+    )
 
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     fig.savefig(path, dpi=110)

@@ -60,8 +60,15 @@ def all_workloads() -> list[Workload]:
 
 def quick_settings() -> Settings:
     return Settings(
-        rounds=1, sysbench_time=5, replicator_time=5, cpu_time=5, big_result_mb=50,
-        big_statement_mb=60, big_statement_reps=1, idle_conns=2000, quick=True,
+        rounds=1,
+        sysbench_time=5,
+        replicator_time=5,
+        cpu_time=5,
+        big_result_mb=50,
+        big_statement_mb=60,
+        big_statement_reps=1,
+        idle_conns=2000,
+        quick=True,
     )
 
 
@@ -72,51 +79,90 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Benchmark replay-proxy against a direct connection and HAProxy (TCP mode), side by side.",
         epilog="Workloads: " + ", ".join(names),
     )
-    p.add_argument("--quick", action="store_true",
-                   help="smoke mode (~3 min): 1 round, 5 s runs, 50 MB result")
+    p.add_argument("--quick", action="store_true", help="smoke mode (~3 min): 1 round, 5 s runs, 50 MB result")
     p.add_argument("--rounds", type=int, help="rounds per workload (default 3; --quick: 1)")
-    p.add_argument("--only", action="append", default=[], metavar="WORKLOAD",
-                   help="run only these workloads (repeatable or comma-separated; prefix match, e.g. 'write_only')")
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="WORKLOAD",
+        help="run only these workloads (repeatable or comma-separated; prefix match, e.g. 'write_only')",
+    )
     p.add_argument("--skip", action="append", default=[], metavar="WORKLOAD", help="skip these workloads")
-    p.add_argument("--targets", default=",".join(ALL_TARGETS),
-                   help=f"comma-separated subset of {','.join(ALL_TARGETS)} (default: all)")
+    p.add_argument("--targets", default=",".join(ALL_TARGETS), help=f"comma-separated subset of {','.join(ALL_TARGETS)} (default: all)")
     p.add_argument("--no-plugins", action="store_true", help="leave out the proxy+plugins target")
-    p.add_argument("--plugin-chain", default=",".join(DEFAULT_PLUGIN_CHAIN),
-                   help="plugin chain of the proxy+plugins target; 'a|b' = the first installed of a, b "
-                        "(default %(default)s)")
-    p.add_argument("--plugins-config", type=Path, metavar="TOML",
-                   help="TOML file with a [plugins] table (chain = [...]) and [plugins.<name>] option tables for "
-                        "the proxy+plugins target (replaces the default options)")
+    p.add_argument(
+        "--plugin-chain",
+        default=",".join(DEFAULT_PLUGIN_CHAIN),
+        help="plugin chain of the proxy+plugins target; 'a|b' = the first installed of a, b (default %(default)s)",
+    )
+    p.add_argument(
+        "--plugins-config",
+        type=Path,
+        metavar="TOML",
+        help="TOML file with a [plugins] table (chain = [...]) and [plugins.<name>] option tables for "
+        "the proxy+plugins target (replaces the default options)",
+    )
     p.add_argument("--duration", type=float, help="seconds per sysbench/replicator/cpu run (default 20/20/15; --quick 5)")
-    p.add_argument("--backend", choices=("mariadb", "tidb"), default="mariadb",
-                   help="the database behind every target (tidb: tests/lab/tidb.py finds tidb-server)")
+    p.add_argument(
+        "--backend",
+        choices=("mariadb", "tidb"),
+        default="mariadb",
+        help="the database behind every target (tidb: tests/lab/tidb.py finds tidb-server)",
+    )
     p.add_argument("--replicator-batch", type=int, help="rows per replicator transaction (default 10; DM's batch is 100)")
-    p.add_argument("--commit-marker", action="store_true",
-                   help="the proxies run with recovery.commit_marker = true (one marker upsert per transaction)")
-    p.add_argument("--sysbench-ps-mode", choices=("disable", "auto"), default="disable",
-                   help="disable: text protocol like the replicator (default); auto: prepared statements")
+    p.add_argument(
+        "--commit-marker",
+        action="store_true",
+        help="the proxies run with recovery.commit_marker = true (one marker upsert per transaction)",
+    )
+    p.add_argument(
+        "--sysbench-ps-mode",
+        choices=("disable", "auto"),
+        default="disable",
+        help="disable: text protocol like the replicator (default); auto: prepared statements",
+    )
     p.add_argument("--big-result-mb", type=int, help="size of the big result (default 200; --quick 50)")
     p.add_argument("--big-statement-mb", type=int, help="size of the big statement (default 60)")
     p.add_argument("--idle-conns", type=int, help="idle connections to open (default 2000)")
     p.add_argument("--haproxy-threads", type=int, default=1, help="HAProxy nbthread (default 1, like the proxy)")
-    p.add_argument("--workers-n", type=int, default=os.cpu_count() or 1, metavar="N",
-                   help="worker processes of the proxy_workers target (replay-proxy --workers N; default: "
-                        "cores, %(default)s)")
-    p.add_argument("--instrument", action="store_true",
-                   help="run the proxy (and the trio pump) with a trio Instrument: task steps and epoll waits per "
-                        "statement next to CPU/stmt (the instrument's own cost shows in their CPU/stmt)")
-    p.add_argument("--perf", action="store_true",
-                   help="perf stat of the middle process(es) over every run: context switches (and instructions, "
-                        "where the CPU exposes counters) per statement")
-    p.add_argument("--profile", action="append", default=[], metavar="WORKLOAD",
-                   help="after this workload's rounds, one extra run per --profile-targets target with py-spy "
-                        "attached: a flame graph (SVG) in the results folder and self time by layer in the table "
-                        "(not counted in the medians)")
-    p.add_argument("--profile-gil", action="store_true",
-                   help="py-spy --gil: only samples running Python code (leaves out socket calls and waits)")
-    p.add_argument("--profile-targets", default="proxy", metavar="T[,T]",
-                   help="targets profiled by --profile (Python processes: proxy, proxy+plugins, trio_pump, "
-                        "uvloop_pump; default %(default)s)")
+    p.add_argument(
+        "--workers-n",
+        type=int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="worker processes of the proxy_workers target (replay-proxy --workers N; default: cores, %(default)s)",
+    )
+    p.add_argument(
+        "--instrument",
+        action="store_true",
+        help="run the proxy (and the trio pump) with a trio Instrument: task steps and epoll waits per "
+        "statement next to CPU/stmt (the instrument's own cost shows in their CPU/stmt)",
+    )
+    p.add_argument(
+        "--perf",
+        action="store_true",
+        help="perf stat of the middle process(es) over every run: context switches (and instructions, "
+        "where the CPU exposes counters) per statement",
+    )
+    p.add_argument(
+        "--profile",
+        action="append",
+        default=[],
+        metavar="WORKLOAD",
+        help="after this workload's rounds, one extra run per --profile-targets target with py-spy "
+        "attached: a flame graph (SVG) in the results folder and self time by layer in the table "
+        "(not counted in the medians)",
+    )
+    p.add_argument(
+        "--profile-gil", action="store_true", help="py-spy --gil: only samples running Python code (leaves out socket calls and waits)"
+    )
+    p.add_argument(
+        "--profile-targets",
+        default="proxy",
+        metavar="T[,T]",
+        help="targets profiled by --profile (Python processes: proxy, proxy+plugins, trio_pump, uvloop_pump; default %(default)s)",
+    )
     p.add_argument("--out", type=Path, help="results folder (default bench/results/<timestamp>)")
     p.add_argument("--workdir", type=Path, help="where MariaDB and the proxies keep their files (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the work dir (databases, proxy logs) afterwards")
@@ -187,8 +233,7 @@ def summarize(values: dict) -> str:
     return " ".join(parts)
 
 
-def profile_workload(env: BenchEnv, wl: Workload, settings: Settings, targets: list[str], out: Path,
-                     rec: dict, gil: bool = False) -> None:
+def profile_workload(env: BenchEnv, wl: Workload, settings: Settings, targets: list[str], out: Path, rec: dict, gil: bool = False) -> None:
     """One extra run per target with py-spy attached (not part of the samples)."""
     for t in targets:
         target = env.targets.get(t)
@@ -213,13 +258,13 @@ def profile_workload(env: BenchEnv, wl: Workload, settings: Settings, targets: l
         if problem:
             rec["profile"][t] = {"error": problem}
             continue
-        rec["profile"][t] = {"svg": str(svg), "gil_only": gil, **flame_summary(svg),
-                             **({"run_error": error} if error else {})}
+        rec["profile"][t] = {"svg": str(svg), "gil_only": gil, **flame_summary(svg), **({"run_error": error} if error else {})}
         env.log(f"{wl.name}: {t} flame graph {svg}")
 
 
-def run_workload(env: BenchEnv, wl: Workload, settings: Settings, targets: list[str], results: dict,
-                 profile: tuple[list[str], Path, bool] | None = None) -> None:
+def run_workload(
+    env: BenchEnv, wl: Workload, settings: Settings, targets: list[str], results: dict, profile: tuple[list[str], Path, bool] | None = None
+) -> None:
     rec = new_workload_record(wl)
     results["workloads"][wl.name] = rec
     wanted = [t for t in targets if t in wl.targets]
@@ -291,8 +336,7 @@ def run_workload(env: BenchEnv, wl: Workload, settings: Settings, targets: list[
                         v = None
                     rec["samples"][m.key][t].append(v)
                 shown = {m.key for m in wl.metrics}
-                rec["extra"][t].append({k.removeprefix("_"): v for k, v in values.items()
-                                        if k.startswith("_") or k not in shown})
+                rec["extra"][t].append({k.removeprefix("_"): v for k, v in values.items() if k.startswith("_") or k not in shown})
                 if values.get("errors"):
                     env.problems.append(
                         f"{wl.name}: {t} round {rnd + 1}: {values['errors']:.0f} client-visible errors "
@@ -356,17 +400,27 @@ def main(argv: list[str] | None = None) -> int:
         if wl.per_statement_meter:
             explain = [SYS_METRIC] if args.instrument or args.perf else []
             at = next((i + 1 for i, m in enumerate(wl.metrics) if m.key == "cpu_us_per_stmt"), len(wl.metrics))
-            wl.metrics = [*wl.metrics[:at], *explain, *wl.metrics[at:], *(LOOP_METRICS if args.instrument else []),
-                          *perf_metrics]
+            wl.metrics = [*wl.metrics[:at], *explain, *wl.metrics[at:], *(LOOP_METRICS if args.instrument else []), *perf_metrics]
     raise_nofile(max(16384, settings.idle_conns * 2 + 1024))
 
     now = _dt.datetime.now(_dt.UTC)
     out = args.out or RESULTS_DIR / (now.strftime("%Y%m%d-%H%M%S") + ("-quick" if settings.quick else ""))
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {
-        "meta": run_meta(now, "bench.run", argv, settings=settings.__dict__.copy(), targets=targets, plugin_chain=None,
-                         backend=args.backend, commit_marker=args.commit_marker,
-                         workers=args.workers_n, instrument=args.instrument, perf=args.perf, notes=notes),
+        "meta": run_meta(
+            now,
+            "bench.run",
+            argv,
+            settings=settings.__dict__.copy(),
+            targets=targets,
+            plugin_chain=None,
+            backend=args.backend,
+            commit_marker=args.commit_marker,
+            workers=args.workers_n,
+            instrument=args.instrument,
+            perf=args.perf,
+            notes=notes,
+        ),
         "targets": targets,
         "workloads": {},
         "checks": [],
@@ -376,8 +430,16 @@ def main(argv: list[str] | None = None) -> int:
     results["meta"]["plugin_chain"] = plugins.describe()
     started = time.monotonic()
     overrides = {"recovery": {"commit_marker": True}} if args.commit_marker else None
-    env = BenchEnv(args.workdir, keep=args.keep, plugins=plugins, haproxy_threads=args.haproxy_threads,
-                   workers=args.workers_n, instrument=args.instrument, perf=args.perf, proxy_overrides=overrides)
+    env = BenchEnv(
+        args.workdir,
+        keep=args.keep,
+        plugins=plugins,
+        haproxy_threads=args.haproxy_threads,
+        workers=args.workers_n,
+        instrument=args.instrument,
+        perf=args.perf,
+        proxy_overrides=overrides,
+    )
     SysbenchSetup.done = False
     interrupted = False
     try:
@@ -385,8 +447,9 @@ def main(argv: list[str] | None = None) -> int:
         env.start_db(backend=args.backend)
         profiled_names = {w.name for w in profiled}
         for wl in workloads:
-            run_workload(env, wl, settings, targets, results,
-                         (profile_targets, out, args.profile_gil) if wl.name in profiled_names else None)
+            run_workload(
+                env, wl, settings, targets, results, (profile_targets, out, args.profile_gil) if wl.name in profiled_names else None
+            )
     except KeyboardInterrupt as e:
         interrupted = True
         env.log(f"interrupted ({e}); stopping everything and writing partial results")
@@ -406,8 +469,10 @@ def main(argv: list[str] | None = None) -> int:
         (out / "table.txt").write_text(table + "\n")
         chart_note = write_chart(results, out / "chart.png")
         print(table)
-        print(f"\nelapsed {results['meta']['elapsed_s']:.0f} s; load average at start {results['meta']['loadavg_start'][0]:.2f}, "
-              f"end {results['meta']['loadavg_end'][0]:.2f}")
+        print(
+            f"\nelapsed {results['meta']['elapsed_s']:.0f} s; load average at start {results['meta']['loadavg_start'][0]:.2f}, "
+            f"end {results['meta']['loadavg_end'][0]:.2f}"
+        )
         print(f"results: {out / 'results.json'}\n         {out / 'table.txt'}")
         print(f"         {out / 'chart.png'}" if chart_note is None else f"         {chart_note}")
     return 130 if interrupted else 0

@@ -64,8 +64,11 @@ def versions() -> dict[str, str]:
             ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "proxy", "plugins"], cwd=REPO, capture_output=True,
-            text=True, timeout=10,
+            ["git", "status", "--porcelain", "--", "proxy", "plugins"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
         ).stdout.strip()
         if dirty:
             out["git_commit"] += " (+ uncommitted changes in proxy/ or plugins/)"

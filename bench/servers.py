@@ -20,8 +20,7 @@ DATABASES = ("test", "sbtest", "bench")
 TUNED_MARIADB_ARGS = ["--innodb-buffer-pool-size=768M", "--innodb-log-file-size=256M"]
 
 
-def new_database(workdir: Path, backend: str = "mariadb", *, tuned: bool = True,
-                 mariadb_args: list[str] | None = None) -> MariaDB | TiDB:
+def new_database(workdir: Path, backend: str = "mariadb", *, tuned: bool = True, mariadb_args: list[str] | None = None) -> MariaDB | TiDB:
     """The server for ``backend`` ("mariadb" or "tidb") in ``workdir``, not started yet.
     SystemExit if tidb-server is asked for and not there."""
     if backend == "tidb":

@@ -98,18 +98,16 @@ class Stack:
         if with_plugins:
             missing = self.plugins.missing_modules()
             if missing:
-                raise TargetUnavailable(
-                    f"plugin(s) not available yet: {', '.join(missing)}; chain {list(self.plugins.chain)}"
-                )
+                raise TargetUnavailable(f"plugin(s) not available yet: {', '.join(missing)}; chain {list(self.plugins.chain)}")
         args: list[str] = []
         if name == "proxy_workers":
             if not proxy_has_workers_flag():
-                raise TargetUnavailable(
-                    "replay-proxy has no --workers option yet (`python -m proxy --help` does not list it)")
+                raise TargetUnavailable("replay-proxy has no --workers option yet (`python -m proxy --help` does not list it)")
             args = ["--workers", str(self.workers)]
         workdir = self.workdir / f"stack{self._stack_no}" / name.replace("+", "_")
-        proxy = BenchProxy(workdir, self.db_port, args=args, counts=self.instrument and name != "proxy_workers",
-                           **self._proxy_config(with_plugins))
+        proxy = BenchProxy(
+            workdir, self.db_port, args=args, counts=self.instrument and name != "proxy_workers", **self._proxy_config(with_plugins)
+        )
         if with_plugins:
             with proxy.config_path.open("a") as f:
                 f.write(self.plugins.toml(workdir))
@@ -235,7 +233,7 @@ class Stack:
             return []
         text = proxy.log_text()
         if mark and name in mark and mark[name][0] == id(proxy):
-            text = text[mark[name][1]:]
+            text = text[mark[name][1] :]
         return [line for line in text.splitlines() if line.strip()]
 
     def stop(self) -> None:

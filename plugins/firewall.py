@@ -141,9 +141,7 @@ class Plugin:
             inner = _dynamic_text(analysis.text[start:end], session)
             if inner is None:
                 return self._reject(session, keywords[0], "dynamic SQL that is not a string literal cannot be judged")
-            inner_analysis = sqltext.analyze(
-                inner, dialect=session.dialect, no_backslash_escapes=session.no_backslash_escapes, multi=False
-            )
+            inner_analysis = sqltext.analyze(inner, dialect=session.dialect, no_backslash_escapes=session.no_backslash_escapes, multi=False)
             return self._judge_all(session, inner_analysis, lambda j, n: inner_analysis.keywords(j, n))
         return None
 

@@ -175,7 +175,7 @@ class Plugin:
 
         def counter(name: str, doc: str, labels: tuple[str, ...] = (), values: dict | None = None, value: float = 0):
             family = CounterMetricFamily(f"replay_proxy_{name}", doc, labels=("target", *labels))
-            for label_values, v in (values.items() if values is not None else [((), value)]):
+            for label_values, v in values.items() if values is not None else [((), value)]:
                 family.add_metric((t, *label_values), v)
             return family
 

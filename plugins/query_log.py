@@ -40,6 +40,8 @@ from proxy.sqltext.redact import redact
 __all__ = ["Plugin", "redact"]  # redact: re-exported from proxy.sqltext.redact
 
 _STATEMENT_COMMANDS = frozenset({0x03, 0x16, 0x17})  # COM_QUERY, COM_STMT_PREPARE, COM_STMT_EXECUTE
+
+
 class Plugin:
     @attrs.frozen
     class Options:

@@ -34,7 +34,11 @@ class Admission:
         """(code, sqlstate, message) refusing a new connection from ``host``, or None."""
         blocked = self._blocked_for(host)
         if blocked:
-            return (1129, "HY000", f"Host '{host}' is blocked for {blocked:.0f}s after {self.listen.failed_login_limit} failed logins (replay-proxy)")
+            return (
+                1129,
+                "HY000",
+                f"Host '{host}' is blocked for {blocked:.0f}s after {self.listen.failed_login_limit} failed logins (replay-proxy)",
+            )
         if self.pending >= self.listen.max_pending_logins:
             return (1040, "08004", "Too many connections waiting to log in (replay-proxy listen.max_pending_logins)")
         if self._pending_by_host[host] >= self.listen.max_pending_per_host:

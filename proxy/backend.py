@@ -254,16 +254,12 @@ def _client_caps(hs: ServerHandshake, address: Address, login: Login, secure: bo
     return caps
 
 
-async def _start_tls(
-    channel: Channel, hs: ServerHandshake, address: Address, login: Login, tls: BackendTLS
-) -> tuple[Channel, bool]:
+async def _start_tls(channel: Channel, hs: ServerHandshake, address: Address, login: Login, tls: BackendTLS) -> tuple[Channel, bool]:
     """SSLRequest, then the TLS handshake: (the channel to log in on, whether it is TLS).
     A server that does not offer TLS is logged into in the clear only in mode "preferred"."""
     if not hs.capabilities & Capabilities.CLIENT_SSL:
         if tls.required:
-            raise BackendError(
-                f"backend {address} does not offer TLS (backend.tls.mode = {tls.mode!r} requires it)", retryable=False
-            )
+            raise BackendError(f"backend {address} does not offer TLS (backend.tls.mode = {tls.mode!r} requires it)", retryable=False)
         return channel, False
     caps = _client_caps(hs, address, login, True)
     ssl_request = struct.pack("<IIB", caps, MAX_PACKET, login.collation & 0xFF) + bytes(23)
@@ -278,9 +274,7 @@ async def _start_tls(
     return secure, True
 
 
-async def _login(
-    channel: Channel, hs: ServerHandshake, address: Address, login: Login, secure: bool = False
-) -> Backend:
+async def _login(channel: Channel, hs: ServerHandshake, address: Address, login: Login, secure: bool = False) -> Backend:
     caps = _client_caps(hs, address, login, secure)
     auth = ClientAuth(login.user, login.password, hs.scramble, hs.auth_plugin)
     attrs_ = dict(login.connect_attrs)

@@ -107,7 +107,14 @@ async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, 
 
 
 # What a reload cannot change while running.
-_RESTART_ONLY = (("listen", "address"), ("listen", "tls"), ("listen", "workers"), ("admin", "address"), ("admin", "enabled"), ("log", "format"))
+_RESTART_ONLY = (
+    ("listen", "address"),
+    ("listen", "tls"),
+    ("listen", "workers"),
+    ("admin", "address"),
+    ("admin", "enabled"),
+    ("log", "format"),
+)
 
 
 def reload(proxy, path: str | None, retired: list) -> bool:
@@ -123,7 +130,11 @@ def reload(proxy, path: str | None, retired: list) -> bool:
         check_files(new)
         hooks = load_chain(new)
     except ConfigError as exc:
-        log.error("config reload rejected, the running config is kept: %s", str(exc).replace(":\n", ": ").replace("\n", "; "), extra={"event": "reload_rejected"})
+        log.error(
+            "config reload rejected, the running config is kept: %s",
+            str(exc).replace(":\n", ": ").replace("\n", "; "),
+            extra={"event": "reload_rejected"},
+        )
         return False
     restart = [".".join(k) for k in _RESTART_ONLY if getattr(getattr(old, k[0]), k[1]) != getattr(getattr(new, k[0]), k[1])]
     retired.append(proxy.target.hooks)

@@ -169,7 +169,9 @@ class BackendConfig:
     health_interval: Duration = Duration(2)
     # TiDB's status port (10080) on each address's host: GET status_path answers 500 from the
     # moment TiDB starts a graceful shutdown. Or give a URL per address in status_urls.
-    status_port: int | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.and_(attrs.validators.gt(0), attrs.validators.lt(65536))))
+    status_port: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.and_(attrs.validators.gt(0), attrs.validators.lt(65536)))
+    )
     status_path: str = "/status"
     status_urls: dict[str, str] = attrs.Factory(dict)
 
@@ -432,14 +434,16 @@ def parse_config(data: dict[str, Any], default_name: str = "default", secrets: b
         raise ConfigError(f"$.users: duplicate user name(s) {', '.join(dupes)}: give each [[users]] entry its own name")
     for i, user in enumerate(config.users):  # fail at start-up, not at the first login
         if user.password is None and user.password_env is None:
-            raise ConfigError(f"$.users[{i}]: user {user.name!r} has no password: set password (\"\" for none) or password_env")
+            raise ConfigError(f'$.users[{i}]: user {user.name!r} has no password: set password ("" for none) or password_env')
         if secrets:
             user.resolved_password(f"$.users[{i}]")
             user.resolved_backend_password(f"$.users[{i}]")
     _check_values(config)
     unknown = sorted(set(config.plugins.options) - set(config.plugins.chain))
     if unknown:
-        raise ConfigError(f"$.plugins: option table(s) for plugin(s) not in the chain: {', '.join(unknown)}: add them to plugins.chain, or remove the tables")
+        raise ConfigError(
+            f"$.plugins: option table(s) for plugin(s) not in the chain: {', '.join(unknown)}: add them to plugins.chain, or remove the tables"
+        )
     return config
 
 
@@ -455,7 +459,9 @@ def _check_values(config: Config) -> None:
         problems.append(f"$.limits.max_allowed_packet: {packet} bytes is outside the server's range, 1KiB to 1GiB: set a size in it")
     rec = config.recovery
     if rec.backoff_initial > rec.backoff_max:
-        problems.append(f"$.recovery.backoff_initial: {rec.backoff_initial:g}s is more than backoff_max ({rec.backoff_max:g}s): lower it or raise backoff_max")
+        problems.append(
+            f"$.recovery.backoff_initial: {rec.backoff_initial:g}s is more than backoff_max ({rec.backoff_max:g}s): lower it or raise backoff_max"
+        )
     if config.admin.enabled:
         admin = config.admin_address
         if (admin.host, admin.port) == (config.listen.address.host, config.listen.address.port):

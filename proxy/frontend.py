@@ -144,7 +144,10 @@ class Proxy:
                 target.stats.sessions_opened += 1
                 log.info(
                     "session %d open: user=%s client=%s backend=%s backend_conn=%d",
-                    session_id, session.info.user, client_address, session.info.backend_address,
+                    session_id,
+                    session.info.user,
+                    client_address,
+                    session.info.backend_address,
                     session.link.connection_id if session.link.backend else -1,
                 )
                 if target.hooks.session_opened:
@@ -167,8 +170,14 @@ class Proxy:
             if opened:
                 log.info(
                     "session %d closed: user=%s client=%s backend=%s duration=%.3fs commands=%d recoveries=%d reason=%s",
-                    session_id, session.info.user, client_address, session.info.backend_address,
-                    trio.current_time() - started, session.commands, session.recoveries, session.close_reason,
+                    session_id,
+                    session.info.user,
+                    client_address,
+                    session.info.backend_address,
+                    trio.current_time() - started,
+                    session.commands,
+                    session.recoveries,
+                    session.close_reason,
                 )
                 if target.hooks.session_closed:
                     with trio.CancelScope(shield=True):

@@ -156,4 +156,3 @@ class HealthChecker:
             backend.channel.send_nowait(encode_packet(b"\x01", 0)[0])
             backend.close()
         return UP, status_error
-

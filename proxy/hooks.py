@@ -79,6 +79,7 @@ HOOK_NAMES = (
     "is_idempotent",
 )
 
+
 @attrs.frozen
 class Reject:
     """Answer the command with an ERR packet; the session stays usable."""
@@ -225,17 +226,21 @@ class Hooks:
             return verdict
         return rewritten
 
-    async def _failed(
-        self, session: SessionInfo, command: CommandInfo, started: float, plugin: str, exc: Exception
-    ) -> PluginError:
+    async def _failed(self, session: SessionInfo, command: CommandInfo, started: float, plugin: str, exc: Exception) -> PluginError:
         error = PluginError(plugin, exc)
         if self.result_received:
             await self._answered(session, command, started, plugin, 1105, str(error))
         return error
 
     async def _answered(
-        self, session: SessionInfo, command: CommandInfo, started: float, plugin: str,
-        code: int | None, message: str | None, affected_rows: int = 0,
+        self,
+        session: SessionInfo,
+        command: CommandInfo,
+        started: float,
+        plugin: str,
+        code: int | None,
+        message: str | None,
+        affected_rows: int = 0,
     ) -> None:
         result = ResultInfo(
             ok=code is None, error_code=code, error_message=message, affected_rows=affected_rows, rows=0,

@@ -63,10 +63,7 @@ class CommitMarkers:
     def upsert_sql(self) -> tuple[int, bytes]:
         """(number, COM_QUERY payload) of the marker of the transaction about to commit."""
         number = self.written + 1
-        sql = (
-            f"INSERT INTO {self.table.table} (slot, txn) VALUES (X'{self.slot}', {number})"
-            " ON DUPLICATE KEY UPDATE txn = VALUES(txn)"
-        )
+        sql = f"INSERT INTO {self.table.table} (slot, txn) VALUES (X'{self.slot}', {number}) ON DUPLICATE KEY UPDATE txn = VALUES(txn)"
         return number, b"\x03" + sql.encode()
 
     async def committed(self, backend: Backend, old: Backend | None, number: int, io_timeout: float) -> bool | None:

@@ -157,9 +157,7 @@ def instantiate(cls: type, raw_options: dict[str, Any], context: PluginContext, 
         args.append(structure_options(raw_options, options_cls, path))
     elif raw_options:
         raise ConfigError(f"{path}: this plugin takes no options (got {', '.join(sorted(raw_options))})")
-    params = [
-        p for p in inspect.signature(cls).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
+    params = [p for p in inspect.signature(cls).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if len(params) > len(args):
         args.append(context)
     try:

@@ -124,7 +124,9 @@ def plan_recovery(
         if safe_mode and inflight.idempotent and all(s.idempotent for s in journal):
             # It may have committed already; applying it again leaves the same rows. Results of
             # the replay legitimately differ (e.g. REPLACE counts 2 rows), so don't compare them.
-            return Plan(Outcome.RESUME, "COMMIT in flight, transaction idempotent (safe mode)", replay=True, verify=False, resend=True, proof=True)
+            return Plan(
+                Outcome.RESUME, "COMMIT in flight, transaction idempotent (safe mode)", replay=True, verify=False, resend=True, proof=True
+            )
         if commit_marker:
             return Plan(Outcome.RESOLVE, "COMMIT in flight; its commit marker will tell", replay=not_replayable is None, resend=True)
         why = "not all statements are idempotent" if safe_mode else "recovery.idempotent is not safe-mode"

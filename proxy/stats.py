@@ -64,13 +64,13 @@ class Stats:
 
         def gauge(metric: str, doc: str, value: float, labels: tuple[str, ...] = (), values: dict | None = None) -> Metric:
             family = GaugeMetricFamily(f"replay_proxy_{metric}", doc, labels=("target", *labels))
-            for label_values, v in (values.items() if values is not None else [((), value)]):
+            for label_values, v in values.items() if values is not None else [((), value)]:
                 family.add_metric((name, *label_values), v)
             return family
 
         def counter(metric: str, doc: str, value: float, labels: tuple[str, ...] = (), values: dict | None = None) -> Metric:
             family = CounterMetricFamily(f"replay_proxy_{metric}", doc, labels=("target", *labels))
-            for label_values, v in (values.items() if values is not None else [((), value)]):
+            for label_values, v in values.items() if values is not None else [((), value)]:
                 family.add_metric((name, *label_values), v)
             return family
 

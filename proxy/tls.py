@@ -86,8 +86,10 @@ class _TLSLayer:
                 self._in.write(await super().recv(RECV_SIZE))  # type: ignore[misc]
             except ssl.SSLError as exc:
                 await self._flush_quietly()  # the alert tells the peer why
-                raise TLSError(f"{self.name}: TLS handshake failed: {_ssl_message(exc)}",  # type: ignore[attr-defined]
-                               verify=isinstance(exc, ssl.SSLCertVerificationError)) from None
+                raise TLSError(
+                    f"{self.name}: TLS handshake failed: {_ssl_message(exc)}",  # type: ignore[attr-defined]
+                    verify=isinstance(exc, ssl.SSLCertVerificationError),
+                ) from None
         await self._flush()
         self._ready = True
 
@@ -242,9 +244,7 @@ def _take_over(channel, plain: Channel, tls: ssl.SSLObject, incoming: ssl.Memory
     channel._ready = False
 
 
-async def start_tls(
-    channel: Channel, context: ssl.SSLContext, *, server_side: bool, server_hostname: str | None = None
-) -> Channel:
+async def start_tls(channel: Channel, context: ssl.SSLContext, *, server_side: bool, server_hostname: str | None = None) -> Channel:
     """Run the TLS handshake on ``channel`` and return the TLS channel to use from now on.
 
     ``channel`` is detached (marked closed without closing the connection, which the returned
@@ -258,8 +258,7 @@ async def start_tls(
     if leftover:
         incoming.write(channel.decoder.take_raw(leftover))
     try:
-        tls = context.wrap_bio(incoming, outgoing, server_side=server_side,
-                               server_hostname=None if server_side else server_hostname)
+        tls = context.wrap_bio(incoming, outgoing, server_side=server_side, server_hostname=None if server_side else server_hostname)
     except (ssl.SSLError, ValueError) as exc:
         channel.close()
         raise TLSError(f"{channel.name}: cannot start TLS: {exc}") from None

@@ -59,8 +59,17 @@ _FAST_STATEMENTS[b"SELECT"] = Statement(Kind.SELECT, read_only=True)
 # Commands that change nothing but session-level state (never data).
 SESSION_ONLY_COMMANDS = frozenset(
     {
-        C.COM_PING, C.COM_INIT_DB, C.COM_STMT_PREPARE, C.COM_STMT_CLOSE, C.COM_STMT_RESET, C.COM_STMT_SEND_LONG_DATA,
-        C.COM_FIELD_LIST, C.COM_STATISTICS, C.COM_SET_OPTION, C.COM_RESET_CONNECTION, C.COM_PROCESS_INFO,
+        C.COM_PING,
+        C.COM_INIT_DB,
+        C.COM_STMT_PREPARE,
+        C.COM_STMT_CLOSE,
+        C.COM_STMT_RESET,
+        C.COM_STMT_SEND_LONG_DATA,
+        C.COM_FIELD_LIST,
+        C.COM_STATISTICS,
+        C.COM_SET_OPTION,
+        C.COM_RESET_CONNECTION,
+        C.COM_PROCESS_INFO,
     }
 )
 
@@ -352,8 +361,16 @@ class SessionTracker:
         # transaction goes on without it; if it committed, there is nothing left to replay.
         record = failed is None or not failed.may_end_transaction
         ender = statements[boundary] if boundary is not None else None
-        self._journal_step(done, boundary, analysis.single, long_data, in_doubt=in_doubt, record=record,
-                           begins=ender is not None and ender.kind is Kind.BEGIN, chained=ender is not None and ender.chain)
+        self._journal_step(
+            done,
+            boundary,
+            analysis.single,
+            long_data,
+            in_doubt=in_doubt,
+            record=record,
+            begins=ender is not None and ender.kind is Kind.BEGIN,
+            chained=ender is not None and ender.chain,
+        )
         return captures
 
     def _failed(self, st: Statement, code: int) -> None:

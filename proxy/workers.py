@@ -211,4 +211,3 @@ def supervise(config: Config, path: str, count: int) -> int:
     except KeyboardInterrupt:
         sup.signal_all(signal.SIGTERM)
     return 0
-

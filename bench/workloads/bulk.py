@@ -76,10 +76,7 @@ class BigResult(Workload):
                 cur.execute(f"CREATE TABLE bench.big (id INT PRIMARY KEY, payload VARBINARY({ROW_BYTES})) ENGINE=InnoDB")
                 for lo in range(1, self.rows + 1, INSERT_CHUNK):
                     hi = min(self.rows, lo + INSERT_CHUNK - 1)
-                    cur.execute(
-                        f"INSERT INTO bench.big SELECT seq, RPAD(CONCAT(seq, ':'), {ROW_BYTES}, 'x') "
-                        f"FROM seq_{lo}_to_{hi}"
-                    )
+                    cur.execute(f"INSERT INTO bench.big SELECT seq, RPAD(CONCAT(seq, ':'), {ROW_BYTES}, 'x') FROM seq_{lo}_to_{hi}")
                 # Warm the buffer pool so the first target does not pay for it.
                 cur.execute("SELECT COUNT(*), SUM(LENGTH(payload)) FROM bench.big")
                 cur.fetchall()
@@ -97,8 +94,7 @@ class BigResult(Workload):
                 meter.start()
                 start = time.monotonic()
                 try:
-                    rows, nbytes = rawclient.stream_query(conn, b"SELECT id, payload FROM bench.big",
-                                                          timeout=60 + settings.big_result_mb)
+                    rows, nbytes = rawclient.stream_query(conn, b"SELECT id, payload FROM bench.big", timeout=60 + settings.big_result_mb)
                 except (rawclient.RawQueryError, OSError) as e:
                     raise WorkloadError(f"big result through {target.name}: {e}") from None
                 elapsed = time.monotonic() - start
@@ -135,8 +131,16 @@ class BigStatement(Workload):
     def run(self, env: BenchEnv, target: Target, settings: Settings) -> dict[str, float | None]:
         try:
             conn = pymysql.connect(
-                host="127.0.0.1", port=target.port, user="app", password="apppw", autocommit=True, ssl_disabled=True,
-                max_allowed_packet=256 * 1024 * 1024, connect_timeout=10, read_timeout=300, write_timeout=300,
+                host="127.0.0.1",
+                port=target.port,
+                user="app",
+                password="apppw",
+                autocommit=True,
+                ssl_disabled=True,
+                max_allowed_packet=256 * 1024 * 1024,
+                connect_timeout=10,
+                read_timeout=300,
+                write_timeout=300,
             )
         except pymysql.err.Error as e:
             raise WorkloadError(f"cannot connect through {target.name}: {e}") from None
@@ -151,9 +155,7 @@ class BigStatement(Workload):
                             cur.execute(self.sql)
                             row = cur.fetchone()
                         except pymysql.err.Error as e:
-                            raise WorkloadError(
-                                f"{len(self.sql)}-byte statement through {target.name} failed: {e!r}"
-                            ) from None
+                            raise WorkloadError(f"{len(self.sql)}-byte statement through {target.name} failed: {e!r}") from None
                     if not row or int(row[0]) != self.size:
                         raise WorkloadError(f"{target.name}: LENGTH() returned {row!r}, expected {self.size}")
                 elapsed = time.monotonic() - start

@@ -30,8 +30,17 @@ if TYPE_CHECKING:
 def _connect(port: int) -> pymysql.connections.Connection:
     # autocommit=None: PyMySQL sends nothing after the handshake on its own. ssl_disabled: PyMySQL
     # would otherwise build an SSL context (loading the CA store, ~90 ms) for every connection.
-    return pymysql.connect(host="127.0.0.1", port=port, user="app", password="apppw", autocommit=None,
-                           ssl_disabled=True, connect_timeout=10, read_timeout=30, write_timeout=30)
+    return pymysql.connect(
+        host="127.0.0.1",
+        port=port,
+        user="app",
+        password="apppw",
+        autocommit=None,
+        ssl_disabled=True,
+        connect_timeout=10,
+        read_timeout=30,
+        write_timeout=30,
+    )
 
 
 class IdleConnections(Workload):
@@ -53,8 +62,7 @@ class IdleConnections(Workload):
         if limit < settings.idle_conns + 256:
             raise WorkloadError(f"RLIMIT_NOFILE is {limit}: too low for {settings.idle_conns} connections")
         self.title = f"{settings.idle_conns} idle client connections"
-        self.info.update(conns=settings.idle_conns,
-                         note="direct column: mariadbd's RSS growth per connection (reference only)")
+        self.info.update(conns=settings.idle_conns, note="direct column: mariadbd's RSS growth per connection (reference only)")
 
     def run(self, env: BenchEnv, target: Target, settings: Settings) -> dict[str, float | None]:
         assert env.db is not None
@@ -78,9 +86,7 @@ class IdleConnections(Workload):
                 try:
                     conns.append(_connect(target.port))
                 except pymysql.err.Error as e:
-                    raise WorkloadError(
-                        f"connection {i + 1} of {n} through {target.name} failed: {e!r}"
-                    ) from None
+                    raise WorkloadError(f"connection {i + 1} of {n} through {target.name} failed: {e!r}") from None
             connect_s = time.monotonic() - start
             connect_cpu = meter.stop()
             for i, conn in enumerate(conns):

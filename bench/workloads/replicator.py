@@ -51,8 +51,9 @@ class ReplicatorWorkload(Workload):
         gc = goclient()
         env.log("building tests/goclient")
         gc.build_goclient()
-        self.info.update(conns=settings.replicator_conns, batch=settings.replicator_batch, sql="safe",
-                         statements_per_txn=settings.replicator_batch + 3)
+        self.info.update(
+            conns=settings.replicator_conns, batch=settings.replicator_batch, sql="safe", statements_per_txn=settings.replicator_batch + 3
+        )
 
     def before_run(self, env: BenchEnv, settings: Settings) -> None:
         assert env.db is not None
@@ -64,9 +65,15 @@ class ReplicatorWorkload(Workload):
         server = CpuMeter(env.db.pid).start()
         try:
             run = gc.run_goclient(
-                "workload", port=target.port, conns=settings.replicator_conns,
-                duration=settings.replicator_time, batch=settings.replicator_batch, sql="safe",
-                timeout=settings.replicator_time + 120, check=False, full=True,
+                "workload",
+                port=target.port,
+                conns=settings.replicator_conns,
+                duration=settings.replicator_time,
+                batch=settings.replicator_batch,
+                sql="safe",
+                timeout=settings.replicator_time + 120,
+                check=False,
+                full=True,
             )
         except gc.GoClientError as e:
             raise WorkloadError(str(e)) from None
@@ -93,4 +100,3 @@ class ReplicatorWorkload(Workload):
             "_committed_txns": txns,
             "_error_kinds": data.get("errors") or {},
         }
-

@@ -65,10 +65,19 @@ def parse_sysbench(out: str) -> dict[str, float]:
     return {k: v for k, v in result.items() if v is not None}
 
 
-def run_sysbench(test: str, settings: Settings, port: int, threads: int, duration: float,
-                 rate: int | None = None, ps_mode: str | None = None) -> dict[str, float]:
-    cmd = ["sysbench", test, *sysbench_args(settings, port, ps_mode), f"--threads={threads}",
-           f"--time={max(1, round(duration))}", "--events=0", "--percentile=95", "--report-interval=0"]
+def run_sysbench(
+    test: str, settings: Settings, port: int, threads: int, duration: float, rate: int | None = None, ps_mode: str | None = None
+) -> dict[str, float]:
+    cmd = [
+        "sysbench",
+        test,
+        *sysbench_args(settings, port, ps_mode),
+        f"--threads={threads}",
+        f"--time={max(1, round(duration))}",
+        "--events=0",
+        "--percentile=95",
+        "--report-interval=0",
+    ]
     if rate:
         cmd.append(f"--rate={rate}")
     cmd.append("run")
@@ -77,10 +86,7 @@ def run_sysbench(test: str, settings: Settings, port: int, threads: int, duratio
     except subprocess.TimeoutExpired as e:
         raise WorkloadError(f"sysbench did not finish within {duration + 120:.0f} s: {' '.join(cmd)}") from e
     if res.returncode != 0:
-        raise WorkloadError(
-            f"sysbench exited with {res.returncode}: {' '.join(cmd)}\n"
-            f"{(res.stdout + res.stderr)[-3000:]}"
-        )
+        raise WorkloadError(f"sysbench exited with {res.returncode}: {' '.join(cmd)}\n{(res.stdout + res.stderr)[-3000:]}")
     return parse_sysbench(res.stdout)
 
 

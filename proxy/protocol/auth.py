@@ -146,9 +146,7 @@ class ClientAuth:
         if head == AUTH_SWITCH:
             switch = parse_auth_switch(payload)
             if switch.plugin not in (NATIVE, CACHING_SHA2, SHA256):
-                return "error", ErrPacket(
-                    Err.NOT_SUPPORTED_YET[0], "HY000", f"backend asked for unsupported auth plugin {switch.plugin!r}"
-                )
+                return "error", ErrPacket(Err.NOT_SUPPORTED_YET[0], "HY000", f"backend asked for unsupported auth plugin {switch.plugin!r}")
             self.plugin = switch.plugin
             self.scramble = switch.data[:20]
             return "send", self._scramble_for(switch.plugin)

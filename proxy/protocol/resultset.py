@@ -77,9 +77,7 @@ def read_text_result(frames: bytes, deprecate_eof: bool) -> tuple[list[bytes], l
         rows.append(decode_text_row(payload, ncols))
 
 
-def build_text_result(
-    coldefs: list[bytes], rows: list[list[bytes | None]], status: int, deprecate_eof: bool, seq: int = 1
-) -> bytes:
+def build_text_result(coldefs: list[bytes], rows: list[list[bytes | None]], status: int, deprecate_eof: bool, seq: int = 1) -> bytes:
     """Frames of a text result set, sequence ids from ``seq``."""
     payloads = [lenenc_int(len(coldefs)), *coldefs]
     if not deprecate_eof:

@@ -57,14 +57,23 @@ async def killed_by_operator(link: BackendLink, target: Target, io_timeout: floa
     # The same process, still up, and a KILL was run since this connection opened. (Without a
     # KILL, a clean close with the server up is a load balancer or a network: recover.)
     if kills is not None and old.instance.operator_kills_since(kills) > 0:
-        log.warning("session %d: backend connection %d closed by %s, which is still up and ran a KILL since: an "
-                    "operator's KILL; the client is told, the session ends", session_id, old.connection_id, old.instance.hostname)
+        log.warning(
+            "session %d: backend connection %d closed by %s, which is still up and ran a KILL since: an "
+            "operator's KILL; the client is told, the session ends",
+            session_id,
+            old.connection_id,
+            old.instance.hostname,
+        )
         return True
     relayed = link.kill_relayed  # (connection id, when): a refused KILL must not count later
-    if same and relayed is not None and relayed[0] == old.connection_id \
-            and trio.current_time() - relayed[1] < io_timeout:
-        log.warning("session %d: backend connection %d closed by %s, which is still up, right after another session's "
-                    "KILL of it; the client is told, the session ends", session_id, old.connection_id, old.instance.hostname)
+    if same and relayed is not None and relayed[0] == old.connection_id and trio.current_time() - relayed[1] < io_timeout:
+        log.warning(
+            "session %d: backend connection %d closed by %s, which is still up, right after another session's "
+            "KILL of it; the client is told, the session ends",
+            session_id,
+            old.connection_id,
+            old.instance.hostname,
+        )
         return True
     return False
 

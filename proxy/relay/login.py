@@ -111,9 +111,7 @@ async def _client_login(s: Session) -> tuple[HandshakeResponse | None, str | Non
     tls = s.config.listen.tls
     if tls is not None:
         offered |= Capabilities.CLIENT_SSL
-    greeting = ServerHandshake(
-        profile.server_version, s.id, s.scramble, offered, profile.collation, int(AUTOCOMMIT), NATIVE
-    )
+    greeting = ServerHandshake(profile.server_version, s.id, s.scramble, offered, profile.collation, int(AUTOCOMMIT), NATIVE)
     await s.send_client(make_server_handshake(greeting), 0)
     packet = await client.read_packet(MAX_LOGIN_PACKET)
     resp = parse_handshake_response(packet.payload)
@@ -229,8 +227,9 @@ async def change_user(s: Session, cmd: Command) -> None:
     change = parse_change_user(cmd.payload, s.client_caps)
     collation = change.charset or state.collation
     auth = ServerAuth(s.scramble, s.target.passwords, _host(s))
-    resp = HandshakeResponse(s.client_caps, 0, collation, change.username,
-                             change.auth_response, change.database, change.auth_plugin, change.connect_attrs)
+    resp = HandshakeResponse(
+        s.client_caps, 0, collation, change.username, change.auth_response, change.database, change.auth_plugin, change.connect_attrs
+    )
     user, seq = await _authenticate(s, auth, auth.start(resp), cmd.seq_end + 1)
     if user is None:  # like MariaDB: the session goes on as the previous user
         log.warning("session %d: COM_CHANGE_USER to %r refused", s.id, change.username)

@@ -430,7 +430,9 @@ async def finish(loss: Loss, backend: Backend, replayed: int, waiting: Inflight 
     sending = waiting is not None and waiting.state == NOT_SENT and not waiting.internal
     if sending and not owed and link.takes_results_debt(waiting.command.code) and \
             needs_last_results(loss.tracking, waiting.payload, waiting.statement):  # fmt: skip
-        raise failure(loss, "the command reads the previous statement's results (FOUND_ROWS(), warnings...), which stayed on the lost connection")
+        raise failure(
+            loss, "the command reads the previous statement's results (FOUND_ROWS(), warnings...), which stayed on the lost connection"
+        )
     link.ready()
     waited = trio.current_time() - link.lost_at
     log.warning(

@@ -143,7 +143,9 @@ async def on_lost(s: Session, reason: str, rejected: bool = False, clean: bool =
                 s.first_answer = LostTransaction(owed)
             break
         except (PeerClosed, BackendError, ProtocolError, trio.TooSlowError) as exc:
-            log.warning("session %d: new backend connection failed during replay (%s); reconnecting", s.id, exc or "no answer within io_timeout")
+            log.warning(
+                "session %d: new backend connection failed during replay (%s); reconnecting", s.id, exc or "no answer within io_timeout"
+            )
             backend.close()
     # The command waiting now (the one in flight, or one that arrived meanwhile) goes out, or
     # gets the 1213 the client is owed.
@@ -216,6 +218,7 @@ async def on_response_data(s: Session, inflight: Inflight, data: bytes) -> None:
     if extra:
         await on_lost(s, f"backend sent {_describe_unsolicited(extra)} after a response")
 
+
 async def _refuse_local_infile(s: Session, inflight: Inflight) -> None:
     """The server asked for a client file (LOAD DATA LOCAL). Send it an empty one; the
     client gets an ERR instead of the request."""
@@ -225,6 +228,7 @@ async def _refuse_local_infile(s: Session, inflight: Inflight) -> None:
     inflight.refuse_infile = True
     inflight.tracker = ResponseTracker(Expect.SINGLE, s.deprecate_eof)
     await backend.channel.send(encode_packet(b"", seq)[0])
+
 
 async def complete(s: Session, inflight: Inflight, last: bytes) -> None:
     """The response is complete: update session and transaction state, then let the
@@ -281,6 +285,7 @@ async def complete(s: Session, inflight: Inflight, last: bytes) -> None:
         info = CommandInfo.for_session(s.info, command.code, command.payload, command.complete)
         await s.hooks.notify(s.hooks.result_received, s.info, info, result)
 
+
 def _rewrite_prepare_ok(inflight: Inflight) -> bytes:
     """The client sees the statement id the proxy gave it, not the backend's."""
     held = inflight.prepare_ok
@@ -289,6 +294,7 @@ def _rewrite_prepare_ok(inflight: Inflight) -> bytes:
     if stmt is not None and stmt.client_id != stmt.backend_id:
         held[5:9] = struct.pack("<I", stmt.client_id)  # frame header (4) + OK byte (1)
     return bytes(held)
+
 
 async def _capture_variables(s: Session, names: list[str]) -> None:
     """Read back the variables that were set from an expression (session ones by name, user

@@ -45,16 +45,23 @@ log = logging.getLogger("replay_proxy.session")
 
 C = Commands
 
-_STMT_COMMANDS = frozenset(
-    {C.COM_STMT_EXECUTE, C.COM_STMT_SEND_LONG_DATA, C.COM_STMT_CLOSE, C.COM_STMT_RESET, C.COM_STMT_FETCH}
-)
+_STMT_COMMANDS = frozenset({C.COM_STMT_EXECUTE, C.COM_STMT_SEND_LONG_DATA, C.COM_STMT_CLOSE, C.COM_STMT_RESET, C.COM_STMT_FETCH})
 # Texts at least this long are judged in a thread (about 0.5 s per MB of Python).
 _JUDGE_ASIDE = 256 * 1024
 # Commands a proxy in front of a replicator's target has no business relaying.
 _REFUSED_COMMANDS = frozenset(
     {
-        C.COM_BINLOG_DUMP, C.COM_BINLOG_DUMP_GTID, C.COM_REGISTER_SLAVE, C.COM_TABLE_DUMP, C.COM_CONNECT_OUT,
-        C.COM_SHUTDOWN, C.COM_SLEEP, C.COM_CONNECT, C.COM_TIME, C.COM_DELAYED_INSERT, C.COM_DAEMON,
+        C.COM_BINLOG_DUMP,
+        C.COM_BINLOG_DUMP_GTID,
+        C.COM_REGISTER_SLAVE,
+        C.COM_TABLE_DUMP,
+        C.COM_CONNECT_OUT,
+        C.COM_SHUTDOWN,
+        C.COM_SLEEP,
+        C.COM_CONNECT,
+        C.COM_TIME,
+        C.COM_DELAYED_INSERT,
+        C.COM_DAEMON,
     }
 )
 _KILL = re.compile(rb"\s*KILL\s+((?:CONNECTION\s+|QUERY\s+)?)(\d+)\s*;?\s*$", re.I)
@@ -272,7 +279,9 @@ class Session:
         if isinstance(verdict, Reject):
             await self.answer_error(cmd, verdict.code, verdict.sqlstate, verdict.message)
         elif isinstance(verdict, AnswerOk):
-            ok = make_ok(self.tracking.status_word(), verdict.affected_rows, verdict.last_insert_id, verdict.warnings, verdict.info.encode())
+            ok = make_ok(
+                self.tracking.status_word(), verdict.affected_rows, verdict.last_insert_id, verdict.warnings, verdict.info.encode()
+            )
             await self.send_client(ok, cmd.seq_end + 1)
         return None
 
@@ -285,10 +294,15 @@ class Session:
             if statement is not None and statement.long_data_refused is not None and code == C.COM_STMT_EXECUTE:
                 await oversize.refuse_long_data(self, cmd, statement)
                 return
-        if link.state in (LinkState.UP, LinkState.MOVING) and link.takes_results_debt(code) and \
-                needs_last_results(tracking, cmd.payload, statement):  # mid-recovery, reconnect.finish asks instead
-            msg = ("Lost connection to backend during query (replay-proxy: the backend connection was replaced; "
-                   "the previous statement's results, such as FOUND_ROWS() and warnings, are gone)")
+        if (
+            link.state in (LinkState.UP, LinkState.MOVING)
+            and link.takes_results_debt(code)
+            and needs_last_results(tracking, cmd.payload, statement)
+        ):  # mid-recovery, reconnect.finish asks instead
+            msg = (
+                "Lost connection to backend during query (replay-proxy: the backend connection was replaced; "
+                "the previous statement's results, such as FOUND_ROWS() and warnings, are gone)"
+            )
             log.warning("session %d: %s; the client gets 1158 and the session ends", self.id, msg)
             await self.answer_error(cmd, *Err.CONNECTION_LOST, msg)
             raise SessionClosed(msg)
@@ -346,8 +360,13 @@ class Session:
         if backend is None or address != str(backend.address):
             log.info("session %d: KILL of proxy session %d, which is on backend %s, not this session's", self.id, session_id, address)
         payload = b"\x03KILL %s%d" % (m.group(1), connection_id)
-        log.info("session %d: %s of proxy session %d sent as backend connection %d",
-                 self.id, payload[1:].decode(errors="replace"), session_id, connection_id)
+        log.info(
+            "session %d: %s of proxy session %d sent as backend connection %d",
+            self.id,
+            payload[1:].decode(errors="replace"),
+            session_id,
+            connection_id,
+        )
         return Command(payload, encode_packet(payload, 0)[0], cmd.seq_end, len(payload))
 
     async def _write_commit_marker(self, commit: Command) -> bool:
@@ -432,7 +451,13 @@ class Session:
 
 def _is_commit(analysis: Analysis | None) -> bool:
     """One COMMIT [AND CHAIN] (what a commit marker can protect)."""
-    return analysis is not None and analysis.unknown is None and analysis.single and analysis.first.kind is Kind.COMMIT and not analysis.first.release
+    return (
+        analysis is not None
+        and analysis.unknown is None
+        and analysis.single
+        and analysis.first.kind is Kind.COMMIT
+        and not analysis.first.release
+    )
 
 
 def _first_cause(group: BaseExceptionGroup) -> BaseException:

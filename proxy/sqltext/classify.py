@@ -329,7 +329,9 @@ def _classify_ddl(sql: str, kws: tuple[str, ...], r: tk.Reading) -> Statement:
 
 def _classify_lock(sql: str, kws: tuple[str, ...], r: tk.Reading) -> Statement:
     if kws[1:] in (("TABLES",), ("TABLE",)):
-        return Statement(Kind.LOCK_TABLES, implicit_commit=True, session_unrestorable="LOCK TABLES holds table locks that belong to the session")
+        return Statement(
+            Kind.LOCK_TABLES, implicit_commit=True, session_unrestorable="LOCK TABLES holds table locks that belong to the session"
+        )
     if kws[1:] == ("INSTANCE",):
         return Statement(Kind.OTHER, session_unrestorable="LOCK INSTANCE FOR BACKUP holds a lock that belongs to the session")
     return Statement(Kind.OTHER, unknown=f"LOCK {' '.join(kws[1:])} is not known to the proxy")

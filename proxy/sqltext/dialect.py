@@ -72,7 +72,6 @@ class Dialect:
             return not digits or int(digits) <= self.version
         return None
 
-
     def comment_opener(self, opener: str) -> str:
         """The part of a matched ``/*!NNNNN[N]`` opener this server reads as the opener: TiDB
         takes 5 version digits, so ``/*!123456`` is ``/*!12345`` and then the code ``6``."""

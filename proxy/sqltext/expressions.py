@@ -27,8 +27,9 @@ class Calls:
 
 
 # A name after these words, followed by "(", is a table with its column list, not a call.
-_BEFORE_TABLE = frozenset({"INTO", "TABLE", "INSERT", "REPLACE", "LOW_PRIORITY", "DELAYED", "HIGH_PRIORITY", "IGNORE",
-                           "EXISTS", "ON", "REFERENCES"})  # CREATE TABLE IF NOT EXISTS t (..), CREATE INDEX i ON t (..)
+_BEFORE_TABLE = frozenset(
+    {"INTO", "TABLE", "INSERT", "REPLACE", "LOW_PRIORITY", "DELAYED", "HIGH_PRIORITY", "IGNORE", "EXISTS", "ON", "REFERENCES"}
+)  # CREATE TABLE IF NOT EXISTS t (..), CREATE INDEX i ON t (..)
 
 
 def _names_a_table(tokens: list[Token], i: int, parens: dict[int, int]) -> bool:

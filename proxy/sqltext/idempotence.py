@@ -265,9 +265,7 @@ def _on_duplicate_assigned(tokens: list[Token], columns: list[str] | None, nbe: 
     return frozenset(assigned) if items else None
 
 
-def _new_row_column(
-    rhs: list[Token], alias: str | None, alias_columns: list[str], columns: list[str] | None, nbe: bool
-) -> str | None:
+def _new_row_column(rhs: list[Token], alias: str | None, alias_columns: list[str], columns: list[str] | None, nbe: bool) -> str | None:
     """The column whose inserted value ``rhs`` names: VALUES(col), alias.col, or a column alias
     of ``AS alias(cols)`` (mapped to the insert's column at the same position); else None."""
     n = len(rhs)

@@ -14,7 +14,6 @@ from proxy.sqltext.lexer import IDC, NAME_KINDS, TRIVIA, WS, Token, TokenKind, i
 __all__ = ["InsertHead", "insert_head", "parse_insert_head", "insert_target", "insert_rows", "table_ref_end", "table_name"]
 
 
-
 @attrs.frozen
 class InsertHead:
     """The part of ``INSERT|REPLACE [modifiers] [INTO] t [PARTITION (..)] [(cols)] VALUES``."""

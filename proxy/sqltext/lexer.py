@@ -77,8 +77,6 @@ def quoted_string(quote: str, backslash_escapes: bool = True) -> str:
     return rf"{q}[^{q}]*+(?:{q}{q}[^{q}]*+)*+{q}"
 
 
-
-
 def _ascii_plus_non_ascii(ascii_chars: str) -> str:
     """Character class: the given ASCII characters and every non-ASCII character. Written as a
     negated ASCII class, because a range up to U+10FFFF takes sre_compile ~10 ms per use."""
@@ -233,7 +231,9 @@ def iter_tokens(
                     content_at = m.start() + len(opener)
                     runs = dialect.runs(opener)
                 if runs is None:
-                    raise SqlUnknown(f"cannot tell whether the executable comment {m.group()} runs on this {dialect.flavor} server", m.start())
+                    raise SqlUnknown(
+                        f"cannot tell whether the executable comment {m.group()} runs on this {dialect.flavor} server", m.start()
+                    )
                 if runs:
                     exec_open_at = m.start()
                     if trivia:
@@ -302,4 +302,3 @@ def split_statements(sql: str, *, dialect: Dialect = UNKNOWN, no_backslash_escap
 def tokenize(sql: str, *, dialect: Dialect = UNKNOWN, no_backslash_escapes: bool = False, trivia: bool = False) -> list[Token]:
     """All tokens of ``sql`` (see ``iter_tokens``)."""
     return list(iter_tokens(sql, dialect=dialect, no_backslash_escapes=no_backslash_escapes, trivia=trivia))
-

@@ -15,7 +15,6 @@ from proxy.sqltext.lexer import IDC, NAME_KINDS, SqlParseError, Token, TokenKind
 __all__ = ["SetScope", "SetAssignment", "parse_set", "render_set", "is_set_not_assignment", "is_set_transaction"]
 
 
-
 class SetScope(enum.Enum):
     SESSION = "session"  # SET x / SESSION x / LOCAL x / @@x / @@session.x / @@local.x
     GLOBAL = "global"  # GLOBAL / PERSIST / PERSIST_ONLY: not session state
@@ -57,6 +56,8 @@ _SYSVAR_PREFIXES = {"session": SetScope.SESSION, "local": SetScope.SESSION, "glo
 def is_set_not_assignment(kws: tuple[str, ...]) -> bool:
     """SET PASSWORD / ROLE / DEFAULT ROLE / RESOURCE GROUP: not variable assignments."""
     return kws[1:2] in (("PASSWORD",), ("ROLE",)) or kws[1:3] in (("DEFAULT", "ROLE"), ("RESOURCE", "GROUP"))
+
+
 _ASSIGN = frozenset({"=", ":="})
 
 
@@ -91,9 +92,7 @@ def is_set_transaction(kws: tuple[str, ...]) -> bool:
     return kws[1:2] == ("TRANSACTION",) or (len(kws) > 2 and kws[1] in _SCOPE_WORDS and kws[2] == "TRANSACTION")
 
 
-def _parse_set_item(
-    sql: str, item: list[Token], sticky: SetScope, nbe: bool
-) -> tuple[SetAssignment, SetScope]:
+def _parse_set_item(sql: str, item: list[Token], sticky: SetScope, nbe: bool) -> tuple[SetAssignment, SetScope]:
     if not item:
         raise SqlParseError("empty assignment in SET")
     word = tk.word(item, 0)
@@ -135,7 +134,7 @@ def _parse_set_item(
 
 
 def _sysvar_scope_and_name(text: str) -> tuple[SetScope, str]:
-    """"@@session.sql_mode" -> (SESSION, "sql_mode"); a bare @@x is the session value."""
+    """ "@@session.sql_mode" -> (SESSION, "sql_mode"); a bare @@x is the session value."""
     body = text[2:]
     parts = re.findall(rf"`[^`]*(?:``[^`]*)*`|{IDC}+", body)
     names = [p[1:-1].replace("``", "`") if p.startswith("`") else p for p in parts]

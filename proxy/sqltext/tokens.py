@@ -17,6 +17,7 @@ from proxy.sqltext.lexer import (
 
 # --- Leading keywords ---------------------------------------------------------------------------
 
+
 def leading_keywords(sql: str, n: int = 2, *, dialect: Dialect = UNKNOWN, nbe: bool = False) -> tuple[str, ...]:
     """The first ``n`` bare words of ``sql``, upper-cased, skipping whitespace and comments
     (reading inside executable comments that run on ``dialect``). Stops at the first token
@@ -205,9 +206,7 @@ def is_constant(tokens: list[Token], *, bare_words: bool, placeholders: bool = F
     while i < n and tokens[i].kind is TokenKind.PUNCT and tokens[i].text in ("-", "+"):
         i += 1
     if i:
-        return i == n - 1 and (
-            tokens[i].kind is TokenKind.NUMBER or (placeholders and tokens[i].kind is TokenKind.PLACEHOLDER)
-        )
+        return i == n - 1 and (tokens[i].kind is TokenKind.NUMBER or (placeholders and tokens[i].kind is TokenKind.PLACEHOLDER))
     # Charset introducer or typed literal in front of a string.
     if first.kind is TokenKind.WORD:
         head = first.text.upper()

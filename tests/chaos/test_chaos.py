@@ -23,8 +23,9 @@ def _report(result, proxy_log: str, server) -> None:
     print(f"proxy recoveries logged: {len(recoveries)}")
 
 
-async def chaos_through_proxy(mariadb_factory, tmp_path, label: str, sql: str, extra: dict | None = None,
-                              **recovery) -> tuple[ChaosResult, str]:
+async def chaos_through_proxy(
+    mariadb_factory, tmp_path, label: str, sql: str, extra: dict | None = None, **recovery
+) -> tuple[ChaosResult, str]:
     """The workload through a proxy with these ``[recovery]`` keys, on a fresh server, while it
     restarts. A run in which MariaDB corrupted its own table (see corrupt_tables) is reported
     and run once more on another fresh server; a second one fails the test like any row problem."""
@@ -32,8 +33,9 @@ async def chaos_through_proxy(mariadb_factory, tmp_path, label: str, sql: str, e
         server = mariadb_factory()
         proxy = start_chaos_proxy(tmp_path / f"proxy-{attempt}", server.port, **recovery)
         try:
-            result = await run_chaos(label, server, proxy.port, tmp_path / f"run-{attempt}", sql=sql,
-                                     duration=DURATION, interval=INTERVAL, extra=extra)
+            result = await run_chaos(
+                label, server, proxy.port, tmp_path / f"run-{attempt}", sql=sql, duration=DURATION, interval=INTERVAL, extra=extra
+            )
         finally:
             log = proxy.stop()
         _report(result, log, server)
@@ -63,8 +65,9 @@ async def test_insert_workload_never_loses_or_doubles_a_row(mariadb_factory, goc
 
 async def test_prepared_statement_workload(mariadb_factory, goclient, tmp_path):
     """interpolateParams=false: every statement goes through COM_STMT_PREPARE / EXECUTE / CLOSE."""
-    result, _ = await chaos_through_proxy(mariadb_factory, tmp_path, "prepared", "safe",
-                                          extra={"extra_dsn": "interpolateParams=false"}, idempotent="safe-mode")
+    result, _ = await chaos_through_proxy(
+        mariadb_factory, tmp_path, "prepared", "safe", extra={"extra_dsn": "interpolateParams=false"}, idempotent="safe-mode"
+    )
     assert result.errors == 0, result.workload["errors"]
     assert result.rows_ok, (result.verify, result.corruption)
 

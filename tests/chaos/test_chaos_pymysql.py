@@ -64,8 +64,7 @@ class Worker(threading.Thread):
     def _run(self) -> None:
         conn, cur, error = _connect(self.client, self.port)
         names = list(self.session)
-        cur.execute("SET SESSION " + ", ".join(f"{name} = %s" for name in names) + ", @worker = %s",
-                    (*self.session.values(), self.index))
+        cur.execute("SET SESSION " + ", ".join(f"{name} = %s" for name in names) + ", @worker = %s", (*self.session.values(), self.index))
         check = "SELECT " + ", ".join(f"@@session.{name}" for name in names) + ", @worker"
         want = (*(str(v) for v in self.session.values()), str(self.index))
         seq = 0
@@ -130,17 +129,20 @@ def test_workload_with_session_state_through_restarts(db_factory, tmp_path, clie
         rows = {r[0] for r in server.query("SELECT id FROM test.chaos_rows")}
         counters = dict(server.query("SELECT worker, n FROM test.chaos_counters"))
         expected_counters = {w.index: len(w.committed) for w in workers}
-        corruption = [] if (rows, counters) == (committed, expected_counters) else \
-            corrupt_tables(server, ["chaos_rows", "chaos_counters"])
+        corruption = [] if (rows, counters) == (committed, expected_counters) else corrupt_tables(server, ["chaos_rows", "chaos_counters"])
         if not corruption:
             break
         print(f"MariaDB corrupted its own table in run {attempt} ({corruption}); running again on a fresh server")
     errors = [e for w in workers for e in w.errors]
-    print(f"restarts {restarts}; committed {len(committed)}; session checks {sum(w.session_checks for w in workers)}; "
-          f"recoveries logged {log.count('recovered on')}; errors {errors}")
+    print(
+        f"restarts {restarts}; committed {len(committed)}; session checks {sum(w.session_checks for w in workers)}; "
+        f"recoveries logged {log.count('recovered on')}; errors {errors}"
+    )
     assert len(restarts) >= 3
     failures = [line for line in log.splitlines() if "reconnect attempt" in line or "Lost connection" in line][-8:]
-    assert not errors, f"{errors[:2]}\nrestarts: {restarts}\nproxy log:\n" + "\n".join(failures) + f"\nserver log:\n{server_log_tail(server)}"
+    assert not errors, (
+        f"{errors[:2]}\nrestarts: {restarts}\nproxy log:\n" + "\n".join(failures) + f"\nserver log:\n{server_log_tail(server)}"
+    )
     assert all(len(w.committed) > 20 and w.session_checks == len(w.committed) for w in workers)
     assert rows == committed, corruption  # nothing lost, nothing extra
     assert counters == expected_counters, corruption  # nothing applied twice

@@ -29,16 +29,24 @@ DURATION = 20.0
 INTERVAL = 3.0
 
 
-async def through_proxy(tidb_factory, tmp_path, label: str, sql: str, *, graceful_wait: int = 0, crash: bool = False,
-                        interval: float = INTERVAL, **recovery) -> tuple[ChaosResult, str]:
+async def through_proxy(
+    tidb_factory, tmp_path, label: str, sql: str, *, graceful_wait: int = 0, crash: bool = False, interval: float = INTERVAL, **recovery
+) -> tuple[ChaosResult, str]:
     server = tidb_factory(graceful_wait=graceful_wait)
     shim = FaultShim(server.port).start() if crash else None
     try:
-        proxy = start_chaos_proxy(tmp_path / "proxy", shim.port if shim else server.port, backend=tidb_backend(server),
-                                  **recovery)
+        proxy = start_chaos_proxy(tmp_path / "proxy", shim.port if shim else server.port, backend=tidb_backend(server), **recovery)
         try:
-            result = await run_chaos(label, server, proxy.port, tmp_path / "run", sql=sql, duration=DURATION,
-                                     interval=interval, disrupt=crashing(shim) if shim else None)
+            result = await run_chaos(
+                label,
+                server,
+                proxy.port,
+                tmp_path / "run",
+                sql=sql,
+                duration=DURATION,
+                interval=interval,
+                disrupt=crashing(shim) if shim else None,
+            )
         finally:
             log = proxy.stop()
     finally:
@@ -68,8 +76,9 @@ async def test_graceful_restarts_safe_mode(tidb_factory, goclient, tmp_path):
 async def test_graceful_restarts_with_a_wait_insert_with_commit_markers(tidb_factory, goclient, tmp_path):
     """Plain INSERT + `n = n + k` counters (a doubled or lost transaction shows), commit markers,
     graceful-wait-before-shutdown 2 s: /status answers 500 first, then TiDB drains."""
-    check(*await through_proxy(tidb_factory, tmp_path, "graceful2_marker", "insert", graceful_wait=2, interval=2.0,
-                               commit_marker=True))  # a restart takes 3-5 s here: >= 3 of them in 20 s
+    check(
+        *await through_proxy(tidb_factory, tmp_path, "graceful2_marker", "insert", graceful_wait=2, interval=2.0, commit_marker=True)
+    )  # a restart takes 3-5 s here: >= 3 of them in 20 s
 
 
 async def test_sql_layer_crashes_insert_with_commit_markers(tidb_factory, goclient, tmp_path):

@@ -347,10 +347,14 @@ class FakeConnection:
             self.pending.clear()
             self.in_tx = False
             return [make_ok(self.status())]
-        if s.startswith("SELECT TABLE_SCHEMA, TABLE_NAME, VIEW_DEFINITION FROM information_schema.VIEWS WHERE (TABLE_SCHEMA, TABLE_NAME) IN ("):
+        if s.startswith(
+            "SELECT TABLE_SCHEMA, TABLE_NAME, VIEW_DEFINITION FROM information_schema.VIEWS WHERE (TABLE_SCHEMA, TABLE_NAME) IN ("
+        ):
             asked = set(re.findall(r"\('([^']*)', '([^']*)'\)", s))  # every view lives in database "test"
-            return self._table(["TABLE_SCHEMA", "TABLE_NAME", "VIEW_DEFINITION"],
-                               [["test", name, body] for name, body in db.views.items() if ("test", name) in asked])
+            return self._table(
+                ["TABLE_SCHEMA", "TABLE_NAME", "VIEW_DEFINITION"],
+                [["test", name, body] for name, body in db.views.items() if ("test", name) in asked],
+            )
         if up == "SELECT @@MAX_ALLOWED_PACKET":
             return self._result("@@max_allowed_packet", [str(64 << 20)])
         if up == "SELECT @@MAX_ALLOWED_PACKET, @@WAIT_TIMEOUT, @@HOSTNAME, @@PORT, UNIX_TIMESTAMP()":
@@ -397,7 +401,9 @@ class FakeConnection:
             return [make_ok(self.status(), affected_rows=1)]
         if re.match(r"CREATE (DATABASE|TABLE) IF NOT EXISTS", up) or re.match(r"DELETE FROM \S*COMMIT_MARKERS WHERE UPDATED", up):
             return [make_ok(self.status())]
-        if m := re.fullmatch(r"INSERT INTO \S*commit_markers \(slot, txn\) VALUES \(X'(\w+)', (\d+)\) ON DUPLICATE KEY UPDATE txn = VALUES\(txn\)", s):
+        if m := re.fullmatch(
+            r"INSERT INTO \S*commit_markers \(slot, txn\) VALUES \(X'(\w+)', (\d+)\) ON DUPLICATE KEY UPDATE txn = VALUES\(txn\)", s
+        ):
             slot, txn = m.group(1), int(m.group(2))
             self._write(lambda: db.markers.__setitem__(slot, txn))
             return [make_ok(self.status(), affected_rows=1)]
@@ -488,8 +494,15 @@ def _split_commas(text: str) -> list[str]:
 
 def _coldef(name: str) -> bytes:
     return (
-        lenenc_str(b"def") + lenenc_str(b"") + lenenc_str(b"") + lenenc_str(b"")
-        + lenenc_str(name.encode()) + lenenc_str(b"") + b"\x0c" + struct.pack("<HIBHB", 45, 255, 0xFD, 0, 0) + b"\x00\x00"
+        lenenc_str(b"def")
+        + lenenc_str(b"")
+        + lenenc_str(b"")
+        + lenenc_str(b"")
+        + lenenc_str(name.encode())
+        + lenenc_str(b"")
+        + b"\x0c"
+        + struct.pack("<HIBHB", 45, 255, 0xFD, 0, 0)
+        + b"\x00\x00"
     )
 
 

@@ -121,4 +121,3 @@ async def test_wrong_backend_password_is_a_non_retryable_error(nursery):
     with pytest.raises(BackendError) as info:
         await connect_backend(Address("10.0.0.1", 3306), login, connect_timeout=5, io_timeout=5, opener=opener)
     assert not info.value.retryable and info.value.err.code == 1045
-

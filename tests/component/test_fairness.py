@@ -35,5 +35,7 @@ async def test_a_big_text_is_judged_while_other_sessions_go_on(nursery):
     async with trio.open_nursery() as both:
         both.start_soon(send_big)
         both.start_soon(run_small)
-    print(f"\nsmall session: 5 queries in {finished['small_took'] * 1000:.0f} ms; big text answered {finished['big'] - finished['small']:.2f} s after")
+    print(
+        f"\nsmall session: 5 queries in {finished['small_took'] * 1000:.0f} ms; big text answered {finished['big'] - finished['small']:.2f} s after"
+    )
     assert finished["small"] < finished["big"], ("the small session waited for the big text's judgement", finished)

@@ -75,12 +75,15 @@ async def test_a_lost_read_of_the_previous_results_is_not_resent(nursery, autoju
     assert result.code == 1158 and lab.server.queries.count("SELECT FOUND_ROWS()") == 1
 
 
-@pytest.mark.parametrize("definition, resent", [
-    ("select `test`.`x`.`a` AS `a` from `test`.`x`", True),  # built-ins only: safe to read again
-    ("select `test`.`f`() AS `x`", False),  # a stored function: it may write
-    ("select `a` AS `a` from `test`.`inner`", False),  # a view of a view that calls f()
-    ("", False),  # no SHOW VIEW privilege: the definition cannot be read
-])
+@pytest.mark.parametrize(
+    "definition, resent",
+    [
+        ("select `test`.`x`.`a` AS `a` from `test`.`x`", True),  # built-ins only: safe to read again
+        ("select `test`.`f`() AS `x`", False),  # a stored function: it may write
+        ("select `a` AS `a` from `test`.`inner`", False),  # a view of a view that calls f()
+        ("", False),  # no SHOW VIEW privilege: the definition cannot be read
+    ],
+)
 async def test_a_read_through_a_view_that_calls_stored_code_is_not_resent(nursery, autojump, definition, resent):
     lab = Lab(nursery)
     lab.server.db.views.update({"t": definition, "inner": "select `test`.`f`() AS `a`"})
@@ -570,9 +573,7 @@ async def test_ping_answered_1053_by_a_draining_server_is_transparent(nursery, a
 async def test_pipelined_commands_are_answered_in_order(nursery, autojump):
     lab = Lab(nursery)
     c = await lab.client()
-    await c.stream.send_all(b"".join(
-        encode_packet(b"\x03" + f"INSERT INTO t VALUES ({k}, 'x')".encode(), 0)[0] for k in range(5)
-    ))
+    await c.stream.send_all(b"".join(encode_packet(b"\x03" + f"INSERT INTO t VALUES ({k}, 'x')".encode(), 0)[0] for k in range(5)))
     for _ in range(5):
         payload = await c._read_packet()
         assert payload[0] == 0x00

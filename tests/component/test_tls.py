@@ -136,15 +136,13 @@ class TLSClient(FakeClient):
         seq = 1
         if self.tls:
             caps |= SSL
-            await self.stream.send_all(encode_packet(make_handshake_response(
-                HandshakeResponse(caps, 1 << 24, 45, "", b""))[:32], 1)[0])
+            await self.stream.send_all(encode_packet(make_handshake_response(HandshakeResponse(caps, 1 << 24, 45, "", b""))[:32], 1)[0])
             ctx = ssl.create_default_context(cafile=str(self.ca))
             self.stream = trio.SSLStream(self.raw, ctx, server_hostname="localhost")
             await self.stream.do_handshake()
             self.decoder = PacketDecoder()
             seq = 2
-        resp = HandshakeResponse(caps, 1 << 24, 45, user, native_scramble(password, hs.scramble), database,
-                                 "mysql_native_password")
+        resp = HandshakeResponse(caps, 1 << 24, 45, user, native_scramble(password, hs.scramble), database, "mysql_native_password")
         await self.stream.send_all(encode_packet(make_handshake_response(resp), seq)[0])
         answer = await self._read_packet()
         if answer[0] == 0xFF:
@@ -152,8 +150,9 @@ class TLSClient(FakeClient):
             raise MySQLError(err.code, err.message)
 
 
-def tls_lab(nursery, certs, *, listen_tls: dict | None = None, backend_tls: dict | None = None,
-            server_tls: bool = True, require_tls: bool = True) -> Lab:
+def tls_lab(
+    nursery, certs, *, listen_tls: dict | None = None, backend_tls: dict | None = None, server_tls: bool = True, require_tls: bool = True
+) -> Lab:
     """[listen.tls] and [backend.tls] as given, a server offering TLS (``server_tls``) and
     refusing plain logins (``require_tls``), TLS clients trusting the lab's CA."""
     listen = {"tls": listen_tls} if listen_tls is not None else {}
@@ -199,8 +198,7 @@ async def test_require_refuses_a_plain_client_with_3159(nursery, autojump, certs
     with pytest.raises(MySQLError) as info:
         await c.login()
     assert info.value.code == 3159
-    assert info.value.message == (
-        "Connections using insecure transport are prohibited while --require_secure_transport=ON.")
+    assert info.value.message == ("Connections using insecure transport are prohibited while --require_secure_transport=ON.")
 
 
 async def test_plain_client_allowed_without_require(nursery, autojump, certs):

@@ -64,7 +64,13 @@ def run_long_atheris(name: str, inputs: int, out: Path, max_restarts: int = 5):
             total.findings.setdefault(sig, entry)
         if proc.returncode == 0 or done:
             break
-        kind = "timeout" if "Timeout" in text or "timeout" in text else "out-of-memory" if "out-of-memory" in text else f"exit {proc.returncode}"
+        kind = (
+            "timeout"
+            if "Timeout" in text or "timeout" in text
+            else "out-of-memory"
+            if "out-of-memory" in text
+            else f"exit {proc.returncode}"
+        )
         artifact = re.search(r"Test unit written to (\S+)", text)
         sig = f"libFuzzer {kind}" + (f" ({artifact.group(1)})" if artifact else "")
         total.crashes += 1

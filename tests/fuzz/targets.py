@@ -332,8 +332,9 @@ def t_handshake_response(data: bytes) -> None:
     # What the proxy builds for the backend from the client's database and attributes.
     attrs_ = dict(resp.connect_attrs, _proxy="replay-proxy")
     out = make_handshake_response(
-        HandshakeResponse(CAPS | C.CLIENT_CONNECT_WITH_DB, 1 << 30, resp.charset & 0xFF, "app", b"x" * 20,
-                          resp.database, NATIVE, attrs_)  # fmt: skip
+        HandshakeResponse(
+            CAPS | C.CLIENT_CONNECT_WITH_DB, 1 << 30, resp.charset & 0xFF, "app", b"x" * 20, resp.database, NATIVE, attrs_
+        )  # fmt: skip
     )
     back = parse_handshake_response(out)
     check(back.database == resp.database and back.connect_attrs == attrs_, "backend login response does not round-trip")
@@ -798,8 +799,11 @@ def s_backend_login() -> list[bytes]:
     return [
         b"\x00\x00" + frames(greeting) + frames(make_ok(2), seq=2) + mp,
         b"\x10\x03" + frames(greeting) + frames(make_ok(2), seq=2),
-        b"\x00\x05" + frames(greeting) + frames(b"\xfecaching_sha2_password\x00" + b"s" * 20 + b"\x00", seq=2)
-        + frames(b"\x01\x04", seq=4) + frames(b"\x01garbage", seq=6),
+        b"\x00\x05"
+        + frames(greeting)
+        + frames(b"\xfecaching_sha2_password\x00" + b"s" * 20 + b"\x00", seq=2)
+        + frames(b"\x01\x04", seq=4)
+        + frames(b"\x01garbage", seq=6),
         b"\x00\x00" + frames(greeting) + frames(b"\xfesha256_password\x00" + b"s" * 20 + b"\x00", seq=2) + frames(b"\x01" + _pem(), seq=4),
         b"\x00\x00" + frames(greeting) + frames(b"\xfeunknown_plugin\x00x\x00", seq=2),
         b"\x02\x00" + mp,

@@ -100,25 +100,47 @@ class _Driver:
         self.port = port
         self.tmpdir = tmpdir
 
-    def connect(self, user="app", password="apppw", database="test", autocommit=True, multi=False,
-                local_infile=False, max_packet=None, found_rows=False):
+    def connect(
+        self,
+        user="app",
+        password="apppw",
+        database="test",
+        autocommit=True,
+        multi=False,
+        local_infile=False,
+        max_packet=None,
+        found_rows=False,
+    ):
         common = dict(host=HOST, port=self.port, user=user, password=password, database=database)
         if self.client == "pymysql":
             import pymysql
             from pymysql.constants import CLIENT
 
             flags = (CLIENT.MULTI_STATEMENTS if multi else 0) | (CLIENT.FOUND_ROWS if found_rows else 0)
-            return pymysql.connect(**common, charset="utf8mb4", autocommit=autocommit, client_flag=flags,
-                                   local_infile=local_infile, max_allowed_packet=max_packet or 256 * 1024 * 1024,
-                                   connect_timeout=10, read_timeout=120, write_timeout=120)
+            return pymysql.connect(
+                **common,
+                charset="utf8mb4",
+                autocommit=autocommit,
+                client_flag=flags,
+                local_infile=local_infile,
+                max_allowed_packet=max_packet or 256 * 1024 * 1024,
+                connect_timeout=10,
+                read_timeout=120,
+                write_timeout=120,
+            )
         if self.client in ("connector_pure", "connector_c"):
             import mysql.connector
             from mysql.connector.constants import ClientFlag
 
-            conn = mysql.connector.connect(**common, charset="utf8mb4", autocommit=autocommit,
-                                           use_pure=self.client == "connector_pure",
-                                           allow_local_infile=local_infile, connection_timeout=10,
-                                           client_flags=[ClientFlag.FOUND_ROWS] if found_rows else [])
+            conn = mysql.connector.connect(
+                **common,
+                charset="utf8mb4",
+                autocommit=autocommit,
+                use_pure=self.client == "connector_pure",
+                allow_local_infile=local_infile,
+                connection_timeout=10,
+                client_flags=[ClientFlag.FOUND_ROWS] if found_rows else [],
+            )
             if self.client == "connector_c" and type(conn).__name__ != "CMySQLConnection":
                 raise ClientUnavailable(f"use_pure=False gave a {type(conn).__name__}")
             return conn
@@ -126,11 +148,13 @@ class _Driver:
             import MySQLdb
             from MySQLdb.constants import CLIENT
 
-            kwargs: dict[str, Any] = dict(charset="utf8mb4", autocommit=autocommit, connect_timeout=10,
-                                          local_infile=1 if local_infile else 0)
+            kwargs: dict[str, Any] = dict(
+                charset="utf8mb4", autocommit=autocommit, connect_timeout=10, local_infile=1 if local_infile else 0
+            )
             # MySQLdb turns multi-statements on by default; off unless asked, like the others.
-            kwargs["client_flag"] = (CLIENT.MULTI_STATEMENTS if multi else 0) | CLIENT.MULTI_RESULTS | (
-                CLIENT.FOUND_ROWS if found_rows else 0)
+            kwargs["client_flag"] = (
+                (CLIENT.MULTI_STATEMENTS if multi else 0) | CLIENT.MULTI_RESULTS | (CLIENT.FOUND_ROWS if found_rows else 0)
+            )
             if max_packet:
                 # libmariadb takes max_allowed_packet only from an option file.
                 cnf = Path(self.tmpdir) / f"client-{max_packet}.cnf"
@@ -247,7 +271,11 @@ def run_many(client: str, jobs: list[tuple[int, list[Op]]]) -> list[list[Result]
         return [run_ops(client, port, ops) for port, ops in jobs]
     proc = subprocess.run(
         [sys.executable, "-c", _RUNNER],
-        input=pickle.dumps((client, jobs)), capture_output=True, cwd=REPO, timeout=300, check=False,
+        input=pickle.dumps((client, jobs)),
+        capture_output=True,
+        cwd=REPO,
+        timeout=300,
+        check=False,
         env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
     if proc.returncode != 0:

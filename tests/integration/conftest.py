@@ -49,8 +49,10 @@ def seq_table(flavor: str, last: int, first: int = 1) -> str:
     """Rows first..last in a column ``seq``: MariaDB's sequence engine, a recursive CTE on TiDB."""
     if flavor == "mariadb":
         return f"seq_{first}_to_{last}"
-    return (f"(WITH RECURSIVE s (seq) AS (SELECT {first} UNION ALL SELECT seq + 1 FROM s WHERE seq < {last}) "
-            f"SELECT seq FROM s) AS seq_{first}_to_{last}")
+    return (
+        f"(WITH RECURSIVE s (seq) AS (SELECT {first} UNION ALL SELECT seq + 1 FROM s WHERE seq < {last}) "
+        f"SELECT seq FROM s) AS seq_{first}_to_{last}"
+    )
 
 
 def start_proxy(workdir: Path, backend_port: int, **overrides: Any) -> ProxyProcess:
@@ -88,8 +90,9 @@ def proxy(db: MariaDB | TiDB, tmp_path_factory: pytest.TempPathFactory) -> Itera
 def limited_proxy(db: MariaDB | TiDB, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     """The shared 64M server behind a proxy whose own limit is 1 MiB (reject mode)."""
     _prepare(db)
-    with running_proxy(tmp_path_factory.mktemp("proxy-1mib"), db.port,
-                       limits={"max_allowed_packet": "1MiB", "oversized": "reject"}) as proc:
+    with running_proxy(
+        tmp_path_factory.mktemp("proxy-1mib"), db.port, limits={"max_allowed_packet": "1MiB", "oversized": "reject"}
+    ) as proc:
         yield proc
 
 

@@ -153,11 +153,16 @@ def test_alltypes_columns_parse():
 
 
 def test_column_types_text_protocol(client, db, proxy):
-    ops = [connect(), *alltypes_setup(db.flavor),
-           sql("SELECT * FROM alltypes ORDER BY id"),
-           sql(f"SELECT id, {AS_TEXT[db.flavor]}, HEX(b64), JSON_EXTRACT(js, '$.a[2]') FROM alltypes ORDER BY id"),
-           sql("SELECT NULL AS n, 1.5e300 AS big_double, -0.0 AS neg_zero, 'é😀' AS `ключ😀`, "
-               "CAST(18446744073709551615 AS UNSIGNED) AS u64, X'00FF' AS hex, CAST(NULL AS DATE) AS nd")]
+    ops = [
+        connect(),
+        *alltypes_setup(db.flavor),
+        sql("SELECT * FROM alltypes ORDER BY id"),
+        sql(f"SELECT id, {AS_TEXT[db.flavor]}, HEX(b64), JSON_EXTRACT(js, '$.a[2]') FROM alltypes ORDER BY id"),
+        sql(
+            "SELECT NULL AS n, 1.5e300 AS big_double, -0.0 AS neg_zero, 'é😀' AS `ключ😀`, "
+            "CAST(18446744073709551615 AS UNSIGNED) AS u64, X'00FF' AS hex, CAST(NULL AS DATE) AS nd"
+        ),
+    ]
     via = same(client, db, proxy, ops)
     rows = rows_of(via[5])
     assert [r[0] for r in rows] == [1, 2, 3]
@@ -173,17 +178,51 @@ def test_column_types_text_protocol(client, db, proxy):
 
 def ps_parameters(client: str, flavor: str) -> tuple[tuple, tuple, tuple]:
     """Rows of parameters for ps_types: every type at one extreme, all NULL, the other extreme."""
-    full = (1, -(2**63), 2**64 - 1, Decimal("-12345678901234567890.123456789012345678901234567890"), 1.5e-300,
-            "é😀 'q' \"dq\" \\ \x00 nul", ALL_BYTES, datetime.datetime(2024, 1, 2, 3, 4, 5, 123456),
-            datetime.date(2024, 2, 29), datetime.timedelta(hours=-838, minutes=-59, seconds=-59), 2**63 - 1, True)
-    small = (3, 0, 0, Decimal("0.000000000000000000000000000001"), -0.0, "", b"", datetime.datetime(1000, 1, 1),
-             datetime.date(9999, 12, 31), datetime.timedelta(hours=838, minutes=59, seconds=59, microseconds=999999),
-             -1, False)
+    full = (
+        1,
+        -(2**63),
+        2**64 - 1,
+        Decimal("-12345678901234567890.123456789012345678901234567890"),
+        1.5e-300,
+        "é😀 'q' \"dq\" \\ \x00 nul",
+        ALL_BYTES,
+        datetime.datetime(2024, 1, 2, 3, 4, 5, 123456),
+        datetime.date(2024, 2, 29),
+        datetime.timedelta(hours=-838, minutes=-59, seconds=-59),
+        2**63 - 1,
+        True,
+    )
+    small = (
+        3,
+        0,
+        0,
+        Decimal("0.000000000000000000000000000001"),
+        -0.0,
+        "",
+        b"",
+        datetime.datetime(1000, 1, 1),
+        datetime.date(9999, 12, 31),
+        datetime.timedelta(hours=838, minutes=59, seconds=59, microseconds=999999),
+        -1,
+        False,
+    )
     if client == "connector_c":
         # The C extension mangles some parameters, with or without the proxy: ints >= 2**63
         # (OverflowError), doubles (sent as FLOAT), NUL in str/bytes (cut off), negative TIME (0).
-        full = (1, -(2**63), 2**63 - 1, full[3], 1.5, "é😀 'q' \"dq\" \\ nul", ALL_BYTES[1:], full[7], full[8],
-                datetime.timedelta(hours=12, minutes=34, seconds=56, microseconds=789), 2**63 - 1, True)
+        full = (
+            1,
+            -(2**63),
+            2**63 - 1,
+            full[3],
+            1.5,
+            "é😀 'q' \"dq\" \\ nul",
+            ALL_BYTES[1:],
+            full[7],
+            full[8],
+            datetime.timedelta(hours=12, minutes=34, seconds=56, microseconds=789),
+            2**63 - 1,
+            True,
+        )
     elif flavor == "tidb":
         # mysql-connector (pure) sends a negative timedelta as -(abs(days) d + seconds): -838:59:59
         # goes as -841:00:01, which MariaDB clips to -838:59:59 and TiDB refuses (1292, measured),
@@ -203,10 +242,13 @@ def test_prepared_statements_all_parameter_types(client, db, proxy):
     # The C extension cannot decode a binary string echoed back as a parameter (UnicodeDecodeError).
     echo = full if client != "connector_c" else full[:6] + ("not bytes",) + full[7:]
     ops = [
-        connect(), *alltypes_setup(db.flavor),
+        connect(),
+        *alltypes_setup(db.flavor),
         sql("DROP TABLE IF EXISTS ps_types"),
-        sql("CREATE TABLE ps_types (id INT PRIMARY KEY, i BIGINT, u BIGINT UNSIGNED, d DECIMAL(65,30), f DOUBLE, "
-            "s VARCHAR(100) CHARACTER SET utf8mb4, b BLOB, dt DATETIME(6), da DATE, tm TIME(6), i2 BIGINT, bo BOOL)"),
+        sql(
+            "CREATE TABLE ps_types (id INT PRIMARY KEY, i BIGINT, u BIGINT UNSIGNED, d DECIMAL(65,30), f DOUBLE, "
+            "s VARCHAR(100) CHARACTER SET utf8mb4, b BLOB, dt DATETIME(6), da DATE, tm TIME(6), i2 BIGINT, bo BOOL)"
+        ),
         ("ps_many", "c", f"INSERT INTO ps_types VALUES ({marks})", [full, nulls, small]),
         ("ps_many", "c", "SELECT * FROM ps_types WHERE id = %s", [(1,), (2,), (3,), (4,)]),
         ("ps", "c", f"SELECT {marks}", echo),
@@ -329,7 +371,8 @@ def test_use_database_then_unqualified_names(client, db, proxy):
 def test_transactions_commit_and_rollback_visibility(client, db, proxy):
     count = sql("SELECT COUNT(*) FROM tx_t", name="b")
     ops = [
-        connect("a"), connect("b"),
+        connect("a"),
+        connect("b"),
         sql("DROP TABLE IF EXISTS tx_t", name="a"),
         sql("CREATE TABLE tx_t (id INT PRIMARY KEY) ENGINE=InnoDB", name="a"),
         sql("BEGIN", name="a"),
@@ -398,8 +441,10 @@ def test_session_variables_read_back(client, db, proxy):
         sql("SELECT @@collation_connection, 'a' = 'A'"),  # 15
         sql("SET NAMES utf8mb4"),
         sql("SET SESSION group_concat_max_len = 5, @@session.sort_buffer_size = 1000000"),
-        sql("SELECT @@group_concat_max_len, @@sort_buffer_size, GROUP_CONCAT(x ORDER BY x) FROM "
-            "(SELECT 'abc' AS x UNION ALL SELECT 'def') t"),  # 18
+        sql(
+            "SELECT @@group_concat_max_len, @@sort_buffer_size, GROUP_CONCAT(x ORDER BY x) FROM "
+            "(SELECT 'abc' AS x UNION ALL SELECT 'def') t"
+        ),  # 18
         sql("SET SESSION wait_timeout = 12345, SESSION lock_wait_timeout = 7"),
         sql("SELECT @@wait_timeout, @@lock_wait_timeout"),  # 20
         sql("SET @@session.no_such_variable = 1"),  # 21: 1193
@@ -509,7 +554,8 @@ def test_client_max_packet_smaller_than_a_row(client, db, proxy):
 def test_found_rows_flag(client, db, proxy):
     """CLIENT_FOUND_ROWS reaches the server: an UPDATE that changes nothing counts matched rows."""
     ops = [
-        connect("plain"), connect("found", found_rows=True),
+        connect("plain"),
+        connect("found", found_rows=True),
         sql("DROP TABLE IF EXISTS fr_t", name="plain"),
         sql("CREATE TABLE fr_t (id INT PRIMARY KEY, v INT)", name="plain"),
         sql("INSERT INTO fr_t VALUES (1, 5), (2, 5)", name="plain"),
@@ -622,8 +668,7 @@ def test_kill_by_the_greeting_connection_id_ends_the_session(db, proxy_factory, 
 
 def run_with_timeout(port: int, ops: list[tuple]) -> list:
     """The "sql" ops with PyMySQL and a 5 s read timeout, up to the first error."""
-    conn = pymysql.connect(host="127.0.0.1", port=port, user="app", password="apppw", database="test",
-                           autocommit=True, read_timeout=5)
+    conn = pymysql.connect(host="127.0.0.1", port=port, user="app", password="apppw", database="test", autocommit=True, read_timeout=5)
     out = []
     try:
         for op in ops[1:]:
@@ -650,8 +695,10 @@ def test_50mb_result_set(client, db, proxy):
     big = "REPEAT(CHAR(64 + seq), 17 * 1024 * 1024)"
     if db.flavor == "tidb":  # TiDB's REPEAT of a column is NULL past 16 MiB (measured): two halves
         big = "CONCAT(REPEAT(CHAR(64 + seq), 16 * 1024 * 1024), REPEAT(CHAR(64 + seq), 1024 * 1024))"
-    query = (f"SELECT seq, {big} AS v FROM {seq_table(db.flavor, 2)} "
-             f"UNION ALL SELECT seq, REPEAT(CHAR(64 + seq), 1024 * 1024) FROM {seq_table(db.flavor, 18, first=3)}")
+    query = (
+        f"SELECT seq, {big} AS v FROM {seq_table(db.flavor, 2)} "
+        f"UNION ALL SELECT seq, REPEAT(CHAR(64 + seq), 1024 * 1024) FROM {seq_table(db.flavor, 18, first=3)}"
+    )
     if db.flavor == "tidb":
         query += " ORDER BY seq"  # TiDB runs the two halves of a UNION ALL concurrently: any order
     ops = [connect(), sql(query), sql("SELECT 'after'")]
@@ -697,8 +744,7 @@ def test_40mb_statement(client, db, proxy):
     ]
     param = value[: 20 * 1000 * 1000]
     if client in CONNECTOR:  # a COM_STMT_EXECUTE over 16 MiB (the parameter inline, not long data)
-        ops += [("ps", "c", "INSERT INTO big_t VALUES (%s, %s)", (2, param)),
-                sql("SELECT LENGTH(v), SHA2(v, 256) FROM big_t WHERE id = 2")]
+        ops += [("ps", "c", "INSERT INTO big_t VALUES (%s, %s)", (2, param)), sql("SELECT LENGTH(v), SHA2(v, 256) FROM big_t WHERE id = 2")]
     ops.append(sql("DROP TABLE big_t"))
     via = same(client, db, proxy, ops)
     if db.flavor == "tidb":
@@ -725,8 +771,11 @@ def test_multi_statements(client, db, proxy):
         connect(multi=True),
         sql("DROP TABLE IF EXISTS ms_t"),
         sql("CREATE TABLE ms_t (id INT PRIMARY KEY, v VARCHAR(10))"),
-        ("multi", "c", "SELECT 1 AS one; SELECT 'a' AS x, NULL AS n; INSERT INTO ms_t VALUES (1, 'p'), (2, 'q'); "
-                       "SELECT * FROM ms_t ORDER BY id; DO 1"),
+        (
+            "multi",
+            "c",
+            "SELECT 1 AS one; SELECT 'a' AS x, NULL AS n; INSERT INTO ms_t VALUES (1, 'p'), (2, 'q'); SELECT * FROM ms_t ORDER BY id; DO 1",
+        ),
         ("multi", "c", "SELECT 1; SELECT * FROM no_such_table; SELECT 3"),
         sql("SELECT 42"),
         ("multi", "c", "BEGIN; INSERT INTO ms_t VALUES (3, 'r'); UPDATE ms_t SET v = 'z' WHERE id = 1; COMMIT"),
@@ -846,8 +895,7 @@ def test_statistics_set_option_and_field_list(db, proxy):
     import MySQLdb
 
     for port in (db.port, proxy.port):
-        conn = MySQLdb.connect(host="127.0.0.1", port=port, user="app", password="apppw", database="test",
-                               client_flag=0)
+        conn = MySQLdb.connect(host="127.0.0.1", port=port, user="app", password="apppw", database="test", client_flag=0)
         try:
             assert conn.stat().startswith("Uptime: ")  # COM_STATISTICS
             cur = conn.cursor()
@@ -864,8 +912,7 @@ def test_statistics_set_option_and_field_list(db, proxy):
             assert cur.fetchall() == ((3,),)
         finally:
             conn.close()
-        conn = mysql.connector.connect(host="127.0.0.1", port=port, user="app", password="apppw", database="test",
-                                       use_pure=True)
+        conn = mysql.connector.connect(host="127.0.0.1", port=port, user="app", password="apppw", database="test", use_pure=True)
         try:
             assert {"Uptime", "Threads", "Questions"} <= set(conn.cmd_statistics())
         finally:
@@ -886,8 +933,7 @@ def test_compression_requested_by_a_client_that_checks(db, proxy):
     import MySQLdb
 
     for port in (db.port, proxy.port):
-        conn = MySQLdb.connect(host="127.0.0.1", port=port, user="app", password="apppw", database="test",
-                               compress=True)
+        conn = MySQLdb.connect(host="127.0.0.1", port=port, user="app", password="apppw", database="test", compress=True)
         try:
             cur = conn.cursor()
             cur.execute("SELECT REPEAT('z', 100000), 'ok'")
@@ -941,9 +987,25 @@ DROP TABLE test.cli_t;
 
 def _mariadb_cli(port: int, script: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["mariadb", "--no-defaults", "-h", "127.0.0.1", "-P", str(port), "-u", "app", "-papppw",
-         "--force", "--batch", "--default-character-set=utf8mb4", "test"],
-        input=script.encode(), capture_output=True, timeout=60, check=False,
+        [
+            "mariadb",
+            "--no-defaults",
+            "-h",
+            "127.0.0.1",
+            "-P",
+            str(port),
+            "-u",
+            "app",
+            "-papppw",
+            "--force",
+            "--batch",
+            "--default-character-set=utf8mb4",
+            "test",
+        ],
+        input=script.encode(),
+        capture_output=True,
+        timeout=60,
+        check=False,
     )
 
 
@@ -961,9 +1023,20 @@ def test_mariadb_cli_force_script(db, proxy):
 
 
 def _sysbench(port: int, command: str, *extra: str) -> subprocess.CompletedProcess:
-    args = ["sysbench", "oltp_read_write", "--db-driver=mysql", "--mysql-host=127.0.0.1", f"--mysql-port={port}",
-            "--mysql-user=app", "--mysql-password=apppw", "--mysql-db=sbtest", "--tables=4", "--table-size=5000",
-            *extra, command]
+    args = [
+        "sysbench",
+        "oltp_read_write",
+        "--db-driver=mysql",
+        "--mysql-host=127.0.0.1",
+        f"--mysql-port={port}",
+        "--mysql-user=app",
+        "--mysql-password=apppw",
+        "--mysql-db=sbtest",
+        "--tables=4",
+        "--table-size=5000",
+        *extra,
+        command,
+    ]
     return subprocess.run(args, capture_output=True, timeout=180, check=False)
 
 
@@ -996,7 +1069,9 @@ def test_sysbench_oltp_read_write(proxy, db):
         stats = {k.strip(): int(v) for k, v in re.findall(r"^\s*(transactions|ignored errors|reconnects):\s+(\d+)", out, re.MULTILINE)}
         assert stats["transactions"] > 0, out
         assert stats["reconnects"] == 0, out
-        assert stats["ignored errors"] <= deadlocks, f"{stats['ignored errors']} ignored errors, the server counted {deadlocks} deadlocks\n{out}"
+        assert stats["ignored errors"] <= deadlocks, (
+            f"{stats['ignored errors']} ignored errors, the server counted {deadlocks} deadlocks\n{out}"
+        )
         proxy_log = proxy.log_text()[log_before:]
         assert " lost: " not in proxy_log and "replay-proxy:" not in proxy_log, proxy_log[-3000:]
     finally:

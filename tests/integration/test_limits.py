@@ -53,16 +53,16 @@ LIMIT = 1 * MiB
 @pytest.fixture(scope="module")
 def split_proxy(db, tmp_path_factory):
     """Split mode on the shared 64M server with a 1 MiB proxy limit."""
-    with running_proxy(tmp_path_factory.mktemp("proxy-split"), db.port,
-                       limits={"max_allowed_packet": "1MiB", "oversized": "split"}) as proc:
+    with running_proxy(
+        tmp_path_factory.mktemp("proxy-split"), db.port, limits={"max_allowed_packet": "1MiB", "oversized": "split"}
+    ) as proc:
         yield proc
 
 
 @pytest.fixture(scope="module")
 def small_split_proxy(small_packet_server, tmp_path_factory):
     """Split mode in front of the 1M server (the limit comes from the backend)."""
-    with running_proxy(tmp_path_factory.mktemp("proxy-split-1m"), small_packet_server.db.port,
-                       limits={"oversized": "split"}) as proc:
+    with running_proxy(tmp_path_factory.mktemp("proxy-split-1m"), small_packet_server.db.port, limits={"oversized": "split"}) as proc:
         yield proc
 
 
@@ -72,8 +72,7 @@ def limited(request, db) -> SimpleNamespace:
     if request.param == "server-1M":
         small = request.getfixturevalue("small_packet_server")
         return SimpleNamespace(name=request.param, proxy=small.proxy, db=small.db)
-    return SimpleNamespace(name=request.param, proxy=request.getfixturevalue("limited_proxy"),
-                           db=request.getfixturevalue("db"))
+    return SimpleNamespace(name=request.param, proxy=request.getfixturevalue("limited_proxy"), db=request.getfixturevalue("db"))
 
 
 @pytest.fixture(params=["server-1M", "proxy-1MiB"])
@@ -81,14 +80,23 @@ def splitting(request, db) -> SimpleNamespace:
     if request.param == "server-1M":
         small = request.getfixturevalue("small_packet_server")
         return SimpleNamespace(name=request.param, proxy=request.getfixturevalue("small_split_proxy"), db=small.db)
-    return SimpleNamespace(name=request.param, proxy=request.getfixturevalue("split_proxy"),
-                           db=request.getfixturevalue("db"))
+    return SimpleNamespace(name=request.param, proxy=request.getfixturevalue("split_proxy"), db=request.getfixturevalue("db"))
 
 
 def connect(port: int, database: str = "test", **kwargs) -> pymysql.connections.Connection:
-    params = dict(host="127.0.0.1", port=port, user="app", password="apppw", database=database, charset="utf8mb4",
-                  autocommit=True, max_allowed_packet=256 * MiB, connect_timeout=10, read_timeout=300,
-                  write_timeout=300)
+    params = dict(
+        host="127.0.0.1",
+        port=port,
+        user="app",
+        password="apppw",
+        database=database,
+        charset="utf8mb4",
+        autocommit=True,
+        max_allowed_packet=256 * MiB,
+        connect_timeout=10,
+        read_timeout=300,
+        write_timeout=300,
+    )
     params.update(kwargs)
     return pymysql.connect(**params)
 
@@ -264,8 +272,12 @@ def test_reject_multi_packet_statement(limited_proxy, db, size):
 def test_select_max_allowed_packet_answers_the_effective_limit(limited_proxy, small_packet_server, db):
     conn = connect(limited_proxy.port)
     try:
-        for q in ("SELECT @@max_allowed_packet", "select @@max_allowed_packet;", "SELECT @@session.max_allowed_packet",
-                  "  SELECT  @@MAX_ALLOWED_PACKET  "):
+        for q in (
+            "SELECT @@max_allowed_packet",
+            "select @@max_allowed_packet;",
+            "SELECT @@session.max_allowed_packet",
+            "  SELECT  @@MAX_ALLOWED_PACKET  ",
+        ):
             assert query(conn, q) == [(LIMIT,)], q
     finally:
         conn.close()
@@ -285,8 +297,9 @@ def test_long_data_over_the_limit(limited_proxy):
     """COM_STMT_SEND_LONG_DATA adding up to more than the limit: the execute gets 1153."""
     import mysql.connector
 
-    conn = mysql.connector.connect(host="127.0.0.1", port=limited_proxy.port, user="app", password="apppw",
-                                   database="test", use_pure=True, autocommit=True)
+    conn = mysql.connector.connect(
+        host="127.0.0.1", port=limited_proxy.port, user="app", password="apppw", database="test", use_pure=True, autocommit=True
+    )
     try:
         cur = conn.cursor()
         cur.execute("CREATE TABLE IF NOT EXISTS lim_ld (id INT PRIMARY KEY, b LONGBLOB)")
@@ -310,8 +323,9 @@ def test_go_driver_learns_the_limit(setup, request, db, goclient):
     """go-sql-driver with maxAllowedPacket=0 asks SELECT @@max_allowed_packet, gets 1 MiB, and
     then stays under it: long data for big parameters, prepared fallback when an interpolated
     statement would be too big."""
-    port = (request.getfixturevalue("small_packet_server").proxy.port if setup == "server-1M"
-            else request.getfixturevalue("limited_proxy").port)
+    port = (
+        request.getfixturevalue("small_packet_server").proxy.port if setup == "server-1M" else request.getfixturevalue("limited_proxy").port
+    )
     out = run_goclient("smoke", port=port, big_size=256 * 1024, timeout=180)
     assert out["ok"], out
     assert out["info"]["max_allowed_packet"] == LIMIT
@@ -321,8 +335,15 @@ def test_go_driver_learns_the_limit(setup, request, db, goclient):
 def test_go_driver_oversized_statement_gets_1153(limited, goclient):
     """A driver told a larger limit (maxAllowedPacket in the DSN) sends 2 MiB: 1153, and the
     pinned connection goes on."""
-    out = run_goclient("smoke", port=limited.proxy.port, big_size=2 * MiB, long_data=False,
-                       extra_dsn=f"maxAllowedPacket={16 * MiB}", timeout=180, check=False)
+    out = run_goclient(
+        "smoke",
+        port=limited.proxy.port,
+        big_size=2 * MiB,
+        long_data=False,
+        extra_dsn=f"maxAllowedPacket={16 * MiB}",
+        timeout=180,
+        check=False,
+    )
     checks = out["checks"]
     assert "1153" in checks["big_string"] and "max_allowed_packet" in checks["big_string"], checks
     others = {k: v for k, v in checks.items() if k != "big_string"}
@@ -364,8 +385,14 @@ def make_rows(first_id: int, target_bytes: int, seed: int, max_row: int = 40_000
 
 
 def _escape_backslash(data: bytes) -> bytes:
-    return (data.replace(b"\\", b"\\\\").replace(b"'", b"\\'").replace(b"\x00", b"\\0")
-            .replace(b"\n", b"\\n").replace(b"\r", b"\\r").replace(b"\x1a", b"\\Z"))
+    return (
+        data.replace(b"\\", b"\\\\")
+        .replace(b"'", b"\\'")
+        .replace(b"\x00", b"\\0")
+        .replace(b"\n", b"\\n")
+        .replace(b"\r", b"\\r")
+        .replace(b"\x1a", b"\\Z")
+    )
 
 
 def bin_literal(b: bytes | None, style: int) -> bytes:
@@ -445,9 +472,17 @@ def run_direct(db, table: str, setup: list[bytes | str], statement: bytes) -> tu
         conn.close()
 
 
-@pytest.mark.parametrize("splitting, times", [
-    ("server-1M", 2), ("server-1M", 10), ("proxy-1MiB", 2), ("proxy-1MiB", 10), ("proxy-1MiB", 50),
-], indirect=["splitting"])
+@pytest.mark.parametrize(
+    "splitting, times",
+    [
+        ("server-1M", 2),
+        ("server-1M", 10),
+        ("proxy-1MiB", 2),
+        ("proxy-1MiB", 10),
+        ("proxy-1MiB", 50),
+    ],
+    indirect=["splitting"],
+)
 def test_split_insert(splitting, db, times):
     rows = make_rows(1, times * LIMIT, seed=times)
     statement = values_statement("INSERT", "split_ins", rows)
@@ -488,8 +523,9 @@ def test_split_insert_on_duplicate_key_update(splitting, db):
     old = make_rows(1, 2 * LIMIT, seed=21)
     new = make_rows(len(old) - len(old) // 3, 3 * LIMIT, seed=22)
     setup = insert_batches("split_odku", old)
-    statement = values_statement("INSERT", "split_odku", new, " ON DUPLICATE KEY UPDATE b = VALUES(b), t = VALUES(t), "
-                                 "n = VALUES(n), c = c + 1")
+    statement = values_statement(
+        "INSERT", "split_odku", new, " ON DUPLICATE KEY UPDATE b = VALUES(b), t = VALUES(t), n = VALUES(n), c = c + 1"
+    )
     direct = run_direct(db, "split_odku", setup, statement)
     conn = connect(splitting.proxy.port)
     try:
@@ -512,8 +548,7 @@ def test_split_is_atomic_in_autocommit(splitting, db, where):
     dup = {"first": rows[0], "middle": rows[len(rows) // 2], "last": rows[-1]}[where]
     statement = values_statement("INSERT", "split_atom", rows)
     with pytest.raises(pymysql.err.IntegrityError) as direct_info:
-        run_direct(db, "split_atom", [f"INSERT INTO split_atom (id, t) VALUES ({dup.id}, 'already here')"],
-                   statement)
+        run_direct(db, "split_atom", [f"INSERT INTO split_atom (id, t) VALUES ({dup.id}, 'already here')"], statement)
     conn = connect(splitting.proxy.port)
     try:
         fresh_table(conn, "split_atom")
@@ -607,8 +642,10 @@ def test_split_single_row_over_the_limit(splitting):
         assert "single row" in message
         assert query(conn, "SELECT COUNT(*) FROM split_one") == [(0,)]
         # Neither an oversized UPDATE nor INSERT ... SELECT can be split.
-        for sql in (b"UPDATE split_one SET t = '" + b"u" * (2 * LIMIT) + b"'",
-                    b"INSERT INTO split_one (id, t) SELECT 1, '" + b"s" * (2 * LIMIT) + b"'"):
+        for sql in (
+            b"UPDATE split_one SET t = '" + b"u" * (2 * LIMIT) + b"'",
+            b"INSERT INTO split_one (id, t) SELECT 1, '" + b"s" * (2 * LIMIT) + b"'",
+        ):
             with pytest.raises(pymysql.err.OperationalError) as info:
                 execute(conn, sql)
             expect_1153(info.value, len(sql) + 1)

@@ -179,7 +179,9 @@ def _post_login(w: Wire, rng: random.Random, kind: str, mutator: Mutator) -> Non
             w.command(bytes([code]) + body[: rng.randint(0, len(body))])
             w.drain(0.2)
     elif kind == "change_user_garbage":
-        payload = b"\x11" + rng.choice([b"", b"app\x00", b"app\x00\x14", b"root\x00\xff", b"app2\x00\x00\x00"]) + _rand(rng, rng.randint(0, 200))
+        payload = (
+            b"\x11" + rng.choice([b"", b"app\x00", b"app\x00\x14", b"root\x00\xff", b"app2\x00\x00\x00"]) + _rand(rng, rng.randint(0, 200))
+        )
         w.command(payload)
     elif kind == "random_commands":
         for _ in range(rng.randint(1, 8)):

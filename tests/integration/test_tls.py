@@ -66,8 +66,13 @@ def backend_tls(db: MariaDB, ca, mode: str = "verify-ca", **extra: Any) -> dict[
 @pytest.fixture(scope="module")
 def tls_proxy(tls_db: MariaDB, certs: Certs, tmp_path_factory: pytest.TempPathFactory):
     """Frontend TLS (not required) and backend verify-ca, in front of ``tls_db``."""
-    proc = start_proxy(tmp_path_factory.mktemp("proxy-tls"), tls_db.port, listen=listen_tls(certs),
-                       backend=backend_tls(tls_db, certs.ca), recovery={"backoff_initial": "20ms"})
+    proc = start_proxy(
+        tmp_path_factory.mktemp("proxy-tls"),
+        tls_db.port,
+        listen=listen_tls(certs),
+        backend=backend_tls(tls_db, certs.ca),
+        recovery={"backoff_initial": "20ms"},
+    )
     try:
         yield proc
     finally:
@@ -77,8 +82,18 @@ def tls_proxy(tls_db: MariaDB, certs: Certs, tmp_path_factory: pytest.TempPathFa
 def connect(port: int, certs: Certs | None, **kwargs: Any) -> pymysql.connections.Connection:
     # PyMySQL 2 uses TLS whenever the server offers it unless told not to.
     ssl_opts = {"ssl": {"ca": str(certs.ca)}} if certs is not None else {"ssl_disabled": True}
-    args = {"host": "127.0.0.1", "port": port, "user": "app", "password": "apppw", "database": "test",
-            "connect_timeout": 10, "read_timeout": 60, "autocommit": True, **ssl_opts, **kwargs}
+    args = {
+        "host": "127.0.0.1",
+        "port": port,
+        "user": "app",
+        "password": "apppw",
+        "database": "test",
+        "connect_timeout": 10,
+        "read_timeout": 60,
+        "autocommit": True,
+        **ssl_opts,
+        **kwargs,
+    }
     return pymysql.connect(**args)
 
 
@@ -119,10 +134,27 @@ def test_plain_client_allowed_unless_required(tls_proxy, tls_db, certs, proxy_fa
 def test_mariadb_cli_over_tls(tls_proxy, certs):
     require(None if shutil.which("mariadb") else "the mariadb CLI is not installed (Debian: mariadb-client)")
     res = subprocess.run(
-        ["mariadb", "--no-defaults", "-h", "127.0.0.1", "-P", str(tls_proxy.port), "-u", "app", "-papppw",
-         "--ssl", f"--ssl-ca={certs.ca}", "--ssl-verify-server-cert", "--batch", "test",
-         "-e", "SELECT 40 + 2 AS answer; SHOW SESSION STATUS LIKE 'Ssl_version'; \\s"],
-        capture_output=True, timeout=60, check=False,
+        [
+            "mariadb",
+            "--no-defaults",
+            "-h",
+            "127.0.0.1",
+            "-P",
+            str(tls_proxy.port),
+            "-u",
+            "app",
+            "-papppw",
+            "--ssl",
+            f"--ssl-ca={certs.ca}",
+            "--ssl-verify-server-cert",
+            "--batch",
+            "test",
+            "-e",
+            "SELECT 40 + 2 AS answer; SHOW SESSION STATUS LIKE 'Ssl_version'; \\s",
+        ],
+        capture_output=True,
+        timeout=60,
+        check=False,
     )
     out = res.stdout.decode()
     assert res.returncode == 0, res.stderr.decode()
@@ -149,8 +181,9 @@ def test_go_sql_driver_refused_without_tls_when_required(tls_db, certs, proxy_fa
 
 
 def test_backend_with_the_wrong_ca_fails_clearly(tls_db, certs, proxy_factory):
-    proc = proxy_factory(tls_db.port, listen=listen_tls(certs), backend=backend_tls(tls_db, certs.other_ca),
-                         recovery={"buffer_window": "5s"})
+    proc = proxy_factory(
+        tls_db.port, listen=listen_tls(certs), backend=backend_tls(tls_db, certs.other_ca), recovery={"buffer_window": "5s"}
+    )
     started = time.monotonic()
     with pytest.raises(pymysql.err.OperationalError) as info:
         connect(proc.port, certs)
@@ -269,6 +302,8 @@ def test_select_1_throughput_with_and_without_tls(tls_proxy, tls_db, certs, caps
     direct = _select_1_rate(tls_db.port, certs, seconds)
     p, t = max(plain), max(tls)
     with capsys.disabled():
-        print(f"\nSELECT 1 round trips/s through the proxy (backend leg TLS): client plain {p:.0f}, "
-              f"client TLS {t:.0f} ({(1 - t / p) * 100:.0f}% fewer); MariaDB directly over TLS {direct:.0f}")
+        print(
+            f"\nSELECT 1 round trips/s through the proxy (backend leg TLS): client plain {p:.0f}, "
+            f"client TLS {t:.0f} ({(1 - t / p) * 100:.0f}% fewer); MariaDB directly over TLS {direct:.0f}"
+        )
     assert t > 0.3 * p  # a gross regression (a scheduler round trip per record) would show here

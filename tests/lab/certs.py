@@ -39,8 +39,9 @@ class Certs:
 
 
 def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "replay-proxy tests"),
-                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    return x509.Name(
+        [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "replay-proxy tests"), x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    )
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -48,8 +49,9 @@ def _key() -> ec.EllipticCurvePrivateKey:
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
-                                       serialization.NoEncryption()))
+    path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption())
+    )
     path.chmod(0o600)
 
 
@@ -69,17 +71,29 @@ def _ca(common_name: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]
         .not_valid_before(now - _dt.timedelta(days=1))
         .not_valid_after(now + _dt.timedelta(days=30))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                                     data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                     crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
     return cert, key
 
 
-def _leaf(ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, common_name: str,
-          sans: list[x509.GeneralName], usage) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+def _leaf(
+    ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, common_name: str, sans: list[x509.GeneralName], usage
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     key = _key()
     now = _dt.datetime.now(_dt.UTC)
     builder = (
@@ -114,8 +128,9 @@ def make_certs(directory: Path, server_names: tuple[str, ...] = ("localhost", "1
     server, server_key = _leaf(ca, ca_key, server_names[0], sans, ExtendedKeyUsageOID.SERVER_AUTH)
     client, client_key = _leaf(ca, ca_key, "app", [], ExtendedKeyUsageOID.CLIENT_AUTH)
     other, _ = _ca("some other CA")
-    certs = Certs(d, d / "ca.pem", d / "server-cert.pem", d / "server-key.pem", d / "client-cert.pem",
-                  d / "client-key.pem", d / "other-ca.pem")
+    certs = Certs(
+        d, d / "ca.pem", d / "server-cert.pem", d / "server-key.pem", d / "client-cert.pem", d / "client-key.pem", d / "other-ca.pem"
+    )
     _write_cert(certs.ca, ca)
     _write_cert(certs.server_cert, server)
     _write_key(certs.server_key, server_key)

@@ -31,9 +31,13 @@ from tests.lab.tidb import TiDB
 # A disruption: run while the workload runs, appending one line per event to ``log``.
 Disrupt = Callable[[float, float, list[str]], Awaitable[None]]
 # DM's session on TiDB (dm/pkg/conn/basedb.go): the Go client's defaults plus optimistic transactions.
-TIDB_SESSION = ["sql_mode=ONLY_FULL_GROUP_BY,STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,ERROR_FOR_DIVISION_BY_ZERO,"
-                "NO_AUTO_CREATE_USER,NO_ENGINE_SUBSTITUTION", "time_zone=+00:00", "foreign_key_checks=0",
-                "tidb_txn_mode=optimistic"]
+TIDB_SESSION = [
+    "sql_mode=ONLY_FULL_GROUP_BY,STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,ERROR_FOR_DIVISION_BY_ZERO,"
+    "NO_AUTO_CREATE_USER,NO_ENGINE_SUBSTITUTION",
+    "time_zone=+00:00",
+    "foreign_key_checks=0",
+    "tidb_txn_mode=optimistic",
+]
 
 # A restart in the lab may keep the server away up to its stop and start timeouts (30 s each)
 # on a slow machine (a graceful shutdown alone may wait 20 s for threads). "Zero client errors"
@@ -197,8 +201,19 @@ async def run_chaos(
         if restarts:
             nursery.start_soon(disrupt or restarting(server), duration, interval, log)
         workload = await run_goclient_async(
-            "workload", port=port, conns=conns, duration=duration, batch=batch, sql=sql, table=table,
-            counters_table=counters, out=str(expect), check=False, timeout=duration + 120, **creds, **extra,
+            "workload",
+            port=port,
+            conns=conns,
+            duration=duration,
+            batch=batch,
+            sql=sql,
+            table=table,
+            counters_table=counters,
+            out=str(expect),
+            check=False,
+            timeout=duration + 120,
+            **creds,
+            **extra,
         )
         nursery.cancel_scope.cancel()
     if not server.is_running():

@@ -69,30 +69,70 @@ SERVER_MORE_RESULTS_EXISTS = 0x0008
 SERVER_STATUS_CURSOR_EXISTS = 0x0040
 
 COMMAND_NAMES = {
-    0x00: "COM_SLEEP", 0x01: "COM_QUIT", 0x02: "COM_INIT_DB", 0x03: "COM_QUERY", 0x04: "COM_FIELD_LIST",
-    0x05: "COM_CREATE_DB", 0x06: "COM_DROP_DB", 0x07: "COM_REFRESH", 0x08: "COM_SHUTDOWN",
-    0x09: "COM_STATISTICS", 0x0A: "COM_PROCESS_INFO", 0x0B: "COM_CONNECT", 0x0C: "COM_PROCESS_KILL",
-    0x0D: "COM_DEBUG", 0x0E: "COM_PING", 0x0F: "COM_TIME", 0x10: "COM_DELAYED_INSERT",
-    0x11: "COM_CHANGE_USER", 0x12: "COM_BINLOG_DUMP", 0x13: "COM_TABLE_DUMP", 0x14: "COM_CONNECT_OUT",
-    0x15: "COM_REGISTER_SLAVE", 0x16: "COM_STMT_PREPARE", 0x17: "COM_STMT_EXECUTE",
-    0x18: "COM_STMT_SEND_LONG_DATA", 0x19: "COM_STMT_CLOSE", 0x1A: "COM_STMT_RESET",
-    0x1B: "COM_SET_OPTION", 0x1C: "COM_STMT_FETCH", 0x1D: "COM_DAEMON", 0x1E: "COM_BINLOG_DUMP_GTID",
-    0x1F: "COM_RESET_CONNECTION", 0xFA: "COM_STMT_BULK_EXECUTE", 0xFE: "COM_MULTI",
+    0x00: "COM_SLEEP",
+    0x01: "COM_QUIT",
+    0x02: "COM_INIT_DB",
+    0x03: "COM_QUERY",
+    0x04: "COM_FIELD_LIST",
+    0x05: "COM_CREATE_DB",
+    0x06: "COM_DROP_DB",
+    0x07: "COM_REFRESH",
+    0x08: "COM_SHUTDOWN",
+    0x09: "COM_STATISTICS",
+    0x0A: "COM_PROCESS_INFO",
+    0x0B: "COM_CONNECT",
+    0x0C: "COM_PROCESS_KILL",
+    0x0D: "COM_DEBUG",
+    0x0E: "COM_PING",
+    0x0F: "COM_TIME",
+    0x10: "COM_DELAYED_INSERT",
+    0x11: "COM_CHANGE_USER",
+    0x12: "COM_BINLOG_DUMP",
+    0x13: "COM_TABLE_DUMP",
+    0x14: "COM_CONNECT_OUT",
+    0x15: "COM_REGISTER_SLAVE",
+    0x16: "COM_STMT_PREPARE",
+    0x17: "COM_STMT_EXECUTE",
+    0x18: "COM_STMT_SEND_LONG_DATA",
+    0x19: "COM_STMT_CLOSE",
+    0x1A: "COM_STMT_RESET",
+    0x1B: "COM_SET_OPTION",
+    0x1C: "COM_STMT_FETCH",
+    0x1D: "COM_DAEMON",
+    0x1E: "COM_BINLOG_DUMP_GTID",
+    0x1F: "COM_RESET_CONNECTION",
+    0xFA: "COM_STMT_BULK_EXECUTE",
+    0xFE: "COM_MULTI",
 }
 
 # What kind of response a command gets.
 _NONE, _SINGLE, _QUERY, _EXECUTE, _PREPARE, _FETCH, _FIELD_LIST, _AUTH, _STREAM, _UNKNOWN = range(10)
 _EXPECT = {
-    0x01: _NONE, 0x18: _NONE, 0x19: _NONE,
-    0x03: _QUERY, 0x0A: _QUERY,
-    0x17: _EXECUTE, 0xFA: _EXECUTE,
+    0x01: _NONE,
+    0x18: _NONE,
+    0x19: _NONE,
+    0x03: _QUERY,
+    0x0A: _QUERY,
+    0x17: _EXECUTE,
+    0xFA: _EXECUTE,
     0x16: _PREPARE,
     0x1C: _FETCH,
     0x04: _FIELD_LIST,
     0x11: _AUTH,
-    0x12: _STREAM, 0x1E: _STREAM,
-    0x02: _SINGLE, 0x05: _SINGLE, 0x06: _SINGLE, 0x07: _SINGLE, 0x08: _SINGLE, 0x09: _SINGLE,
-    0x0C: _SINGLE, 0x0D: _SINGLE, 0x0E: _SINGLE, 0x15: _SINGLE, 0x1A: _SINGLE, 0x1B: _SINGLE,
+    0x12: _STREAM,
+    0x1E: _STREAM,
+    0x02: _SINGLE,
+    0x05: _SINGLE,
+    0x06: _SINGLE,
+    0x07: _SINGLE,
+    0x08: _SINGLE,
+    0x09: _SINGLE,
+    0x0C: _SINGLE,
+    0x0D: _SINGLE,
+    0x0E: _SINGLE,
+    0x15: _SINGLE,
+    0x1A: _SINGLE,
+    0x1B: _SINGLE,
     0x1F: _SINGLE,
 }
 
@@ -236,9 +276,17 @@ class Rule:
 
     FAULTS = ("drop_answer", "close_before", "cut_result", "stall")
 
-    def __init__(self, fault: str, match: Matcher | str, times: int = 1, user: str | None = None,
-                 reset: bool = False, at: int | None = None, seconds: float | None = None,
-                 then_close: bool = False) -> None:
+    def __init__(
+        self,
+        fault: str,
+        match: Matcher | str,
+        times: int = 1,
+        user: str | None = None,
+        reset: bool = False,
+        at: int | None = None,
+        seconds: float | None = None,
+        then_close: bool = False,
+    ) -> None:
         if fault not in self.FAULTS:
             raise ValueError(f"unknown fault {fault!r} (one of {', '.join(self.FAULTS)})")
         if times < 1:
@@ -281,8 +329,22 @@ class Rule:
 # ---------------------------------------------------------------------------------------------
 # Where does a response end?
 
-_FIRST, _COLDEFS, _COLDEFS_EOF, _ROWS, _P_PARAMS, _P_PARAMS_EOF, _P_COLS, _P_COLS_EOF, _FIELDS, _S_AUTH, \
-    _S_SINGLE, _S_STREAM, _S_UNKNOWN, _DONE = range(14)
+(
+    _FIRST,
+    _COLDEFS,
+    _COLDEFS_EOF,
+    _ROWS,
+    _P_PARAMS,
+    _P_PARAMS_EOF,
+    _P_COLS,
+    _P_COLS_EOF,
+    _FIELDS,
+    _S_AUTH,
+    _S_SINGLE,
+    _S_STREAM,
+    _S_UNKNOWN,
+    _DONE,
+) = range(14)
 
 
 class ResponseTracker:
@@ -297,8 +359,16 @@ class ResponseTracker:
         self.deprecate_eof = deprecate_eof
         self.cache_metadata = cache_metadata
         self.state = {
-            _NONE: _DONE, _SINGLE: _S_SINGLE, _QUERY: _FIRST, _EXECUTE: _FIRST, _PREPARE: _FIRST,
-            _FETCH: _ROWS, _FIELD_LIST: _FIELDS, _AUTH: _S_AUTH, _STREAM: _S_STREAM, _UNKNOWN: _S_UNKNOWN,
+            _NONE: _DONE,
+            _SINGLE: _S_SINGLE,
+            _QUERY: _FIRST,
+            _EXECUTE: _FIRST,
+            _PREPARE: _FIRST,
+            _FETCH: _ROWS,
+            _FIELD_LIST: _FIELDS,
+            _AUTH: _S_AUTH,
+            _STREAM: _S_STREAM,
+            _UNKNOWN: _S_UNKNOWN,
         }[self.kind]
         self.count = 0
         self.num_columns = 0
@@ -328,8 +398,13 @@ class ResponseTracker:
             return f"{prefix}err {self.error}"
         if self.kind == _PREPARE:
             return "prepare ok"
-        if self.results == 1 and self.rows == 0 and self.kind in (_QUERY, _EXECUTE) and self.last_status is not None \
-                and self.num_columns == 0:
+        if (
+            self.results == 1
+            and self.rows == 0
+            and self.kind in (_QUERY, _EXECUTE)
+            and self.last_status is not None
+            and self.num_columns == 0
+        ):
             return "ok"
         return f"{self.results} result(s), {self.rows} row(s)"
 
@@ -705,22 +780,26 @@ class FaultShim:
             self._rules.append(rule)
         return rule
 
-    def drop_answer(self, *, match: Matcher | str, times: int = 1, user: str | None = None,
-                    reset: bool = False) -> Rule:
+    def drop_answer(self, *, match: Matcher | str, times: int = 1, user: str | None = None, reset: bool = False) -> Rule:
         return self.arm("drop_answer", match, times=times, user=user, reset=reset)
 
-    def close_before(self, *, match: Matcher | str, times: int = 1, user: str | None = None,
-                     reset: bool = False) -> Rule:
+    def close_before(self, *, match: Matcher | str, times: int = 1, user: str | None = None, reset: bool = False) -> Rule:
         return self.arm("close_before", match, times=times, user=user, reset=reset)
 
-    def cut_result(self, at: int, *, match: Matcher | str, times: int = 1, user: str | None = None,
-                   reset: bool = False) -> Rule:
+    def cut_result(self, at: int, *, match: Matcher | str, times: int = 1, user: str | None = None, reset: bool = False) -> Rule:
         return self.arm("cut_result", match, at=at, times=times, user=user, reset=reset)
 
-    def stall(self, seconds: float | None = None, *, match: Matcher | str, then_close: bool = False,
-              times: int = 1, user: str | None = None, reset: bool = False) -> Rule:
-        return self.arm("stall", match, seconds=seconds, then_close=then_close, times=times, user=user,
-                        reset=reset)
+    def stall(
+        self,
+        seconds: float | None = None,
+        *,
+        match: Matcher | str,
+        then_close: bool = False,
+        times: int = 1,
+        user: str | None = None,
+        reset: bool = False,
+    ) -> Rule:
+        return self.arm("stall", match, seconds=seconds, then_close=then_close, times=times, user=user, reset=reset)
 
     def disarm(self, rule: Rule | None = None) -> None:
         """Remove one rule (or all) so it fires no more; faults already under way finish."""
@@ -744,8 +823,7 @@ class FaultShim:
     def close_idle_connections(self, reset: bool = False) -> list[int]:
         """Close every logged-in connection with nothing in flight, both sides, as a restarting
         server closes idle sessions. Returns the indexes of the closed connections."""
-        return self._call(lambda: self._do_close_where(lambda c: c.state == "ready" and not c.busy,
-                                                        "close_idle_connections", reset))
+        return self._call(lambda: self._do_close_where(lambda c: c.state == "ready" and not c.busy, "close_idle_connections", reset))
 
     def close_all(self, reset: bool = False) -> list[int]:
         """Close every connection now (both sides)."""
@@ -763,8 +841,7 @@ class FaultShim:
 
     def close_connection(self, index: int, reset: bool = False) -> bool:
         """Close one connection (both sides) now."""
-        return bool(self._call(lambda: self._do_close_where(lambda c: c.index == index, "close_connection",
-                                                             reset)))
+        return bool(self._call(lambda: self._do_close_where(lambda c: c.index == index, "close_connection", reset)))
 
     # -- observation -------------------------------------------------------------------------
 
@@ -793,11 +870,11 @@ class FaultShim:
 
     def events(self, kind: str | None = None, since: int = 0, conn: int | None = None) -> list[Event]:
         with self._cond:
-            return [e for e in self._log[since:]
-                    if (kind is None or e.kind == kind) and (conn is None or e.conn == conn)]
+            return [e for e in self._log[since:] if (kind is None or e.kind == kind) and (conn is None or e.conn == conn)]
 
-    def commands(self, match: Matcher | str | None = None, *, since: int = 0, forwarded: bool | None = None,
-                 conn: int | None = None) -> list[Command]:
+    def commands(
+        self, match: Matcher | str | None = None, *, since: int = 0, forwarded: bool | None = None, conn: int | None = None
+    ) -> list[Command]:
         """Commands seen (optionally only those forwarded to / kept from the server)."""
         pred = matcher(match) if match is not None else None
         out = []
@@ -840,10 +917,17 @@ class FaultShim:
 
     def connections(self) -> list[dict[str, Any]]:
         """A snapshot of the live connections."""
+
         def info(c: _Conn) -> dict[str, Any]:
-            return {"index": c.index, "state": c.state, "user": c.user, "busy": c.busy,
-                    "server_thread_id": c.server_thread_id,
-                    "inflight": [i.command for i in c.inflight]}
+            return {
+                "index": c.index,
+                "state": c.state,
+                "user": c.user,
+                "busy": c.busy,
+                "server_thread_id": c.server_thread_id,
+                "inflight": [i.command for i in c.inflight],
+            }
+
         return self._call(lambda: [info(c) for c in self._conns.values()])
 
     def format_log(self, since: int = 0) -> str:
@@ -1177,11 +1261,11 @@ class FaultShim:
                 self._event("login", conn.index, "TLS: passed through without parsing")
                 return
             end = payload.find(b"\0", 32)
-            conn.user = payload[32:end if end >= 0 else None].decode("utf-8", errors="replace")
+            conn.user = payload[32 : end if end >= 0 else None].decode("utf-8", errors="replace")
         else:
             conn.client_caps = caps & 0xFFFF
             end = payload.find(b"\0", 5)
-            conn.user = payload[5:end if end >= 0 else None].decode("utf-8", errors="replace")
+            conn.user = payload[5 : end if end >= 0 else None].decode("utf-8", errors="replace")
 
     def _find_rule(self, conn: _Conn, cmd: Command) -> Rule | None:
         with self._cond:
@@ -1204,8 +1288,7 @@ class FaultShim:
     def _applied(self, conn: _Conn, rule: Rule, detail: str) -> None:
         with self._cond:
             rule.applied += 1
-            self._log.append(Event(len(self._log), time.monotonic(), "fault", conn.index,
-                                   f"{rule.fault}: {detail}", rule=rule))
+            self._log.append(Event(len(self._log), time.monotonic(), "fault", conn.index, f"{rule.fault}: {detail}", rule=rule))
             self._cond.notify_all()
 
     def _on_command(self, conn: _Conn, payload: bytes, raw_frames: list[bytes]) -> None:
@@ -1223,9 +1306,8 @@ class FaultShim:
         conn.to_server.append(b"".join(raw_frames))
         if cmd.code == 0x11:  # COM_CHANGE_USER: the user once the server accepts it
             end = cmd.payload.find(b"\0")
-            conn.pending_user = cmd.payload[:end if end >= 0 else None].decode("utf-8", errors="replace")
-        tracker = ResponseTracker(cmd.code, bool(conn.caps & CLIENT_DEPRECATE_EOF),
-                                  bool(conn.caps & MARIADB_CLIENT_CACHE_METADATA))
+            conn.pending_user = cmd.payload[: end if end >= 0 else None].decode("utf-8", errors="replace")
+        tracker = ResponseTracker(cmd.code, bool(conn.caps & CLIENT_DEPRECATE_EOF), bool(conn.caps & MARIADB_CLIENT_CACHE_METADATA))
         item = _Inflight(cmd, tracker, rule)
         if rule is not None and rule.fault == "stall":
             conn.hold = _OutBuf()
@@ -1318,12 +1400,12 @@ class FaultShim:
             return
         if rule.fault == "drop_answer":
             self._close(conn, "fault drop_answer", reset=rule.reset, flush=True)
-            self._applied(conn, rule, f"server answered {item.command!r} ({detail}, {item.received} bytes): "
-                                      f"discarded, closed")
+            self._applied(conn, rule, f"server answered {item.command!r} ({detail}, {item.received} bytes): discarded, closed")
         elif rule.fault == "cut_result":
             self._close(conn, "fault cut_result", reset=rule.reset, flush=True)
-            self._applied(conn, rule, f"response to {item.command!r} ended after {item.relayed} byte(s) "
-                                      f"(< at={rule.at}): relayed all, closed")
+            self._applied(
+                conn, rule, f"response to {item.command!r} ended after {item.relayed} byte(s) (< at={rule.at}): relayed all, closed"
+            )
 
     def _to_client(self, conn: _Conn, data: bytes) -> None:
         if conn.hold is not None:
@@ -1435,8 +1517,7 @@ class FaultShim:
             closed.append(conn.index)
         return closed
 
-    def _close(self, conn: _Conn, reason: str, reset: bool = False, flush: bool = True,
-               flush_server: bool = False) -> None:
+    def _close(self, conn: _Conn, reason: str, reset: bool = False, flush: bool = True, flush_server: bool = False) -> None:
         """Close the server side now and the client side once what is queued for it is written
         (``flush``; never longer than CLOSE_FLUSH_TIMEOUT)."""
         if conn.state == "closed":

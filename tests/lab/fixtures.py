@@ -68,9 +68,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtest_setup(item: pytest.Item) -> None:
     reason = item.stash.get(_MISSING, None)
     if reason is not None:
-        pytest.fail(
-            f"needs MariaDB: {reason} (CI=true: failing instead of skipping)", pytrace=False
-        )
+        pytest.fail(f"needs MariaDB: {reason} (CI=true: failing instead of skipping)", pytrace=False)
 
 
 def require_tidb() -> None:

@@ -48,8 +48,7 @@ class GoClientError(RuntimeError):
 def _go_version(go: str) -> tuple[int, int] | None:
     """(major, minor) of ``go version``, or None if it cannot be run or parsed."""
     try:
-        out = subprocess.run([go, "version"], stdin=subprocess.DEVNULL, capture_output=True,
-                             text=True, timeout=30).stdout
+        out = subprocess.run([go, "version"], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
     m = re.search(r"\bgo(\d+)\.(\d+)", out)
@@ -97,8 +96,7 @@ def build_goclient(force: bool = False) -> Path:
         env = dict(os.environ)
         # Module mode with go.mod/go.sum as committed (-mod=readonly: a build never edits
         # them), this toolchain only (no silent toolchain download).
-        env.update(GO111MODULE="on", GOFLAGS="-mod=readonly -buildvcs=false", GOTOOLCHAIN="local",
-                   GOCACHE=str(GOCACHE), CGO_ENABLED="0")
+        env.update(GO111MODULE="on", GOFLAGS="-mod=readonly -buildvcs=false", GOTOOLCHAIN="local", GOCACHE=str(GOCACHE), CGO_ENABLED="0")
         # Build to a temporary name and rename: concurrent sessions never
         # execute a half-written binary.
         tmp = BIN_DIR / f".goclient.{os.getpid()}.tmp"
@@ -117,8 +115,7 @@ def build_goclient(force: bool = False) -> Path:
         if res.returncode != 0:
             tmp.unlink(missing_ok=True)
             raise GoClientError(
-                f"go build failed (exit {res.returncode}) in {GOCLIENT_DIR}:\n"
-                + (res.stdout + res.stderr).decode(errors="replace")
+                f"go build failed (exit {res.returncode}) in {GOCLIENT_DIR}:\n" + (res.stdout + res.stderr).decode(errors="replace")
             )
         os.replace(tmp, BINARY)
         _built = BINARY
@@ -172,8 +169,7 @@ def parse_goclient_output(stdout: bytes | str, stderr: bytes | str = b"", return
         data = json.loads(stdout)
     except json.JSONDecodeError:
         raise GoClientError(
-            f"goclient (exit {returncode}) printed no JSON result\n"
-            f"--- stdout ---\n{stdout[-3000:]}\n--- stderr ---\n{stderr[-3000:]}"
+            f"goclient (exit {returncode}) printed no JSON result\n--- stdout ---\n{stdout[-3000:]}\n--- stderr ---\n{stderr[-3000:]}"
         ) from None
     if not isinstance(data, dict):
         raise GoClientError(f"goclient printed {type(data).__name__}, expected a JSON object")
@@ -239,17 +235,13 @@ async def run_goclient_async(
     argv = goclient_command(mode, port=port, **kwargs)
     start = time.monotonic()
     with trio.move_on_after(timeout) as scope:
-        res = await trio.run_process(
-            argv, stdin=b"", capture_stdout=True, capture_stderr=True, check=False
-        )
+        res = await trio.run_process(argv, stdin=b"", capture_stdout=True, capture_stderr=True, check=False)
     if scope.cancelled_caught:
         raise GoClientError(f"goclient -mode {mode} did not finish in {timeout} s: {' '.join(argv)}")
     return _finish(argv, res.returncode, res.stdout, res.stderr, time.monotonic() - start, check, full)
 
 
-def _finish(
-    argv: list[str], rc: int, stdout: bytes, stderr: bytes, elapsed: float, check: bool, full: bool
-) -> dict | GoClientRun:
+def _finish(argv: list[str], rc: int, stdout: bytes, stderr: bytes, elapsed: float, check: bool, full: bool) -> dict | GoClientRun:
     data = parse_goclient_output(stdout, stderr, rc)
     run = GoClientRun(argv, rc, data, stderr.decode(errors="replace"), elapsed)
     if check and rc != 0:

@@ -163,8 +163,7 @@ def _register(proc: subprocess.Popen, datadir: Path, program: str = "mariadbd", 
     try:
         _REGISTRY.mkdir(parents=True, exist_ok=True)
         (_REGISTRY / f"{proc.pid}.json").write_text(
-            json.dumps({"owner": os.getpid(), "datadir": str(datadir), "program": program,
-                        "marker": marker or f"--datadir={datadir}"})
+            json.dumps({"owner": os.getpid(), "datadir": str(datadir), "program": program, "marker": marker or f"--datadir={datadir}"})
         )
     except OSError:
         pass  # best effort: the registry only helps after a hard crash
@@ -372,10 +371,7 @@ class MariaDB:
             raise MariaDBError(f"mariadb-install-db did not finish in 120 s: {' '.join(cmd)}") from e
         if res.returncode != 0:
             out = res.stdout.decode(errors="replace")[-4000:]
-            raise MariaDBError(
-                f"mariadb-install-db failed with exit status {res.returncode}: "
-                f"{' '.join(cmd)}\n{out}"
-            )
+            raise MariaDBError(f"mariadb-install-db failed with exit status {res.returncode}: {' '.join(cmd)}\n{out}")
         shutil.rmtree(self.datadir, ignore_errors=True)
         tmp.rename(self.datadir)
 
@@ -488,8 +484,7 @@ class MariaDB:
                     proc.wait(timeout=10)
                     raise MariaDBError(
                         f"mariadbd (pid {proc.pid}) did not exit within {timeout} s of "
-                        f"signal {_signal.Signals(signal).name}; killed it\n"
-                        + "\n".join(self.error_log_text().splitlines()[-30:])
+                        f"signal {_signal.Signals(signal).name}; killed it\n" + "\n".join(self.error_log_text().splitlines()[-30:])
                     ) from None
         finally:
             # Nothing else should live in its group, but never leave strays.
@@ -503,9 +498,7 @@ class MariaDB:
         """SIGKILL (a crash: InnoDB runs recovery on the next start) and wait."""
         self.stop(_signal.SIGKILL, timeout=timeout)
 
-    def restart(
-        self, sig: int = _signal.SIGTERM, down_for: float = 0.0, timeout: float = 30
-    ) -> None:
+    def restart(self, sig: int = _signal.SIGTERM, down_for: float = 0.0, timeout: float = 30) -> None:
         """Stop with ``sig``, stay down ``down_for`` seconds, start on the same port."""
         self.stop(sig, timeout=timeout)
         if down_for > 0:
@@ -537,15 +530,22 @@ class MariaDB:
     def admin(self, **kwargs: Any) -> pymysql.connections.Connection:
         """A PyMySQL connection as root over the unix socket (autocommit on)."""
         self._require_running()
-        return pymysql.connect(**{"unix_socket": str(self.socket_path), "user": "root", "autocommit": True,
-                                  **_CLIENT_DEFAULTS, **kwargs})
+        return pymysql.connect(**{"unix_socket": str(self.socket_path), "user": "root", "autocommit": True, **_CLIENT_DEFAULTS, **kwargs})
 
-    def connect(
-        self, user: str = "root", password: str = "", database: str | None = None, **kwargs: Any
-    ) -> pymysql.connections.Connection:
+    def connect(self, user: str = "root", password: str = "", database: str | None = None, **kwargs: Any) -> pymysql.connections.Connection:
         """A PyMySQL connection over TCP to 127.0.0.1:port (over TLS when the server has it)."""
-        return pymysql.connect(**{"host": HOST, "port": self.port, "user": user, "password": password,
-                                  "database": database, **_CLIENT_DEFAULTS, **self.tls_client_options(), **kwargs})
+        return pymysql.connect(
+            **{
+                "host": HOST,
+                "port": self.port,
+                "user": user,
+                "password": password,
+                "database": database,
+                **_CLIENT_DEFAULTS,
+                **self.tls_client_options(),
+                **kwargs,
+            }
+        )
 
     def query(self, sql: str, args: Iterable[Any] | None = None) -> list[tuple]:
         """Run one statement as root on a fresh connection; return its rows."""
@@ -557,9 +557,7 @@ class MariaDB:
         finally:
             conn.close()
 
-    def create_user(
-        self, name: str, password: str, grants: str = "ALL PRIVILEGES ON *.*"
-    ) -> None:
+    def create_user(self, name: str, password: str, grants: str = "ALL PRIVILEGES ON *.*") -> None:
         """Create (or replace) name@'%' and name@'localhost' with
         mysql_native_password (what DM's driver and the proxy speak)."""
         conn = self.admin()
@@ -568,8 +566,7 @@ class MariaDB:
                 for host in ("%", "localhost"):
                     account = f"{conn.escape(name)}@{conn.escape(host)}"
                     cur.execute(
-                        f"CREATE OR REPLACE USER {account} IDENTIFIED VIA "
-                        f"mysql_native_password USING PASSWORD({conn.escape(password)})"
+                        f"CREATE OR REPLACE USER {account} IDENTIFIED VIA mysql_native_password USING PASSWORD({conn.escape(password)})"
                     )
                     cur.execute(f"GRANT {grants} TO {account}")
         finally:

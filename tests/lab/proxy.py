@@ -90,7 +90,10 @@ class ProxyProcess:
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "proxy", "--config", str(self.config_path)],
-            cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+            cwd=REPO,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
         kill_at_exit(self.proc)
         wait_listening(self.proc, self.port, timeout, "proxy", self.log_text)

@@ -47,8 +47,18 @@ def table(mariadb: MariaDB) -> str:
 
 
 def connect(shim: FaultShim, **kwargs: Any) -> pymysql.connections.Connection:
-    args = {"host": HOST, "port": shim.port, "user": APP_USER, "password": APP_PASSWORD, "database": "test",
-            "autocommit": True, "connect_timeout": 5, "read_timeout": 20, "write_timeout": 20, **kwargs}
+    args = {
+        "host": HOST,
+        "port": shim.port,
+        "user": APP_USER,
+        "password": APP_PASSWORD,
+        "database": "test",
+        "autocommit": True,
+        "connect_timeout": 5,
+        "read_timeout": 20,
+        "write_timeout": 20,
+        **kwargs,
+    }
     return pymysql.connect(**args)
 
 
@@ -110,8 +120,7 @@ def test_user_filter_and_error_response(shim: FaultShim, table: str) -> None:
 
 
 @pytest.mark.parametrize("reset", [False, True], ids=["fin", "rst"])
-def test_drop_answer_runs_on_server_client_gets_connection_error(
-        shim: FaultShim, mariadb: MariaDB, table: str, reset: bool) -> None:
+def test_drop_answer_runs_on_server_client_gets_connection_error(shim: FaultShim, mariadb: MariaDB, table: str, reset: bool) -> None:
     conn = connect(shim)
     rule = shim.drop_answer(match=lambda c: c.sql is not None and c.sql.startswith("INSERT"), reset=reset)
     with pytest.raises(pymysql.err.OperationalError) as exc:
@@ -133,8 +142,7 @@ def test_drop_answer_waits_for_the_whole_multi_result(shim: FaultShim, mariadb: 
     start = time.monotonic()
     with pytest.raises(pymysql.err.OperationalError) as exc:
         with conn.cursor() as cur:
-            cur.execute(f"INSERT INTO {table} VALUES (1, 'a'); SELECT SLEEP(0.3); "
-                        f"INSERT INTO {table} VALUES (2, 'b')")
+            cur.execute(f"INSERT INTO {table} VALUES (1, 'a'); SELECT SLEEP(0.3); INSERT INTO {table} VALUES (2, 'b')")
             while cur.nextset():
                 pass
     assert lost(exc)
@@ -239,7 +247,6 @@ def test_close_idle_connections_spares_busy_ones(shim: FaultShim) -> None:
         query(busy, "SELECT 4")
 
 
-
 def test_crash_cuts_every_connection_and_refuses_connects_while_down(shim: FaultShim) -> None:
     idle, busy = connect(shim), connect(shim)
     worker = threading.Thread(target=lambda: shim.crash(down=1.0))
@@ -268,13 +275,14 @@ def _lost_or_rows(conn: pymysql.connections.Connection, sql: str) -> Any:
     except Exception as exc:
         return "lost" if isinstance(exc, pymysql.err.OperationalError) and exc.args[0] in LOST else repr(exc)
 
+
 # -- big results: 16 MiB continuation frames -------------------------------------------------------
 
 
 def test_results_over_16_mib(shim: FaultShim) -> None:
     conn = connect(shim, read_timeout=60)
     # One row of 17 MiB: continuation frames, and a row whose first byte is 0xFE (8-byte length).
-    (value,), = query(conn, f"SELECT REPEAT('x', {17 * MiB})")
+    ((value,),) = query(conn, f"SELECT REPEAT('x', {17 * MiB})")
     assert len(value) == 17 * MiB and value == "x" * (17 * MiB)
     # 20 MB of small rows.
     got = query(conn, "SELECT seq, REPEAT('y', 4000) FROM seq_1_to_5000")
@@ -282,7 +290,7 @@ def test_results_over_16_mib(shim: FaultShim) -> None:
     assert summaries(shim, "SELECT seq") == ["1 result(s), 5000 row(s)"]
     # Held and relayed intact.
     shim.stall(0.2, match="SELECT REPEAT")
-    (value,), = query(conn, f"SELECT REPEAT('z', {16 * MiB + 10})")
+    ((value,),) = query(conn, f"SELECT REPEAT('z', {16 * MiB + 10})")
     assert value == "z" * (16 * MiB + 10)
     # Dropped only once the whole 17 MiB answer is in.
     rule = shim.drop_answer(match="SELECT REPEAT")
@@ -309,8 +317,17 @@ def test_command_over_16_mib(shim: FaultShim, mariadb: MariaDB, table: str) -> N
 
 def test_prepared_statements(shim: FaultShim, mariadb: MariaDB, table: str) -> None:
     connector = pytest.importorskip("mysql.connector")
-    conn = connector.connect(host=HOST, port=shim.port, user=APP_USER, password=APP_PASSWORD, database="test",
-                             autocommit=True, use_pure=True, ssl_disabled=True, connection_timeout=10)
+    conn = connector.connect(
+        host=HOST,
+        port=shim.port,
+        user=APP_USER,
+        password=APP_PASSWORD,
+        database="test",
+        autocommit=True,
+        use_pure=True,
+        ssl_disabled=True,
+        connection_timeout=10,
+    )
     try:
         cur = conn.cursor(prepared=True)
         cur.execute(f"INSERT INTO {table} VALUES (?, ?)", (1, "one"))
@@ -327,8 +344,17 @@ def test_prepared_statements(shim: FaultShim, mariadb: MariaDB, table: str) -> N
         except Exception:
             pass
 
-    conn = connector.connect(host=HOST, port=shim.port, user=APP_USER, password=APP_PASSWORD, database="test",
-                             autocommit=True, use_pure=True, ssl_disabled=True, connection_timeout=10)
+    conn = connector.connect(
+        host=HOST,
+        port=shim.port,
+        user=APP_USER,
+        password=APP_PASSWORD,
+        database="test",
+        autocommit=True,
+        use_pure=True,
+        ssl_disabled=True,
+        connection_timeout=10,
+    )
     try:
         cur = conn.cursor(prepared=True)
         rule = shim.drop_answer(match=lambda c: c.code == 0x17)  # COM_STMT_EXECUTE
@@ -411,8 +437,7 @@ def test_tracker_synthetic() -> None:
     # A text result set, then an OK, classic EOFs, with a MariaDB progress report in between.
     t = ResponseTracker(0x03)
     progress = b"\xff\xff\xff\x01\x01\x00\x00\x00"
-    assert _feed(t, [b"\x01", coldef, eof, progress, b"\x011", eof_more, b"\x00\x01\x00\x02\x00\x00\x00"]) == \
-        [False] * 6 + [True]
+    assert _feed(t, [b"\x01", coldef, eof, progress, b"\x011", eof_more, b"\x00\x01\x00\x02\x00\x00\x00"]) == [False] * 6 + [True]
     # DEPRECATE_EOF: no EOF after the definitions; a 16 MiB row starting with 0xFE is a row.
     t = ResponseTracker(0x03, deprecate_eof=True)
     big_row = b"\xfe" + (17 * MiB).to_bytes(8, "little") + b"x" * 100
@@ -430,6 +455,5 @@ def test_tracker_synthetic() -> None:
     # COM_STMT_CLOSE has no response; COM_CHANGE_USER ends at OK after an auth switch.
     assert ResponseTracker(0x19).done
     t = ResponseTracker(0x11)
-    assert _feed(t, [b"\xfemysql_native_password\x00" + b"s" * 20, b"\x00\x00\x00\x02\x00\x00\x00"]) == \
-        [False, True]
+    assert _feed(t, [b"\xfemysql_native_password\x00" + b"s" * 20, b"\x00\x00\x00\x02\x00\x00\x00"]) == [False, True]
     assert Command(0, 0x03, b"SELECT 1").sql == "SELECT 1" and Command(0, 0x17, b"\x05\x00\x00\x00").stmt_id == 5

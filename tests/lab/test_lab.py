@@ -54,9 +54,7 @@ def test_free_port_is_outside_ephemeral_range():
 
 def _run_pytest_without_mariadb(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess:
     """Run a one-test suite using the lab hooks with mariadbd made unavailable."""
-    (tmp_path / "conftest.py").write_text(
-        "from tests.lab.fixtures import pytest_collection_modifyitems, pytest_runtest_setup  # noqa\n"
-    )
+    (tmp_path / "conftest.py").write_text("from tests.lab.fixtures import pytest_collection_modifyitems, pytest_runtest_setup  # noqa\n")
     (tmp_path / "test_needs_db.py").write_text(
         textwrap.dedent(
             """
@@ -76,8 +74,7 @@ def _run_pytest_without_mariadb(tmp_path: Path, ci: str | None) -> subprocess.Co
     if ci is not None:
         env["CI"] = ci
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-rsf", "-p", "no:cacheprovider",
-         "-o", "markers=integration", str(tmp_path)],
+        [sys.executable, "-m", "pytest", "-rsf", "-p", "no:cacheprovider", "-o", "markers=integration", str(tmp_path)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -259,24 +256,21 @@ def test_go_smoke_reports_failures(mariadb, goclient):
     with pytest.raises(GoClientError) as excinfo:
         run_goclient("smoke", port=mariadb.port, session=["no_such_variable=1"], timeout=60)
     assert "no_such_variable" in str(excinfo.value)
-    res = run_goclient(
-        "smoke", port=mariadb.port, session=["no_such_variable=1"], check=False, full=True, timeout=60
-    )
+    res = run_goclient("smoke", port=mariadb.port, session=["no_such_variable=1"], check=False, full=True, timeout=60)
     assert res.returncode == 1 and res.data["ok"] is False
     assert "Unknown system variable" in res.data["checks"]["connect"]
 
 
 def _workload(db: MariaDB, tmp_path: Path, table: str, **flags) -> tuple[dict, Path]:
     expect = tmp_path / f"{table}.json"
-    out = run_goclient("workload", port=db.port, table=table, counters_table=f"{table}_counters",
-                       out=expect, timeout=flags.pop("timeout", 120), **flags)
+    out = run_goclient(
+        "workload", port=db.port, table=table, counters_table=f"{table}_counters", out=expect, timeout=flags.pop("timeout", 120), **flags
+    )
     return out, expect
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(
-    "sql, multirow", [("insert", False), ("safe", False), ("safe", True)], ids=["insert", "safe", "safe-multirow"]
-)
+@pytest.mark.parametrize("sql, multirow", [("insert", False), ("safe", False), ("safe", True)], ids=["insert", "safe", "safe-multirow"])
 def test_go_workload_and_verify_direct(mariadb, goclient, tmp_path, sql, multirow):
     table = f"lab_{sql}_{int(multirow)}"
     tables = dict(table=table, counters_table=f"{table}_counters")
@@ -318,7 +312,7 @@ def test_go_verify_detects_lost_and_double_applied(mariadb, goclient, tmp_path):
     assert "worker 0 seq 3: 9 rows, want 10" in problems
     assert "worker 1: counter 60, want 50" in problems
     assert "worker 1 seq 99: 1 rows present, but the client never saw it commit" in problems
-    assert "worker 1 seq 99 row 0: payload \"x\"" in problems
+    assert 'worker 1 seq 99 row 0: payload "x"' in problems
     assert res.data["problem_count"] == 4
 
 
@@ -336,8 +330,16 @@ def test_go_workload_survives_restarts(mariadb_factory, goclient, tmp_path, sql)
     def work() -> None:
         try:
             result["out"] = _workload(
-                db, tmp_path, table, sql=sql, conns=4, duration=7, batch=5,
-                read_timeout="10s", retry_delay="50ms", grace="20s",
+                db,
+                tmp_path,
+                table,
+                sql=sql,
+                conns=4,
+                duration=7,
+                batch=5,
+                read_timeout="10s",
+                retry_delay="50ms",
+                grace="20s",
             )
         except Exception as e:  # surfaced by the main thread
             result["error"] = e
@@ -374,8 +376,7 @@ def test_go_workload_reports_stuck_workers(mariadb_factory, goclient, tmp_path):
 
     def work() -> None:
         try:
-            result["out"] = _workload(db, tmp_path, table, sql="insert", conns=3, duration=2,
-                                      grace="1s", read_timeout="60s")
+            result["out"] = _workload(db, tmp_path, table, sql="insert", conns=3, duration=2, grace="1s", read_timeout="60s")
         except Exception as e:
             result["error"] = e
 

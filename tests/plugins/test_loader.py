@@ -49,7 +49,11 @@ def test_plugin_without_options_or_context():
         (["drop table"], {}, r"neither a built-in plugin name nor 'module:Class'"),
         (["metrics", "metrics"], {}, r"'metrics' listed twice"),
         (["firewall"], {"metrics": {}}, r"\$\.plugins: option table\(s\) for plugin\(s\) not in the chain: metrics"),
-        (["tests.plugins.sample_plugin:AuditPlugin"], {}, r"\$\.plugins\.tests\.plugins\.sample_plugin:AuditPlugin\.tag: required key missing"),
+        (
+            ["tests.plugins.sample_plugin:AuditPlugin"],
+            {},
+            r"\$\.plugins\.tests\.plugins\.sample_plugin:AuditPlugin\.tag: required key missing",
+        ),
         (["tests.plugins.sample_plugin:NoOptions"], {"tests.plugins.sample_plugin:NoOptions": {"x": 1}}, r"takes no options \(got x\)"),
     ],
 )

@@ -61,8 +61,7 @@ from tests.lab.mariadb import HOST, MariaDB, mariadb_unavailable_reason
 from tests.lab.proxy import ProxyProcess
 from tests.lab.tidb import TiDB
 
-__all__ = ["FLAVORS", "MODES", "Fault", "Prepared", "Outcome", "CaseResult", "RecoveryLab", "recovery_lab",
-           "SHIM_FAULTS", "ACTION_FAULTS"]
+__all__ = ["FLAVORS", "MODES", "Fault", "Prepared", "Outcome", "CaseResult", "RecoveryLab", "recovery_lab", "SHIM_FAULTS", "ACTION_FAULTS"]
 
 FLAVORS = ("mariadb", "tidb")
 
@@ -142,8 +141,7 @@ class Outcome:
         elif self.error:
             what = f"ERROR {self.error[0]}: {self.error[1]}"
         else:
-            parts = [f"rows={r!r}" if r is not None else f"affected={a}"
-                     for r, a in zip(self.results, self.affected)]
+            parts = [f"rows={r!r}" if r is not None else f"affected={a}" for r, a in zip(self.results, self.affected)]
             what = "OK " + "; ".join(parts)
         sql = self.sql if len(self.sql) <= 300 else f"{self.sql[:150]}...<{len(self.sql)} chars>...{self.sql[-100:]}"
         return f"{sql!r} -> {what} ({self.elapsed:.2f}s)"
@@ -181,8 +179,7 @@ class CaseResult:
 
     def describe(self) -> str:
         """Everything needed to understand a failing case (for assertion messages)."""
-        lines = [f"mode={self.mode} database={self.database} fault={self.fault} applied={self.fault_applied}",
-                 "--- client saw:"]
+        lines = [f"mode={self.mode} database={self.database} fault={self.fault} applied={self.fault_applied}", "--- client saw:"]
         lines += [f"  [{i}] {o}" for i, o in enumerate(self.outcomes)]
         lines.append("--- shim:")
         lines += [f"  {e!r}" for e in self.shim_events]
@@ -252,22 +249,43 @@ class RecoveryLab:
         finally:
             conn.close()
 
-    def client(self, mode: str = "default", database: str = "test", multi_statements: bool = False,
-               **kwargs: Any) -> pymysql.connections.Connection:
+    def client(
+        self, mode: str = "default", database: str = "test", multi_statements: bool = False, **kwargs: Any
+    ) -> pymysql.connections.Connection:
         """A PyMySQL connection through the proxy of ``mode`` (autocommit on)."""
-        args = {"host": HOST, "port": self.proxy(mode).port, "user": APP_USER, "password": APP_PASSWORD,
-                "database": database, "autocommit": True, "connect_timeout": 10, "read_timeout": 90,
-                "write_timeout": 90, "charset": "utf8mb4",
-                "client_flag": CLIENT.MULTI_STATEMENTS if multi_statements else 0, **kwargs}
+        args = {
+            "host": HOST,
+            "port": self.proxy(mode).port,
+            "user": APP_USER,
+            "password": APP_PASSWORD,
+            "database": database,
+            "autocommit": True,
+            "connect_timeout": 10,
+            "read_timeout": 90,
+            "write_timeout": 90,
+            "charset": "utf8mb4",
+            "client_flag": CLIENT.MULTI_STATEMENTS if multi_statements else 0,
+            **kwargs,
+        }
         return pymysql.connect(**args)
 
     def connector_client(self, mode: str = "default", database: str = "test", **kwargs: Any) -> Any:
         """A mysql-connector-python connection (pure Python) through the proxy of ``mode``."""
         import mysql.connector
 
-        args = {"host": HOST, "port": self.proxy(mode).port, "user": APP_USER, "password": APP_PASSWORD,
-                "database": database, "autocommit": True, "connection_timeout": 10, "use_pure": True,
-                "charset": "utf8mb4", "collation": "utf8mb4_general_ci", **kwargs}
+        args = {
+            "host": HOST,
+            "port": self.proxy(mode).port,
+            "user": APP_USER,
+            "password": APP_PASSWORD,
+            "database": database,
+            "autocommit": True,
+            "connection_timeout": 10,
+            "use_pure": True,
+            "charset": "utf8mb4",
+            "collation": "utf8mb4_general_ci",
+            **kwargs,
+        }
         return mysql.connector.connect(**args)
 
     def backend_ids(self, database: str, command: str | None = None, info: str | None = None) -> list[int]:
@@ -283,10 +301,19 @@ class RecoveryLab:
             args.append(info)
         return [row[0] for row in self.query(sql, args)]
 
-    def run(self, script: Sequence[str | Prepared], *, fault: Fault | None = None, mode: str = "default",
-            multi_statements: bool = False, setup: Sequence[str] = (), fault_timeout: float = 10,
-            database: str | None = None, before: dict[int, Sequence[str]] | None = None,
-            driver: str = "pymysql") -> CaseResult:
+    def run(
+        self,
+        script: Sequence[str | Prepared],
+        *,
+        fault: Fault | None = None,
+        mode: str = "default",
+        multi_statements: bool = False,
+        setup: Sequence[str] = (),
+        fault_timeout: float = 10,
+        database: str | None = None,
+        before: dict[int, Sequence[str]] | None = None,
+        driver: str = "pymysql",
+    ) -> CaseResult:
         """Run one case; see the module doc."""
         if fault is not None and not 0 <= fault.on < len(script):
             raise ValueError(f"fault.on={fault.on} is not a statement index of the script")
@@ -332,8 +359,7 @@ class RecoveryLab:
                     elif fault.kind == "close_idle_connections":
                         action_applied = self._close_idle(fault)
                     elif fault.params.get("running"):
-                        killer = _Killer(self, database, str(step) if isinstance(step, str) else step.sql,
-                                         fault.params.get("delay", 0.3))
+                        killer = _Killer(self, database, str(step) if isinstance(step, str) else step.sql, fault.params.get("delay", 0.3))
                         killer.start()
                     else:
                         action_applied = self._kill_idle(database, fault)
@@ -354,14 +380,21 @@ class RecoveryLab:
             self.shim.disarm(rule)
         # Let the proxy finish logging the session (it logs one line when a session closes).
         time.sleep(0.05)
-        result = CaseResult(outcomes=outcomes, mode=mode, database=database, fault=fault, rule=rule,
-                            fault_applied=applied, shim_events=self.shim.events(since=mark),
-                            proxy_log=proxy.log_text()[log_start:], lab=self)
+        result = CaseResult(
+            outcomes=outcomes,
+            mode=mode,
+            database=database,
+            fault=fault,
+            rule=rule,
+            fault_applied=applied,
+            shim_events=self.shim.events(since=mark),
+            proxy_log=proxy.log_text()[log_start:],
+            lab=self,
+        )
         if proxy.proc is not None and proxy.proc.poll() is not None:
             raise AssertionError(f"the proxy exited with {proxy.proc.returncode}\n{result.describe()}")
         self.shim.check()
         return result
-
 
     def _settle(self, mark: int, fault: Fault) -> None:
         """Give the proxy a moment to notice a closed backend connection: until it logs in
@@ -414,6 +447,7 @@ class _Killer(threading.Thread):
 
 def _default_match(step: str | Prepared) -> Callable[[Command], bool]:
     if isinstance(step, Prepared):
+
         def execute(cmd: Command) -> bool:
             return cmd.code == 0x17
 

@@ -29,8 +29,9 @@ ENTRY_POINTS = [
 @pytest.mark.parametrize("module, arg, expected", ENTRY_POINTS, ids=[m for m, _, _ in ENTRY_POINTS])
 def test_entry_point_starts_from_the_repository_root(module, arg, expected):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing but the working directory
-    res = subprocess.run([sys.executable, "-m", module, arg], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=120, stdin=subprocess.DEVNULL)
+    res = subprocess.run(
+        [sys.executable, "-m", module, arg], cwd=REPO, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert expected in res.stdout, res.stdout[-3000:]
 

@@ -27,7 +27,9 @@ def test_a_missing_config_file_is_one_sentence(tmp_path):
     missing = tmp_path / "nonexistent.toml"
     out = cli("--config", str(missing), "--check")
     assert out.returncode == 2
-    assert out.stderr == f"replay-proxy: cannot read the config file {missing}: No such file or directory; check the path given to --config\n"
+    assert (
+        out.stderr == f"replay-proxy: cannot read the config file {missing}: No such file or directory; check the path given to --config\n"
+    )
 
 
 def without(name: str) -> dict[str, str]:

@@ -37,7 +37,16 @@ C = Capabilities
 # ---------------------------------------------------------------- sans-IO guarantee
 
 
-SANS_IO = ["proxy.protocol", "proxy.sqltext", "proxy.tracking", "proxy.facts", "proxy.recovery", "proxy.sessionstate", "proxy.transaction", "proxy.info"]
+SANS_IO = [
+    "proxy.protocol",
+    "proxy.sqltext",
+    "proxy.tracking",
+    "proxy.facts",
+    "proxy.recovery",
+    "proxy.sessionstate",
+    "proxy.transaction",
+    "proxy.info",
+]
 
 
 def test_sans_io_modules_never_import_trio():
@@ -48,11 +57,7 @@ def test_sans_io_modules_never_import_trio():
     modules = list(SANS_IO)
     for package in ("protocol", "sqltext"):
         modules += [f"proxy.{package}.{p.stem}" for p in (root / "proxy" / package).glob("*.py") if p.stem != "__init__"]
-    probe = (
-        "import importlib, sys\n"
-        f"for m in {modules!r}: importlib.import_module(m)\n"
-        "print('trio' in sys.modules)\n"
-    )
+    probe = f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\nprint('trio' in sys.modules)\n"
     out = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", "a sans-IO module pulls in trio"
     for module in modules:

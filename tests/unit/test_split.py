@@ -65,7 +65,15 @@ HEADS = [
     b"insert into t values\n",
     b"INSERT /*+ SET_VAR(x=1) */ INTO t PARTITION (p0) (a, b) VALUES  ",
 ]
-SUFFIXES = [b"", b";", b" ;  \n", b" ON DUPLICATE KEY UPDATE b=VALUES(b), c = CONCAT(c, ')')", b" AS new ON DUPLICATE KEY UPDATE b = new.b;", b" AS new(x, y)", b"\n-- trailing comment"]
+SUFFIXES = [
+    b"",
+    b";",
+    b" ;  \n",
+    b" ON DUPLICATE KEY UPDATE b=VALUES(b), c = CONCAT(c, ')')",
+    b" AS new ON DUPLICATE KEY UPDATE b = new.b;",
+    b" AS new(x, y)",
+    b"\n-- trailing comment",
+]
 
 
 @st.composite
@@ -216,7 +224,10 @@ def test_no_backslash_escapes():
         split_values_statement(sql, 30)  # with backslash escapes the first string never ends
     sql = rb"INSERT INTO t VALUES ('a''),(''b'),('\\')"  # doubled quotes work in both modes
     for nbe in (False, True):
-        assert split_values_statement(sql, 36, no_backslash_escapes=nbe) == [rb"INSERT INTO t VALUES ('a''),(''b')", rb"INSERT INTO t VALUES ('\\')"]
+        assert split_values_statement(sql, 36, no_backslash_escapes=nbe) == [
+            rb"INSERT INTO t VALUES ('a''),(''b')",
+            rb"INSERT INTO t VALUES ('\\')",
+        ]
 
 
 def test_comments_between_rows_are_kept():
@@ -286,4 +297,6 @@ def test_split_is_linear_on_a_large_statement():
     started = time.perf_counter()
     pieces = split_values_statement(sql, 64 * 1024)
     assert time.perf_counter() - started < 10  # seconds; measured ~80 MB/s
-    assert b"".join(p[len(b"INSERT INTO `db`.`t` VALUES ") : -len(b" ON DUPLICATE KEY UPDATE `b`=VALUES(`b`)")] + b"," for p in pieces)[:-1] == b",".join(rows)
+    assert b"".join(p[len(b"INSERT INTO `db`.`t` VALUES ") : -len(b" ON DUPLICATE KEY UPDATE `b`=VALUES(`b`)")] + b"," for p in pieces)[
+        :-1
+    ] == b",".join(rows)

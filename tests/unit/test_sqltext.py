@@ -83,7 +83,10 @@ def kinds(sql: str, **kw) -> list[tuple[TokenKind, str]]:
         ("b'0101' B'1' 0b11 0b12", [(K.BIT, "b'0101'"), (K.BIT, "B'1'"), (K.BIT, "0b11"), (K.WORD, "0b12")]),
         ("1 1.5 .5 1e10 1.5E-3 1e+5 2.", [(K.NUMBER, n) for n in ["1", "1.5", ".5", "1e10", "1.5E-3", "1e+5", "2."]]),
         ("1abc 12e5x", [(K.WORD, "1abc"), (K.WORD, "12e5x")]),  # identifiers may start with digits
-        ("t.1e5 `a`.`b`", [(K.WORD, "t"), (K.PUNCT, "."), (K.WORD, "1e5"), (K.QUOTED_IDENT, "`a`"), (K.PUNCT, "."), (K.QUOTED_IDENT, "`b`")]),
+        (
+            "t.1e5 `a`.`b`",
+            [(K.WORD, "t"), (K.PUNCT, "."), (K.WORD, "1e5"), (K.QUOTED_IDENT, "`a`"), (K.PUNCT, "."), (K.QUOTED_IDENT, "`b`")],
+        ),
         ("`a``b` `'`", [(K.QUOTED_IDENT, "`a``b`"), (K.QUOTED_IDENT, "`'`")]),
         ("@a @a.b$ @'x y' @\"q\" @`z`", [(K.USER_VAR, v) for v in ["@a", "@a.b$", "@'x y'", '@"q"', "@`z`"]]),
         ("@@x @@session.sql_mode @@GLOBAL.`y`", [(K.SYS_VAR, v) for v in ["@@x", "@@session.sql_mode", "@@GLOBAL.`y`"]]),
@@ -142,7 +145,9 @@ def test_iter_tokens_is_lazy():
     assert next(tokens).text == "INSERT"
 
 
-sql_alphabet = st.sampled_from(list("'\"`\\/*-#!M@?()., \n\t\x00;:=<>|&xN_0123456789abcé") + ["/*!", "*/", "-- ", "/*M!", "0x", "0b", "X'", "''"])
+sql_alphabet = st.sampled_from(
+    list("'\"`\\/*-#!M@?()., \n\t\x00;:=<>|&xN_0123456789abcé") + ["/*!", "*/", "-- ", "/*M!", "0x", "0b", "X'", "''"]
+)
 
 
 @settings(max_examples=400, deadline=5000)
@@ -593,7 +598,9 @@ def test_parse_set_not_a_variable_set(sql):
     assert parse_set(sql) is None
 
 
-@pytest.mark.parametrize("sql", ["SET", "SET x", "SET x =", "SET = 1", "SET TRANSACTION FOO", "SET a = 1, , b = 2", "SET a = 1; SET b = 2", "SET NAMES"])
+@pytest.mark.parametrize(
+    "sql", ["SET", "SET x", "SET x =", "SET = 1", "SET TRANSACTION FOO", "SET a = 1, , b = 2", "SET a = 1; SET b = 2", "SET NAMES"]
+)
 def test_parse_set_rejects_malformed(sql):
     with pytest.raises(SqlParseError):
         parse_set(sql)
@@ -918,15 +925,30 @@ def test_the_fast_path_never_disagrees_with_the_classifier(sql, nbe):
     assert analysis.first.read_only and analysis.first.session_unrestorable is None and not analysis.first.runs_code, sql
 
 
-@pytest.mark.parametrize("sql, reads", [
-    ("SELECT FOUND_ROWS()", True), ("select found_rows ( )", True), ("SELECT ROW_COUNT()", True),
-    ("SHOW WARNINGS", True), ("SHOW COUNT(*) ERRORS", True), ("SELECT @@session.warning_count", True),
-    ("SELECT @@`error_count`", True), ("GET DIAGNOSTICS @n = NUMBER", True), ("SELECT PREVIOUS VALUE FOR s", True),
-    ("SELECT LASTVAL(s)", True), ("/*!100000 SELECT FOUND_ROWS() */", True), ("SELECT 'open", True),
-    ("SELECT 1; SELECT FOUND_ROWS()", False),  # the first statement makes the results the second reads
-    ("SELECT found_rows FROM t", False), ("SELECT 'FOUND_ROWS()'", False), ("/* FOUND_ROWS() */ SELECT 1", False),
-    ("SELECT 1 /*!999999 + FOUND_ROWS() */", False), ("INSERT INTO t VALUES (1)", False), ("SELECT @@gtid_slave_pos", False),
-])
+@pytest.mark.parametrize(
+    "sql, reads",
+    [
+        ("SELECT FOUND_ROWS()", True),
+        ("select found_rows ( )", True),
+        ("SELECT ROW_COUNT()", True),
+        ("SHOW WARNINGS", True),
+        ("SHOW COUNT(*) ERRORS", True),
+        ("SELECT @@session.warning_count", True),
+        ("SELECT @@`error_count`", True),
+        ("GET DIAGNOSTICS @n = NUMBER", True),
+        ("SELECT PREVIOUS VALUE FOR s", True),
+        ("SELECT LASTVAL(s)", True),
+        ("/*!100000 SELECT FOUND_ROWS() */", True),
+        ("SELECT 'open", True),
+        ("SELECT 1; SELECT FOUND_ROWS()", False),  # the first statement makes the results the second reads
+        ("SELECT found_rows FROM t", False),
+        ("SELECT 'FOUND_ROWS()'", False),
+        ("/* FOUND_ROWS() */ SELECT 1", False),
+        ("SELECT 1 /*!999999 + FOUND_ROWS() */", False),
+        ("INSERT INTO t VALUES (1)", False),
+        ("SELECT @@gtid_slave_pos", False),
+    ],
+)
 def test_reads_last_results(sql, reads):
     assert reads_last_results(sql, MARIADB, False) is reads
 

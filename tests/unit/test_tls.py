@@ -45,12 +45,12 @@ async def tls_pair(certs, stream: bool = False) -> tuple[Channel, Channel]:
         plain_s, plain_c = Channel(a, "server"), Channel(b, "client")
     out: dict[str, Channel] = {}
     async with trio.open_nursery() as nursery:
+
         async def side(name, plain, **kw):
             out[name] = await start_tls(plain, **kw)
 
         nursery.start_soon(lambda: side("s", plain_s, context=server_ctx(certs), server_side=True))
-        nursery.start_soon(lambda: side("c", plain_c, context=client_ctx(certs.ca), server_side=False,
-                                        server_hostname="localhost"))
+        nursery.start_soon(lambda: side("c", plain_c, context=client_ctx(certs.ca), server_side=False, server_hostname="localhost"))
     return out["s"], out["c"]
 
 
@@ -195,8 +195,7 @@ async def test_untrusted_certificate_is_a_verify_error(certs):
     async with trio.open_nursery() as nursery:
         nursery.start_soon(srv)
         with pytest.raises(TLSError) as info:
-            await start_tls(Channel(b, "backend"), client_ctx(certs.other_ca), server_side=False,
-                            server_hostname="localhost")
+            await start_tls(Channel(b, "backend"), client_ctx(certs.other_ca), server_side=False, server_hostname="localhost")
     assert info.value.verify
     assert "certificate verify failed" in str(info.value)
     assert "unknown ca" in str(results["server"]).lower()
@@ -230,36 +229,48 @@ BASE = {"backend": {"addresses": ["127.0.0.1:3306"]}, "users": [{"name": "app", 
 
 
 def test_config_keys(certs):
-    cfg = parse_config({
-        **BASE,
-        "listen": {"tls": {"cert": str(certs.server_cert), "key": str(certs.server_key), "require": True}},
-        "backend": {"addresses": ["127.0.0.1:3306"],
-                    "tls": {"mode": "verify-identity", "ca": str(certs.ca), "server_name": "db.example"}},
-    })
+    cfg = parse_config(
+        {
+            **BASE,
+            "listen": {"tls": {"cert": str(certs.server_cert), "key": str(certs.server_key), "require": True}},
+            "backend": {
+                "addresses": ["127.0.0.1:3306"],
+                "tls": {"mode": "verify-identity", "ca": str(certs.ca), "server_name": "db.example"},
+            },
+        }
+    )
     assert cfg.listen.tls.require
     assert server_context(cfg.listen.tls) is server_context(cfg.listen.tls)  # built once
     backend = backend_tls(cfg.backend.tls)
     assert backend.context.check_hostname and backend.context.verify_mode == ssl.CERT_REQUIRED
     assert backend.hostname_for("10.0.0.1") == "db.example"
     assert parse_config(BASE).listen.tls is None and backend_tls(parse_config(BASE).backend.tls) is None
-    for mode, verify, names in (("preferred", ssl.CERT_NONE, False), ("required", ssl.CERT_NONE, False),
-                                ("verify-ca", ssl.CERT_REQUIRED, False)):
+    for mode, verify, names in (
+        ("preferred", ssl.CERT_NONE, False),
+        ("required", ssl.CERT_NONE, False),
+        ("verify-ca", ssl.CERT_REQUIRED, False),
+    ):
         extra = {"ca": str(certs.ca)} if mode == "verify-ca" else {}
-        ctx = backend_tls(parse_config({**BASE, "backend": {"addresses": ["127.0.0.1:1"], "tls": {"mode": mode, **extra}}}).backend.tls).context
+        ctx = backend_tls(
+            parse_config({**BASE, "backend": {"addresses": ["127.0.0.1:1"], "tls": {"mode": mode, **extra}}}).backend.tls
+        ).context
         assert (ctx.verify_mode, ctx.check_hostname) == (verify, names)
 
 
-@pytest.mark.parametrize("section, value, message", [
-    ("listen", {"cert": "/nonexistent.pem", "key": "/nonexistent.key"}, "$.listen.tls: cert/key: cannot read"),
-    ("listen", {"cert": "CERT"}, "$.listen.tls.key: required key missing"),
-    ("listen", {"cert": "CERT", "key": "KEY", "required": True}, "unknown key(s) required"),
-    ("backend", {"mode": "verify-full"}, "$.backend.tls.mode: expected one of"),
-    ("backend", {"ca": "CA"}, "ca given but mode is 'off'"),
-    ("backend", {"mode": "required", "ca": "CA"}, "ca is only used by mode"),
-    ("backend", {"mode": "verify-ca", "ca": "/nonexistent.pem"}, "$.backend.tls: ca: cannot read"),
-    ("backend", {"mode": "verify-ca", "ca": "CERT"}, None),
-    ("backend", {"mode": "required", "key": "KEY"}, "key given without cert"),
-])
+@pytest.mark.parametrize(
+    "section, value, message",
+    [
+        ("listen", {"cert": "/nonexistent.pem", "key": "/nonexistent.key"}, "$.listen.tls: cert/key: cannot read"),
+        ("listen", {"cert": "CERT"}, "$.listen.tls.key: required key missing"),
+        ("listen", {"cert": "CERT", "key": "KEY", "required": True}, "unknown key(s) required"),
+        ("backend", {"mode": "verify-full"}, "$.backend.tls.mode: expected one of"),
+        ("backend", {"ca": "CA"}, "ca given but mode is 'off'"),
+        ("backend", {"mode": "required", "ca": "CA"}, "ca is only used by mode"),
+        ("backend", {"mode": "verify-ca", "ca": "/nonexistent.pem"}, "$.backend.tls: ca: cannot read"),
+        ("backend", {"mode": "verify-ca", "ca": "CERT"}, None),
+        ("backend", {"mode": "required", "key": "KEY"}, "key given without cert"),
+    ],
+)
 def test_config_errors(certs, section, value, message):
     subst = {"CERT": str(certs.server_cert), "KEY": str(certs.server_key), "CA": str(certs.ca)}
     value = {k: subst.get(v, v) if isinstance(v, str) else v for k, v in value.items()}
@@ -275,8 +286,13 @@ def test_config_errors(certs, section, value, message):
 
 def test_building_a_config_reads_no_file(tmp_path):
     missing = str(tmp_path / "absent.pem")
-    cfg = parse_config({**BASE, "listen": {"tls": {"cert": missing, "key": missing}},
-                        "backend": {"addresses": ["127.0.0.1:1"], "tls": {"mode": "verify-ca", "ca": missing}}})
+    cfg = parse_config(
+        {
+            **BASE,
+            "listen": {"tls": {"cert": missing, "key": missing}},
+            "backend": {"addresses": ["127.0.0.1:1"], "tls": {"mode": "verify-ca", "ca": missing}},
+        }
+    )
     with pytest.raises(ConfigError) as info:
         check_files(cfg)
     assert "$.listen.tls: cert/key: cannot read" in str(info.value) and "$.backend.tls: ca: cannot read" in str(info.value)

@@ -286,7 +286,6 @@ def test_variables_used_up_by_what_runs_next_make_the_session_unrestorable(name)
     assert t.state.unrestorable and name in t.state.unrestorable
 
 
-
 @pytest.mark.parametrize("code", [9007, 1062, 8028])
 def test_a_failed_commit_ends_the_transaction_on_tidb(code):
     """TiDB's COMMIT that answers an error (a write conflict or a duplicate key in optimistic
@@ -372,7 +371,9 @@ def test_a_user_variable_set_from_an_expression_is_read_back_and_restored_as_a_c
     t = tracker()
     done = run(t, "SET @a = 1, @n = NOW(), @@session.sql_mode = CONCAT(@@sql_mode, ',ANSI')")
     assert done.captures == ["@n", "sql_mode"]
-    t.captured_user("n", Column(253, False, 0), b"2026-12-01 10:00:00", b"323032362D31322D30312031303A30303A3030", "latin1", "latin1_swedish_ci")
+    t.captured_user(
+        "n", Column(253, False, 0), b"2026-12-01 10:00:00", b"323032362D31322D30312031303A30303A3030", "latin1", "latin1_swedish_ci"
+    )
     assert t.state.restore_statements()[-1].startswith(
         "SET @a = 1, @n = CONVERT(X'323032362D31322D30312031303A30303A3030' USING latin1) COLLATE latin1_swedish_ci"
     )
