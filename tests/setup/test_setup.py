@@ -77,14 +77,15 @@ def test_ci_runs_readmes_test_command_and_fails_loudly():
     assert not any(re.search(r"\bpip install\b|\bapt-get\b", line) for line in lines)  # all of it in scripts/setup
 
 
-def test_ci_lints_with_ruff_after_the_set_up_and_before_the_tests():
+def test_ci_lints_and_checks_the_format_with_ruff_after_the_set_up_and_before_the_tests():
     setup, run = readme_commands()["2"].split(" && ")
     lines = script_lines(CI)
-    [lint] = [i for i, line in enumerate(lines) if line.startswith(".venv/bin/python -m ruff check . ")]
     [after] = [i for i, line in enumerate(lines) if line.startswith(setup + " ")]
     [before] = [i for i, line in enumerate(lines) if line.startswith(run + " ")]
-    assert after < lint < before
-    assert "|| die" in lines[lint]  # findings stop CI with a message
+    for check in (".venv/bin/python -m ruff check . ", ".venv/bin/python -m ruff format --check . "):
+        [at] = [i for i, line in enumerate(lines) if line.startswith(check)]
+        assert after < at < before, check
+        assert "|| die" in lines[at]  # findings stop CI with a message
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert any(r.startswith("ruff==") for r in extras["test"])  # scripts/setup test installs it
 
