@@ -11,6 +11,7 @@ from tests.lab.fixtures import (  # noqa: F401
     pytest_collection_modifyitems,
     pytest_configure,
     pytest_runtest_setup,
+    pytest_terminal_summary,
     tidb,
     tidb_factory,
 )

@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
+from tests.lab.dm import dm_unavailable_reason
 from tests.lab.goclient import build_goclient, go_unavailable_reason
 from tests.lab.mariadb import MariaDB, mariadb_unavailable_reason
-from tests.lab.tidb import TiDB, tidb_unavailable_reason
+from tests.lab.tidb import TiDB, tidb_server_path, tidb_unavailable_reason
 
 APP_USER = "app"
 APP_PASSWORD = "apppw"
@@ -51,6 +52,14 @@ def pytest_configure(config: pytest.Config) -> None:
             raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
         signal.signal(signal.SIGTERM, _interrupt)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """One line each for TiDB and DM, built by hand outside the checkout: what the suites that
+    need them ran with, or why they were skipped."""
+    tidb, dm = tidb_unavailable_reason(), dm_unavailable_reason()
+    terminalreporter.write_line(f"TiDB suites skipped: {tidb}" if tidb else f"TiDB for the suites that need it: {tidb_server_path()}")
+    terminalreporter.write_line(f"DM suites skipped: {dm}" if dm else "DM for the suites that need it: dm-master, dm-worker, dm-ctl found")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
