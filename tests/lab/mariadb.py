@@ -34,7 +34,7 @@ import time
 import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pymysql
 
@@ -237,10 +237,60 @@ def _finalize(holder: list[subprocess.Popen | None]) -> None:
         _unregister(proc.pid)
 
 
-class MariaDB:
+class ServerProcess:
+    """What the lab's servers (MariaDB here, TiDB in tests/lab/tidb.py) share: the address, the
+    process, and the calls that do not depend on the server. A subclass sets ``_port``,
+    ``_socket_path``, ``_holder``, ``error`` and defines ``start``, ``stop`` and ``query``."""
+
+    error: type[Exception] = RuntimeError
+    _port: int
+    _socket_path: Path
+    _holder: list[subprocess.Popen | None]
+
+    @property
+    def host(self) -> str:
+        return HOST
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def socket_path(self) -> Path:
+        return self._socket_path
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._holder[0]
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def is_running(self) -> bool:
+        proc = self._holder[0]
+        return proc is not None and proc.poll() is None
+
+    def _require_running(self) -> subprocess.Popen:
+        proc = self._holder[0]
+        if proc is None or proc.poll() is not None:
+            raise self.error(f"{self!r} is not running")
+        return proc
+
+    def create_database(self, name: str) -> None:
+        quoted = "`" + name.replace("`", "``") + "`"
+        self.query(f"CREATE DATABASE IF NOT EXISTS {quoted} CHARACTER SET utf8mb4")
+
+
+class MariaDB(ServerProcess):
     """One throwaway mariadbd, listening on 127.0.0.1:port and a unix socket."""
 
     flavor = "mariadb"
+    error = MariaDBError
 
     def __init__(
         self,
@@ -276,35 +326,9 @@ class MariaDB:
         self._finalizer = weakref.finalize(self, _finalize, self._holder)
         self._log_offset = 0
 
-    # -- properties --------------------------------------------------------
-
-    @property
-    def host(self) -> str:
-        return HOST
-
-    @property
-    def port(self) -> int:
-        return self._port
-
-    @property
-    def socket_path(self) -> Path:
-        return self._socket_path
-
-    @property
-    def pid(self) -> int | None:
-        proc = self._holder[0]
-        return proc.pid if proc is not None and proc.poll() is None else None
-
     def __repr__(self) -> str:
         state = f"pid {self.pid}" if self.is_running() else "stopped"
         return f"<MariaDB {self.host}:{self.port} {state} {self.basedir}>"
-
-    def __enter__(self) -> MariaDB:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -374,10 +398,6 @@ class MariaDB:
             raise MariaDBError(f"mariadb-install-db failed with exit status {res.returncode}: {' '.join(cmd)}\n{out}")
         shutil.rmtree(self.datadir, ignore_errors=True)
         tmp.rename(self.datadir)
-
-    def is_running(self) -> bool:
-        proc = self._holder[0]
-        return proc is not None and proc.poll() is None
 
     def start(self, timeout: float = 30) -> None:
         """Start mariadbd and wait until root can log in over TCP and the socket."""
@@ -515,12 +535,6 @@ class MariaDB:
         proc = self._require_running()
         proc.send_signal(_signal.SIGCONT)
 
-    def _require_running(self) -> subprocess.Popen:
-        proc = self._holder[0]
-        if proc is None or proc.poll() is not None:
-            raise MariaDBError(f"{self!r} is not running")
-        return proc
-
     def error_log_text(self) -> str:
         """The whole error log (all starts so far), or '' if there is none yet."""
         return read_log(self.log_path)
@@ -571,7 +585,3 @@ class MariaDB:
                     cur.execute(f"GRANT {grants} TO {account}")
         finally:
             conn.close()
-
-    def create_database(self, name: str) -> None:
-        quoted = "`" + name.replace("`", "``") + "`"
-        self.query(f"CREATE DATABASE IF NOT EXISTS {quoted} CHARACTER SET utf8mb4")

@@ -32,7 +32,17 @@ from typing import Any
 
 import pymysql
 
-from tests.lab.mariadb import _CLIENT_DEFAULTS, HOST, _finalize, _kill_group, _reap_orphans, _register, _unregister, free_port
+from tests.lab.mariadb import (
+    _CLIENT_DEFAULTS,
+    HOST,
+    ServerProcess,
+    _finalize,
+    _kill_group,
+    _reap_orphans,
+    _register,
+    _unregister,
+    free_port,
+)
 from tests.lab.procs import read_log
 
 ENV_BINARY = "REPLAY_PROXY_TIDB_SERVER"
@@ -66,10 +76,11 @@ def _size(value: str) -> int:
     return int(value[:-1]) * units[value[-1].upper()] if value[-1:].upper() in units else int(value)
 
 
-class TiDB:
+class TiDB(ServerProcess):
     """One throwaway tidb-server on 127.0.0.1: SQL port ``port``, status port ``status_port``."""
 
     flavor = "tidb"
+    error = TiDBError
     tls = None
 
     def __init__(self, basedir: Path, port: int | None = None, max_allowed_packet: str = "64M",
@@ -95,33 +106,9 @@ class TiDB:
         self._log_offset = 0
         self._bootstrapped = False
 
-    @property
-    def host(self) -> str:
-        return HOST
-
-    @property
-    def port(self) -> int:
-        return self._port
-
-    @property
-    def socket_path(self) -> Path:
-        return self._socket_path
-
-    @property
-    def pid(self) -> int | None:
-        proc = self._holder[0]
-        return proc.pid if proc is not None and proc.poll() is None else None
-
     def __repr__(self) -> str:
         state = f"pid {self.pid}" if self.is_running() else "stopped"
         return f"<TiDB {self.host}:{self.port} status {self.status_port} {state} {self.basedir}>"
-
-    def __enter__(self) -> TiDB:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -145,10 +132,6 @@ class TiDB:
             "[pessimistic-txn]\ndeadlock-history-capacity = 10000\n"
             f"[instance]\ntidb_general_log = {'true' if self.general_log else 'false'}\n"
         )
-
-    def is_running(self) -> bool:
-        proc = self._holder[0]
-        return proc is not None and proc.poll() is None
 
     def start(self, timeout: float = 90) -> None:
         """Start tidb-server and wait until root logs in (the first start bootstraps the store:
@@ -259,12 +242,6 @@ class TiDB:
     def resume(self) -> None:
         self._require_running().send_signal(_signal.SIGCONT)
 
-    def _require_running(self) -> subprocess.Popen:
-        proc = self._holder[0]
-        if proc is None or proc.poll() is not None:
-            raise TiDBError(f"{self!r} is not running")
-        return proc
-
     def error_log_text(self) -> str:
         return read_log(self.log_path)
 
@@ -309,7 +286,3 @@ class TiDB:
                 cur.execute(f"GRANT {grants} TO {account}")
         finally:
             conn.close()
-
-    def create_database(self, name: str) -> None:
-        quoted = "`" + name.replace("`", "``") + "`"
-        self.query(f"CREATE DATABASE IF NOT EXISTS {quoted} CHARACTER SET utf8mb4")
