@@ -126,6 +126,24 @@ SHOWN_DDL = [
     "CREATE DEFINER = CURRENT_USER() TRIGGER tr BEFORE INSERT ON t FOR EACH ROW SET NEW.a = f()",
     "CREATE FUNCTION g(x INT) RETURNS INT DETERMINISTIC RETURN f(x)",
     "CREATE EVENT e ON SCHEDULE EVERY 1 HOUR STARTS NOW() DO INSERT INTO t VALUES (f())",
+    # Types, defaults and options real schemas use (built-in functions are not stored ones).
+    "CREATE TABLE t (a DATETIME(6) DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6),"
+    " e ENUM('a','b') NOT NULL DEFAULT 'a', s SET('x','y'), b BIT(1) DEFAULT b'0', f FLOAT(7,4),"
+    " y YEAR(4), j JSON, g GEOMETRY, i INET6, u UUID, h INT1(3), k FIXED(10,2), l LONG VARCHAR)",
+    "CREATE TABLE t (id BINARY(16) DEFAULT (UUID_TO_BIN(UUID())) PRIMARY KEY, c CHAR(1) DEFAULT (CHAR(65)))",
+    "CREATE TABLE t (count INT, `user` VARCHAR(10), `year` YEAR, KEY k_year (`year`), KEY k_user (`user`(5)))",
+    "CREATE TABLE t (a JSON, b INT AS (JSON_EXTRACT(a, '$.id')) STORED, KEY (b), CHECK (b IN (1, 2)) NOT ENFORCED)",
+    "CREATE TABLE t (ts TIMESTAMP) PARTITION BY RANGE (UNIX_TIMESTAMP(ts))"
+    " (PARTITION p0 VALUES LESS THAN (UNIX_TIMESTAMP('2020-01-01 00:00:00')), PARTITION p1 VALUES LESS THAN MAXVALUE)",
+    "CREATE TABLE t (created DATETIME) /*T![ttl] TTL=`created` + INTERVAL 1 DAY */ /*T![ttl] TTL_ENABLE='ON' */",
+    "CREATE TABLE t (id BIGINT PRIMARY KEY /*T![auto_rand] AUTO_RANDOM(5) */) SHARD_ROW_ID_BITS = 4",
+    "CREATE TABLE t (a INT KEY, b INT UNIQUE KEY, c INT UNIQUE, INDEX USING HASH (b), PRIMARY KEY (a, b) NONCLUSTERED)",
+    "ALTER TABLE t ADD COLUMN IF NOT EXISTS c INT, ADD INDEX IF NOT EXISTS i (a), DROP COLUMN IF EXISTS d",
+    "ALTER TABLE t ALGORITHM=INPLACE, LOCK=NONE, ADD FULLTEXT INDEX ft (a) WITH PARSER ngram",
+    "ALTER TABLE t CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+    "ALTER TABLE t EXCHANGE PARTITION p WITH TABLE t2",
+    "ALTER TABLE t SET TIFLASH REPLICA 1",
+    "CREATE INDEX f ON t (g(1))",  # column g, a prefix of 1
 ]
 
 
@@ -178,6 +196,27 @@ EVALUATED = [
     "ALTER TABLE t ORDER BY {e}",
     "CREATE EVENT e ON SCHEDULE AT {e} DO SELECT 1",
     "CREATE EVENT e ON SCHEDULE EVERY 1 DAY STARTS {e} DO SELECT 1",
+    # A column named like a clause word is a column: `key` INT DEFAULT (...) is no index.
+    "CREATE TABLE t (`key` INT DEFAULT ({e}))",
+    "CREATE TABLE t (`unique` INT, `check` INT, `default` INT AS ({e}))",
+    "CREATE TABLE t (`range` INT, `than` INT, `auto_random` INT DEFAULT ({e}))",
+    "CREATE TABLE t (vector INT, b INT DEFAULT ({e}))",
+    "ALTER TABLE t CHANGE `key` `unique` INT DEFAULT ({e})",
+    # What follows a key, a reference, a partition list is read again as what it is.
+    "CREATE TABLE t (a INT, KEY k (a(10) DESC) USING HASH COMMENT 'x', b INT DEFAULT ({e}))",
+    "CREATE TABLE t (a INT REFERENCES p (id) ON DELETE CASCADE, b INT AS ({e}))",
+    "CREATE TABLE t (a INT, CONSTRAINT PRIMARY KEY (a), CONSTRAINT CHECK ({e}))",
+    "CREATE TABLE t (a INT, KEY k (a(({e}))))",
+    "CREATE TABLE t (a INT) PARTITION BY RANGE (a) SUBPARTITION BY HASH ({e}) (PARTITION p0 VALUES LESS THAN (1))",
+    "CREATE TABLE t (a INT) PARTITION BY HASH (a) (PARTITION p0 COMMENT 'x') SELECT {e}",
+    "CREATE TABLE t (a INT) UNION = (t1, t2) SELECT {e}",
+    "CREATE TABLE t (a TIMESTAMP DEFAULT 0 ON UPDATE {e})",
+    "CREATE TABLE t (a INT) SELECT 1 UNION SELECT {e}",
+    "ALTER TABLE t ADD KEY k (a), ALTER INDEX i INVISIBLE, ADD COLUMN b INT DEFAULT ({e})",
+    "ALTER TABLE t ADD PRIMARY KEY (a), ADD b INT DEFAULT ({e})",
+    # TiDB's TTL is an expression too.
+    "CREATE TABLE t (c DATETIME) TTL = {e} + INTERVAL 1 DAY",
+    "ALTER TABLE t TTL = {e} + INTERVAL 1 DAY",
 ]
 
 
