@@ -187,6 +187,17 @@ def _classify_show(sql: str, kws: tuple[str, ...], r: tk.Reading) -> Statement:
     return _READ_ONLY_SHOW if read_only else Statement(Kind.SHOW, session_unrestorable=reason, runs_code=stored)
 
 
+def _classify_admin(sql: str, kws: tuple[str, ...], r: tk.Reading) -> Statement:
+    """TiDB's ADMIN SHOW / CHECK / CHECKSUM only read, and commit nothing (measured: an open
+    transaction stays open). DM sends ADMIN SHOW DDL JOBS 10 and ADMIN SHOW DDL JOB QUERIES
+    LIMIT 10 OFFSET n when a DDL lost its connection. The other ADMIN statements (CANCEL DDL
+    JOBS, RECOVER INDEX, RELOAD, ...) act on the cluster, outside any transaction: a replay
+    would repeat them, so they stay unknown."""
+    if kws[1:] not in (("SHOW",), ("CHECK",), ("CHECKSUM",)):
+        return Statement(Kind.OTHER, unknown=f"ADMIN {' '.join(kws[1:])} is not known to the proxy")
+    return _classify_show(sql, kws, r)  # ADMIN SHOW DDL JOBS 5 WHERE ... is a SHOW's WHERE
+
+
 def _classify_use(sql: str, kws: tuple[str, ...], r: tk.Reading) -> Statement:
     tokens = r.tokens(sql)
     if len(tokens) != 2 or tokens[1].kind not in NAME_KINDS:
@@ -456,4 +467,5 @@ _HANDLERS = {
     "INSTALL": _classify_other_commit, "UNINSTALL": _classify_other_commit,
     "STOP": _classify_stop, "CHANGE": _classify_change, "CHECK": _classify_check, "HELP": _classify_help,
     "KILL": _classify_kill, "SIGNAL": _classify_signal, "RESIGNAL": _classify_signal,
+    "ADMIN": _classify_admin,
 }  # fmt: skip

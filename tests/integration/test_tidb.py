@@ -201,3 +201,31 @@ def test_tidb_session_variables_are_restored_after_a_restart(tidb_factory, tmp_p
         client.close()
     finally:
         proxy.stop()
+
+
+def test_dms_ddl_status_queries_keep_the_session_restorable(tidb_factory, tmp_path):
+    # DM asks these after a DDL lost its connection (dm/syncer/util.go getDDLStatusFromTiDB);
+    # read as unknown they made the session unrestorable, and the next restart paused the task.
+    db = tidb_factory()
+    proxy = start_proxy(tmp_path / "proxy", db.port)
+    try:
+        client = connect(proxy.port)
+        with client.cursor() as cur:
+            cur.execute("CREATE TABLE admin_reads (id INT PRIMARY KEY)")
+            cur.execute("SET @worker = 7, tidb_txn_mode = 'optimistic'")
+            cur.execute("BEGIN")
+            cur.execute("INSERT INTO admin_reads VALUES (1)")
+            for sql in ("ADMIN SHOW DDL JOBS 10", "ADMIN SHOW DDL JOB QUERIES LIMIT 10 OFFSET 0", "ADMIN CHECK TABLE admin_reads"):
+                cur.execute(sql)
+                cur.fetchall()
+                assert client.server_status & 1, f"{sql} ended the transaction"
+            cur.execute("ROLLBACK")
+        before = scalar(client, "SELECT CONNECTION_ID()")
+        db.restart()
+        assert scalar(client, "SELECT @worker") == 7
+        assert scalar(client, "SELECT @@tidb_txn_mode") == "optimistic"
+        assert scalar(client, "SELECT COUNT(*) FROM admin_reads") == 0
+        assert scalar(client, "SELECT CONNECTION_ID()") != before
+        client.close()
+    finally:
+        proxy.stop()

@@ -30,6 +30,7 @@ from proxy.sqltext import (
     tokenize,
 )
 from proxy.sqltext.classify import analyze
+from proxy.sqltext.dialect import TIDB
 from proxy.sqltext.expressions import reads_last_results
 from proxy.sqltext.idempotence import changes_no_rows
 from proxy.sqltext.tokens import unquote
@@ -466,6 +467,32 @@ def test_session_unrestorable(sql, fragment):
 )
 def test_session_restorable(sql):
     assert classify(sql).session_unrestorable is None
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        # What DM v8.5.5 asks TiDB after a DDL lost its connection (dm/syncer/util.go).
+        "ADMIN SHOW DDL JOBS 10",
+        "ADMIN SHOW DDL JOB QUERIES LIMIT 10 OFFSET 20",
+        "admin show ddl jobs 5 where state = 'synced'",
+        "ADMIN CHECK TABLE t",
+        "ADMIN CHECKSUM TABLE t",
+        "ADMIN SHOW t NEXT_ROW_ID",
+    ],
+)
+def test_tidb_admin_reads_are_known_reads(sql):
+    st = classify(sql, dialect=TIDB)
+    assert (st.read_only, st.implicit_commit, st.unknown, st.session_unrestorable, st.runs_code) == (True, False, None, None, False)
+
+
+def test_tidb_admin_is_judged_like_any_statement():
+    assert classify("ADMIN SHOW DDL JOBS 1 WHERE f(1)", dialect=TIDB).runs_code
+    assert classify("ADMIN SHOW DDL JOBS 1 WHERE GET_LOCK('a', 1)", dialect=TIDB).session_unrestorable
+    assert not classify("ADMIN SHOW DDL JOBS 1 WHERE JOB_ID = LAST_INSERT_ID(7)", dialect=TIDB).read_only
+    # CANCEL, RECOVER, RELOAD act on the cluster outside any transaction: a replay would repeat them.
+    for sql in ("ADMIN CANCEL DDL JOBS 1", "ADMIN RECOVER INDEX t i", "ADMIN RELOAD BINDINGS"):
+        assert classify(sql, dialect=TIDB).unknown
 
 
 def test_needs_capture():
