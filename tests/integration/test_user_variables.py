@@ -95,3 +95,31 @@ def test_a_variable_assigned_out_of_sight_is_not_restored_silently(db_factory, p
             cur.execute("SELECT @v, @w")
     assert lost.value.args[0] == 1158, lost.value  # the session could not be rebuilt, and says why
     assert "a user variable is assigned inside a query" in lost.value.args[1], lost.value
+
+
+def test_dms_ddl_session_dance_leaves_the_defaults_restored(db_factory, proxy_factory):
+    # DM v8.5.5 runs each replicated DDL as SET TIME_ZONE = '<upstream's>', SET TIMESTAMP = <binlog
+    # time>, the DDL, then both back to DEFAULT (dm/syncer/syncer.go), in the text the corpus
+    # shows. After a restart the new connection must carry neither the old clock nor the zone.
+    db = db_factory()
+    proxy = proxy_factory(db.port)
+    conn = rawps.connect(proxy.port)
+    with conn.cursor() as cur:
+        cur.execute("SET @@SESSION.`TIME_ZONE`=_UTF8MB4'+00:00'")
+        cur.execute("SET @@SESSION.`TIMESTAMP`=1000000000")
+        cur.execute("CREATE TABLE IF NOT EXISTS ddl_dance (id INT PRIMARY KEY, note VARCHAR(8) DEFAULT 'x', UNIQUE KEY uk (note))")
+        cur.execute("SET @@SESSION.`TIMESTAMP`=DEFAULT")
+        cur.execute("SET @@SESSION.`TIME_ZONE`=DEFAULT")
+        cur.execute("SET @@SESSION.`TIMESTAMP`=1000000000")  # and one still in force at the restart
+        cur.execute("SELECT CONNECTION_ID()")
+        before_id = cur.fetchone()[0]
+    db.restart()
+    with conn.cursor() as cur:
+        cur.execute("SELECT CONNECTION_ID(), UNIX_TIMESTAMP(), @@session.time_zone = @@global.time_zone")
+        now_id, clock, default_zone = cur.fetchone()
+        cur.execute("SET @@SESSION.`TIMESTAMP`=DEFAULT")
+        cur.execute("SELECT UNIX_TIMESTAMP() > 1700000000")
+        assert cur.fetchone()[0] == 1
+    assert now_id != before_id
+    assert int(clock) == 1000000000 and default_zone == 1
+    conn.close()
