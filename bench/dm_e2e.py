@@ -276,20 +276,24 @@ def error_kind(fields: str) -> str:
     return _NUMBERS.sub("N", f"{what}: {cause_text}" if cause_text else what)[:70]
 
 
-def dm_events(dm: DMCluster, started: float) -> dict[str, Any]:
+def dm_events(dm: DMCluster, started: float, now: float | None = None) -> dict[str, Any]:
+    """What dm-worker's log says happened. A pause with no resume after it (DM's ``task can't
+    auto resume``: a load-unit error is not retried) lasts until ``now``, when the log is read."""
+    now = time.time() if now is None else now
     pauses = dm.pauses()
     resumes = dm.events("dispatch auto resume task")
     failures = dm.events("unit process error")  # the errors a pause reports, one line each
     retried = dm.events("execute sql failed by connection error", "execute statements")  # retried in place
-    paused_for, spans = 0.0, []
+    paused_for, spans, unresumed = 0.0, [], 0
     for p in pauses:
         nxt = next((r.at for r in resumes if r.at >= p.at), None)
         spans.append((p.at - started, (nxt - started) if nxt else None))
-        paused_for += (nxt - p.at) if nxt else 0.0
+        paused_for += (nxt if nxt else now) - p.at
+        unresumed += nxt is None
     kinds = Counter(error_kind(e.fields) for e in failures)
     switched = [e.at for e in dm.events("switching to next unit") if "unit=Load" in e.fields]
     units = Counter(m.group(1) for e in pauses for m in [re.search(r"\[unit=\"?([^\]\"]+)", e.fields)] if m)
-    return {"pauses": len(pauses), "paused_s": paused_for, "sync_started": switched[-1] if switched else None,
+    return {"pauses": len(pauses), "paused_s": paused_for, "never_resumed": unresumed, "sync_started": switched[-1] if switched else None,
             "pause_spans": spans, "paused_units": dict(units), "resumes": len(resumes),
             "failed": dict(kinds.most_common()), "failed_total": sum(kinds.values()), "retried_in_place": len(retried)}  # fmt: skip
 
@@ -419,7 +423,7 @@ def render(results: dict[str, Any]) -> str:
     row("graceful waits (s)", lambda r: ",".join(sorted({str(x["graceful_wait"]) for x in r["restarts"]})))
     row("upstream transactions", lambda r: str(r["load"]["transactions"]))
     row("DM pauses (dm-worker log)", lambda r: str(r["dm"]["pauses"]))
-    row("time paused (s)", lambda r: f"{r['dm']['paused_s']:.0f}")
+    row("time paused (s)", lambda r: f"{r['dm']['paused_s']:.0f}" + (" (no resume)" if r["dm"].get("never_resumed") else ""))
     row("auto-resumes", lambda r: str(r["dm"]["resumes"]))
     row("failed statements (dm-worker log)", lambda r: str(r["dm"]["failed_total"]))
     row("  of which retried in place by DM", lambda r: str(r["dm"]["retried_in_place"]))
