@@ -55,7 +55,7 @@ TIDB_DISRUPTIONS = [
     ("graceful restarts, wait 2 s", 2, False),
     ("SQL layer crash (shim)", 0, True),
 ]
-TIDB_WORKLOADS = [SAFE, MARKER]
+TIDB_WORKLOADS = [SAFE, MARKER, PREPARED]
 
 
 def row(scenario: str, workload: str, direct: ChaosResult, proxied: ChaosResult, proxy_log: str) -> dict[str, Any]:

@@ -30,7 +30,16 @@ INTERVAL = 3.0
 
 
 async def through_proxy(
-    tidb_factory, tmp_path, label: str, sql: str, *, graceful_wait: int = 0, crash: bool = False, interval: float = INTERVAL, **recovery
+    tidb_factory,
+    tmp_path,
+    label: str,
+    sql: str,
+    *,
+    graceful_wait: int = 0,
+    crash: bool = False,
+    interval: float = INTERVAL,
+    extra: dict | None = None,
+    **recovery,
 ) -> tuple[ChaosResult, str]:
     server = tidb_factory(graceful_wait=graceful_wait)
     shim = FaultShim(server.port).start() if crash else None
@@ -46,6 +55,7 @@ async def through_proxy(
                 duration=DURATION,
                 interval=interval,
                 disrupt=crashing(shim) if shim else None,
+                extra=extra,
             )
         finally:
             log = proxy.stop()
@@ -79,6 +89,16 @@ async def test_graceful_restarts_with_a_wait_insert_with_commit_markers(tidb_fac
     check(
         *await through_proxy(tidb_factory, tmp_path, "graceful2_marker", "insert", graceful_wait=2, interval=2.0, commit_marker=True)
     )  # a restart takes 3-5 s here: >= 3 of them in 20 s
+
+
+async def test_graceful_restarts_prepared_statements(tidb_factory, goclient, tmp_path):
+    """interpolateParams=false (what DM falls back to for a statement over max_allowed_packet):
+    every statement through COM_STMT_PREPARE / EXECUTE / CLOSE, statement ids renumbered on
+    the new connection, safe mode."""
+    result, log = await through_proxy(
+        tidb_factory, tmp_path, "graceful0_prepared", "safe", extra={"extra_dsn": "interpolateParams=false"}, idempotent="safe-mode"
+    )
+    check(result, log)
 
 
 async def test_sql_layer_crashes_insert_with_commit_markers(tidb_factory, goclient, tmp_path):
