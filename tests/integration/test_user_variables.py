@@ -100,7 +100,8 @@ def test_a_variable_assigned_out_of_sight_is_not_restored_silently(db_factory, p
 def test_dms_ddl_session_dance_leaves_the_defaults_restored(db_factory, proxy_factory):
     # DM v8.5.5 runs each replicated DDL as SET TIME_ZONE = '<upstream's>', SET TIMESTAMP = <binlog
     # time>, the DDL, then both back to DEFAULT (dm/syncer/syncer.go), in the text the corpus
-    # shows. After a restart the new connection must carry neither the old clock nor the zone.
+    # shows. After a restart the new connection carries what is in force then: the default zone
+    # (not the DDL's), and the clock only while a SET TIMESTAMP still holds it.
     db = db_factory()
     proxy = proxy_factory(db.port)
     conn = rawps.connect(proxy.port)
