@@ -9,7 +9,10 @@ then decide (``proves``):
 
 - REPLACE / ODKU: every row gives every column of one PRIMARY or UNIQUE key (all its columns
   NOT NULL) a non-NULL constant. Then the row with that key ends up with the statement's
-  values whatever it held, so a second run ends where the first did. Without it (an
+  values whatever it held, so a second run ends where the first did. An ODKU's ``c = constant``
+  keeps that only when every row inserts that same constant into c: after a first run that
+  inserted the row, a second one finds it and applies the UPDATE part (``VALUES (1, 1) ON
+  DUPLICATE KEY UPDATE n = 5`` leaves n = 1, then 5). Without it (an
   AUTO_INCREMENT id left out or NULL, a nullable unique key), a second run adds a row. A
   REPLACE deletes the row it conflicts with and inserts a new one: it must also give the
   AUTO_INCREMENT column, or the row comes back with a new id.
@@ -61,6 +64,11 @@ class Claim:
     assigned: frozenset[str] = frozenset()
     where: frozenset[str] = frozenset()
     replaces: bool = False  # REPLACE: deletes the conflicting row and inserts a new one
+    # ODKU ``c = literal``: (c, the literal's text), which every row must insert into c as well;
+    # then the insert's column list (None: the table's order) and each row's literal texts.
+    same_as_inserted: tuple[tuple[str, str], ...] = ()
+    columns: tuple[str, ...] | None = None
+    rows: tuple[tuple[str, ...], ...] = ()
 
 
 @attrs.frozen
@@ -85,6 +93,12 @@ def proves(c: Claim, keys: TableKeys, foreign_key_checks: bool = True) -> bool:
             return False
         if c.replaces and keys.auto_increment is not None and keys.auto_increment not in names:
             return False  # the row comes back with a new AUTO_INCREMENT id each time
+    if c.same_as_inserted:
+        order = list(c.columns) if c.columns is not None else list(keys.columns)
+        for column, literal in c.same_as_inserted:
+            i = order.index(column) if column in order else -1
+            if i < 0 or any(i >= len(row) or row[i] != literal for row in c.rows):
+                return False  # a second run would update the row the first one inserted
     return not (c.assigned & keys.key_columns) and not (c.assigned & c.where)
 
 
@@ -206,14 +220,21 @@ def _insert_claim(sql: str, dialect: Dialect, nbe: bool, null_params: list[bool]
     table, columns = insert_target(sql, head, dialect, nbe)
     if table is None:
         return None
+    same: tuple[tuple[str, str], ...] = ()
     if head.verb == "INSERT":
         updated = _on_duplicate_assigned(tail, columns, nbe)
         if updated is None:
             return None
-        assigned = updated
+        assigned, same = updated
     params = iter(null_params) if null_params is not None else None
-    fixed = tuple({_fixed_columns(row, columns, params) for row in _row_literals(sql, head.rows_start, rows.end(), nbe)})
-    return Claim(table, fixed, assigned, replaces=head.verb == "REPLACE")
+    literal_rows = _row_literals(sql, head.rows_start, rows.end(), nbe)
+    if not same:
+        fixed = tuple({_fixed_columns(row, columns, params) for row in literal_rows})
+        return Claim(table, fixed, assigned, replaces=head.verb == "REPLACE")
+    kept = [tuple(row) for row in literal_rows]  # kept only when a constant must be compared
+    fixed = tuple({_fixed_columns(list(row), columns, params) for row in kept})
+    return Claim(table, fixed, assigned, same_as_inserted=same, columns=tuple(columns) if columns is not None else None,
+                 rows=tuple(kept))  # fmt: skip
 
 
 def _fixed_columns(row: list[str], columns: list[str] | None, null_params) -> frozenset[str | int]:
@@ -230,11 +251,14 @@ def _fixed_columns(row: list[str], columns: list[str] | None, null_params) -> fr
     return frozenset(fixed)
 
 
-def _on_duplicate_assigned(tokens: list[Token], columns: list[str] | None, nbe: bool) -> frozenset[str] | None:
+def _on_duplicate_assigned(
+    tokens: list[Token], columns: list[str] | None, nbe: bool
+) -> tuple[frozenset[str], tuple[tuple[str, str], ...]] | None:
     """``[AS alias [(cols)]] ON DUPLICATE KEY UPDATE`` whose right sides use only the new row's
     values or literals, never the existing row (``c = c + 1`` is not idempotent): the columns
     it sets to something else than their own new value (``c = VALUES(c)`` makes the row what
-    the statement inserts, as REPLACE does), or None."""
+    the statement inserts, as REPLACE does), with (column, literal) for each ``c = literal``
+    (the rows must insert that literal into c), or None."""
     i, alias, alias_columns = 0, None, []
     if tk.word(tokens, 0) == "AS":
         if len(tokens) < 2 or tokens[1].kind not in NAME_KINDS:
@@ -249,7 +273,8 @@ def _on_duplicate_assigned(tokens: list[Token], columns: list[str] | None, nbe: 
     if [tk.word(tokens, j) for j in range(i, i + 4)] != ["ON", "DUPLICATE", "KEY", "UPDATE"]:
         return None
     items = tk.split_top_level(tokens[i + 4 :])
-    assigned = set()
+    assigned: set[str] = set()
+    same: list[tuple[str, str]] = []
     for item in items:
         column_end = _column_ref_end(item, 0)
         if column_end < 0 or not tk.is_punct(item, column_end, "="):
@@ -259,10 +284,13 @@ def _on_duplicate_assigned(tokens: list[Token], columns: list[str] | None, nbe: 
         source = _new_row_column(rhs, alias, alias_columns, columns, nbe)
         if source == column:
             continue  # the column gets its own inserted value: the row becomes what is inserted
-        if source is None and not tk.is_constant(rhs, bare_words=False, placeholders=True):
+        if source is not None or len(rhs) != 1 or rhs[0].kind is TokenKind.PLACEHOLDER:
+            return None  # another column's new value, an expression, a value bound later
+        if not tk.is_constant(rhs, bare_words=False, placeholders=False):
             return None
         assigned.add(column)
-    return frozenset(assigned) if items else None
+        same.append((column, rhs[0].text))
+    return (frozenset(assigned), tuple(same)) if items else None
 
 
 def _new_row_column(rhs: list[Token], alias: str | None, alias_columns: list[str], columns: list[str] | None, nbe: bool) -> str | None:

@@ -442,6 +442,18 @@ inflight(
     faults=(DROP,),
 )
 inflight(
+    # c = a constant other than the one inserted: the first run inserts row 5 with 'new', a
+    # second would find it and make it 'dup' (safe mode claimed it idempotent: the row ended 'dup').
+    "autocommit-odku-const-other",
+    ["INSERT INTO t VALUES (5, 'new') ON DUPLICATE KEY UPDATE v = 'dup'", "SELECT 1"],
+    0,
+    setup=[T, T_ROWS],
+    before={QT: [(3, "c"), (4, "d")]},
+    after={QT: [(3, "c"), (4, "d"), (5, "new")]},
+    idem=False,
+    faults=(DROP,),
+)
+inflight(
     "autocommit-odku-concat",
     ["INSERT INTO t VALUES (3, 'z') ON DUPLICATE KEY UPDATE v = CONCAT(v, '!')", "SELECT 1"],
     0,
