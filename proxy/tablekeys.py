@@ -62,7 +62,9 @@ async def _read_keys(backend: Backend, database: str, table: str) -> TableKeys |
     except BackendError as exc:
         log.warning("safe mode: cannot read the keys of %s.%s: %s", database, table, exc)
         return None
-    names = [lower_text(row[0]) for row in columns]
+    # An INSERT without a column list fills the visible columns only (MariaDB's INVISIBLE):
+    # its values are matched to those, in order.
+    visible = tuple(lower_text(row[0]) for row in columns if "invisible" not in lower_text(row[2]))
     nullable = {lower_text(row[0]) for row in columns if lower_text(row[1]).upper() == "YES"}
     indexes: dict[str, list[str]] = {}
     for index, column in index_rows:
@@ -71,7 +73,7 @@ async def _read_keys(backend: Backend, database: str, table: str) -> TableKeys |
     return TableKeys(
         unique_keys=unique,
         key_columns=frozenset(c for cols in indexes.values() for c in cols),
-        columns=tuple(names),
+        columns=visible,
         has_triggers=_count(triggers) > 0,
         referenced=_count(referenced) > 0,
         auto_increment=next((lower_text(row[0]) for row in columns if "auto_increment" in lower_text(row[2])), None),

@@ -77,7 +77,7 @@ class TableKeys:
 
     unique_keys: tuple[frozenset[str], ...]  # PRIMARY and UNIQUE keys whose columns are all NOT NULL
     key_columns: frozenset[str]  # every column of every unique key (nullable ones included)
-    columns: tuple[str, ...]  # in table order (for INSERTs without a column list)
+    columns: tuple[str, ...]  # the visible ones, in table order: what an INSERT without a column list fills
     has_triggers: bool = False
     referenced: bool = False  # a foreign key of another table refers to it
     auto_increment: str | None = None  # the AUTO_INCREMENT column

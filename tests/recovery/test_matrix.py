@@ -442,6 +442,18 @@ inflight(
     faults=(DROP,),
 )
 inflight(
+    # Without a column list the values fill the visible columns: NULL is the AUTO_INCREMENT id,
+    # not the invisible h, so each run adds a row (the keys read once took 5 for the id).
+    "autocommit-replace-invisible-column",
+    ["REPLACE INTO inv VALUES (NULL, 5)", "SELECT 1"],
+    0,
+    setup=["CREATE TABLE inv (h INT INVISIBLE DEFAULT 7, id INT AUTO_INCREMENT PRIMARY KEY, v INT)"],
+    before={"SELECT id, v FROM inv ORDER BY id": []},
+    after={"SELECT id, v FROM inv ORDER BY id": [(1, 5)]},
+    idem=False,
+    faults=(DROP,),
+)
+inflight(
     # c = a constant other than the one inserted: the first run inserts row 5 with 'new', a
     # second would find it and make it 'dup' (safe mode claimed it idempotent: the row ended 'dup').
     "autocommit-odku-const-other",
@@ -1765,6 +1777,7 @@ MARIADB_ONLY = {
         "SQL_CALC_FOUND_ROWS is a no-op on TiDB (1235 without tidb_enable_noop_functions)",
     ),
     "tx-readonly-commit-any-mode": "START TRANSACTION READ ONLY is a no-op on TiDB (1235 without tidb_enable_noop_functions)",
+    "autocommit-replace-invisible-column": "INVISIBLE columns are MariaDB's",
 }
 
 
