@@ -44,9 +44,15 @@ async def _read_keys(backend: Backend, database: str, table: str) -> TableKeys |
     where = f"TABLE_SCHEMA = {quote_string(database)} AND TABLE_NAME = {quote_string(table)}"
     try:
         columns = await backend.query(
-            f"SELECT COLUMN_NAME, IS_NULLABLE, EXTRA FROM information_schema.COLUMNS WHERE {where} ORDER BY ORDINAL_POSITION"
+            f"SELECT COLUMN_NAME, IS_NULLABLE, EXTRA, TABLE_SCHEMA, TABLE_NAME FROM information_schema.COLUMNS WHERE {where} "
+            "ORDER BY ORDINAL_POSITION"
         )
         if not columns:
+            return None
+        if len({(row[3], row[4]) for row in columns}) > 1:
+            # information_schema compares names without case: with lower_case_table_names = 0
+            # `t` and `T` are two tables, and which one a statement meant is not known here.
+            log.warning("safe mode: %s.%s names more than one table when case is ignored", database, table)
             return None
         index_rows = await backend.query(
             f"SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS WHERE {where} AND NON_UNIQUE = 0 ORDER BY INDEX_NAME, SEQ_IN_INDEX"

@@ -93,7 +93,7 @@ async def _disproof(keys: KeyCache, backend: Backend, c: Claim, current_db: str 
         database = current_db
     if database is None:
         return "no database selected"
-    table_keys = await keys.get(backend, database.lower(), table)
+    table_keys = await keys.get(backend, database, table)
     if table_keys is None:
         return f"the keys of {database}.{table} are unknown"
     if not proves(c, table_keys, fk_checks):
@@ -217,7 +217,7 @@ async def _generated(keys: KeyCache, backend: Backend, text: str, reading: Serve
     database = table[0] or current_db
     if database is None:
         return None
-    table_keys = await keys.get(backend, database.lower(), table[1])
+    table_keys = await keys.get(backend, database, table[1])
     if table_keys is None or table_keys.auto_increment is None:
         return None
     order = columns if columns is not None else list(table_keys.columns)

@@ -150,7 +150,7 @@ def parse_insert_head(sql: str, *, dialect: Dialect = UNKNOWN, no_backslash_esca
 
 def insert_target(sql: str, head: InsertHead, dialect: Dialect, nbe: bool) -> tuple[tuple[str | None, str] | None, list[str] | None]:
     """(table, listed columns or None) of an INSERT/REPLACE head; table is (database or None,
-    name), lower-cased; None when the head cannot be read."""
+    name) as written, the columns lower-cased; None when the head cannot be read."""
     tokens = tk.statement_tokens(sql[: head.rows_start], nbe, dialect)
     i = 1
     while tk.word(tokens, i) in ("LOW_PRIORITY", "DELAYED", "HIGH_PRIORITY", "INTO"):
@@ -204,6 +204,8 @@ def table_ref_end(tokens: list[Token], i: int) -> int:
 
 
 def table_name(ref: list[Token], nbe: bool) -> tuple[str | None, str]:
+    """(database or None, table) as written: with lower_case_table_names = 0 (MariaDB on
+    Linux) `t` and `T` are two tables, so the case is kept."""
     if len(ref) == 3:
-        return tk.name(ref[0], nbe).lower(), tk.name(ref[2], nbe).lower()
-    return None, tk.name(ref[0], nbe).lower()
+        return tk.name(ref[0], nbe), tk.name(ref[2], nbe)
+    return None, tk.name(ref[0], nbe)
