@@ -52,9 +52,10 @@ __all__ = ["Claim", "TableKeys", "claim", "proves", "is_idempotent"]
 class Claim:
     """What the text shows of a keyed write; ``proves`` checks it against the table's keys.
 
-    ``table``: (database or None for the session's, table), as written (``table_name``). ``fixed``: for each
-    row (REPLACE/ODKU) or WHERE alternative (DELETE/UPDATE), the columns given non-NULL
-    constants; a column is a name, or its 0-based position when the INSERT lists no columns.
+    ``table``: (database or None for the session's, table), as written (``table_name``).
+    ``fixed``: for each row (REPLACE/ODKU) or WHERE alternative (DELETE/UPDATE), the columns
+    given non-NULL constants; a column is a name, or its 0-based position when the INSERT lists
+    no columns.
     ``assigned``: columns an UPDATE / ON DUPLICATE KEY UPDATE changes (besides setting a key
     column to its own WHERE value). ``where``: the columns of the WHERE.
     """
