@@ -415,7 +415,8 @@ class FakeConnection:
             return self._result("COUNT(*)", [str(alive)])
         # information_schema as safe mode reads it: t (k PRIMARY KEY, v), no triggers, no FKs.
         if "FROM INFORMATION_SCHEMA.COLUMNS" in up and "TABLE_NAME = 'T'" in up:
-            return self._table(["COLUMN_NAME", "IS_NULLABLE", "EXTRA"], [["k", "NO", ""], ["v", "YES", ""]])
+            return self._table(["COLUMN_NAME", "IS_NULLABLE", "EXTRA", "TABLE_SCHEMA", "TABLE_NAME"],
+                               [["k", "NO", "", "test", "t"], ["v", "YES", "", "test", "t"]])  # fmt: skip
         if "FROM INFORMATION_SCHEMA.STATISTICS" in up and "TABLE_NAME = 'T'" in up:
             return self._table(["INDEX_NAME", "COLUMN_NAME"], [["PRIMARY", "k"]])
         if "FROM INFORMATION_SCHEMA.TRIGGERS" in up or "FROM INFORMATION_SCHEMA.REFERENTIAL_CONSTRAINTS" in up:
