@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import pymysql
 
+from bench import rawclient
 from bench.hygiene import raise_nofile
 from bench.procstat import CpuMeter, wait_rss_settled
 from bench.workloads import Metric, Settings, Workload, WorkloadError
@@ -28,19 +29,9 @@ if TYPE_CHECKING:
 
 
 def _connect(port: int) -> pymysql.connections.Connection:
-    # autocommit=None: PyMySQL sends nothing after the handshake on its own. ssl_disabled: PyMySQL
-    # would otherwise build an SSL context (loading the CA store, ~90 ms) for every connection.
-    return pymysql.connect(
-        host="127.0.0.1",
-        port=port,
-        user="app",
-        password="apppw",
-        autocommit=None,
-        ssl_disabled=True,
-        connect_timeout=10,
-        read_timeout=30,
-        write_timeout=30,
-    )
+    # rawclient.connect: autocommit=None (PyMySQL sends nothing after the handshake on its own),
+    # ssl_disabled (no SSL context, ~90 ms, per connection).
+    return rawclient.connect(port, read_timeout=30, write_timeout=30)
 
 
 class IdleConnections(Workload):
