@@ -317,17 +317,12 @@ def test_command_over_16_mib(shim: FaultShim, mariadb: MariaDB, table: str) -> N
 
 def test_prepared_statements(shim: FaultShim, mariadb: MariaDB, table: str) -> None:
     connector = pytest.importorskip("mysql.connector")
-    conn = connector.connect(
-        host=HOST,
-        port=shim.port,
-        user=APP_USER,
-        password=APP_PASSWORD,
-        database="test",
-        autocommit=True,
-        use_pure=True,
-        ssl_disabled=True,
-        connection_timeout=10,
-    )
+
+    def connect():
+        return connector.connect(host=HOST, port=shim.port, user=APP_USER, password=APP_PASSWORD, database="test",
+                                 autocommit=True, use_pure=True, ssl_disabled=True, connection_timeout=10)  # fmt: skip
+
+    conn = connect()
     try:
         cur = conn.cursor(prepared=True)
         cur.execute(f"INSERT INTO {table} VALUES (?, ?)", (1, "one"))
@@ -344,17 +339,7 @@ def test_prepared_statements(shim: FaultShim, mariadb: MariaDB, table: str) -> N
         except Exception:
             pass
 
-    conn = connector.connect(
-        host=HOST,
-        port=shim.port,
-        user=APP_USER,
-        password=APP_PASSWORD,
-        database="test",
-        autocommit=True,
-        use_pure=True,
-        ssl_disabled=True,
-        connection_timeout=10,
-    )
+    conn = connect()
     try:
         cur = conn.cursor(prepared=True)
         rule = shim.drop_answer(match=lambda c: c.code == 0x17)  # COM_STMT_EXECUTE
