@@ -18,6 +18,8 @@ from collections.abc import Iterable, Iterator
 
 import attrs
 
+from proxy.protocol.framing import with_statement_id
+
 __all__ = ["Piece", "LongDataSpool"]
 
 _CHUNK = 1 << 20
@@ -70,12 +72,8 @@ class LongDataSpool:
     def frames(self, piece: Piece, stmt_id: bytes | None = None) -> Iterator[bytes]:
         """The piece's frames in chunks of at most 1 MiB; ``stmt_id`` (4 bytes) replaces the
         statement id of its first frame (a statement prepared again got another id)."""
-        first = True
-        for chunk in self._chunks(piece):
-            if first and stmt_id is not None:
-                chunk = chunk[:5] + stmt_id + chunk[9:]  # frame header (4) + command byte (1)
-            first = False
-            yield chunk
+        chunks = self._chunks(piece)
+        return chunks if stmt_id is None else with_statement_id(chunks, stmt_id)
 
     def _chunks(self, piece: Piece) -> Iterator[bytes]:
         if piece.data is not None:

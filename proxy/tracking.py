@@ -30,7 +30,7 @@ import attrs
 from proxy.info import SessionInfo
 from proxy.longdata import LongDataSpool, Piece
 from proxy.protocol.constants import Commands, ServerStatus
-from proxy.protocol.framing import encode_packet
+from proxy.protocol.framing import encode_packet, with_statement_id
 from proxy.protocol.response import ResponseTracker
 from proxy.protocol.resultset import Column
 from proxy.sessionstate import PreparedStatement, SessionState, session_variable_literal, user_variable_literal
@@ -614,7 +614,7 @@ class SessionTracker:
         if stmt.backend_id == stmt.client_id:
             return cmd.frames()
         new_id = struct.pack("<I", stmt.backend_id)
-        return _first_patched(cmd.frames(), new_id)
+        return with_statement_id(cmd.frames(), new_id)
 
     def backend_ids(self) -> tuple[int, dict[PreparedStatement, tuple[int, int, bool]]]:
         """What ties the prepared statements to the current backend connection (a move that
@@ -638,13 +638,3 @@ class SessionTracker:
         stmt.types_bound_on_backend = False
         if backend_id != stmt.client_id:
             self.remap_ids = True
-
-
-def _first_patched(chunks, stmt_id: bytes):
-    """Chunks of frames with the statement id of the first frame replaced (header 4 + command 1)."""
-    first = True
-    for chunk in chunks:
-        if first:
-            chunk = chunk[:5] + stmt_id + chunk[9:]
-            first = False
-        yield chunk

@@ -7,12 +7,14 @@ packets and keeps the raw frames so the proxy can forward a packet exactly as it
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import attrs
 
 from proxy.protocol.constants import MAX_FRAME
 from proxy.protocol.packets import ProtocolError
 
-__all__ = ["Packet", "PacketDecoder", "encode_packet", "frame_header"]
+__all__ = ["Packet", "PacketDecoder", "encode_packet", "frame_header", "with_statement_id"]
 
 
 def frame_header(length: int, seq: int) -> bytes:
@@ -117,3 +119,14 @@ class PacketDecoder:
         if p == n:
             self._buf, self._pos = b"", 0
         return Packet(first_seq, seq, payload, raw)
+
+
+def with_statement_id(chunks: Iterable[bytes], stmt_id: bytes) -> Iterator[bytes]:
+    """A COM_STMT_* command's frames, in chunks, with the statement id (4 bytes after the frame
+    header and the command byte) of its first frame replaced by ``stmt_id``."""
+    first = True
+    for chunk in chunks:
+        if first:
+            chunk = chunk[:5] + stmt_id + chunk[9:]
+            first = False
+        yield chunk

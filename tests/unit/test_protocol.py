@@ -12,7 +12,7 @@ import pytest
 
 from proxy.protocol.auth import CACHING_SHA2, NATIVE, ClientAuth, ServerAuth, native_scramble, new_scramble, sha2_scramble
 from proxy.protocol.constants import MAX_FRAME, PROXY_CAPABILITIES, Capabilities
-from proxy.protocol.framing import PacketDecoder, encode_packet, frame_header
+from proxy.protocol.framing import PacketDecoder, encode_packet, frame_header, with_statement_id
 from proxy.protocol.packets import (
     HandshakeResponse,
     ProtocolError,
@@ -379,3 +379,12 @@ def test_fingerprint_does_not_depend_on_how_the_bytes_arrive(key):
     trickle = ResponseTracker(_expect_of(payload), deprecate, fingerprint=True)
     _feed_all(trickle, [data[i : i + 1] for i in range(len(data))])
     assert trickle.fingerprint == whole.fingerprint
+
+
+def test_with_statement_id_patches_only_the_first_frame():
+    # COM_STMT_SEND_LONG_DATA of statement 1, cut in 3-byte and longer chunks as a spool yields them.
+    frames = encode_packet(b"\x18\x01\x00\x00\x00\x00\x00abcdef", 0)[0]
+    chunks = [frames[:11], frames[11:14], frames[14:]]
+    out = list(with_statement_id(chunks, b"\x07\x00\x00\x00"))
+    assert [len(c) for c in out] == [11, 3, len(frames) - 14]
+    assert b"".join(out) == frames[:5] + b"\x07\x00\x00\x00" + frames[9:]
