@@ -397,12 +397,14 @@ async def _replay(loss: Loss, backend: Backend, verify: bool) -> tuple[int, str 
     try:
         for entry in entries:
             stmt = entry.statement
-            if stmt is not None and stmt.generation != tracking.generation:
-                await _prepare_on(tracking, backend, stmt)  # closed by the client since; needed again
-                temporary.append(stmt)
-            for piece in entry.long_data or ():
-                await _send_long_data(tracking, backend, piece, stmt)
+            # Each entry within io_timeout, as the restore is: a server that stops reading
+            # (long data filling its window) or answering is a failed replay, not a hang.
             with trio.fail_after(io_timeout):
+                if stmt is not None and stmt.generation != tracking.generation:
+                    await _prepare_on(tracking, backend, stmt)  # closed by the client since; needed again
+                    temporary.append(stmt)
+                for piece in entry.long_data or ():
+                    await _send_long_data(tracking, backend, piece, stmt)
                 tracker = await backend.exchange(tracking.backend_bytes(entry.payload, None, stmt), entry.expect, True)
             count += 1
             if verify and entry.fingerprint is not None and tracker.fingerprint != entry.fingerprint:
