@@ -36,7 +36,7 @@ class PreparedStatement:
     long_data: list = attrs.Factory(list)  # longdata.Piece, in the order sent
     long_data_bytes: int = 0
     long_data_refused: str | None = None  # why its long data was held back: its execute gets 1153
-    generation: int = 0  # which backend connection (Session.generation) backend_id belongs to
+    generation: int = 0  # which backend connection (SessionTracker.generation) backend_id belongs to
     analysis: sql.Analysis | None = None  # what the statement does (judged at PREPARE)
 
 
