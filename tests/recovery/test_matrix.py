@@ -1749,6 +1749,19 @@ inflight(
     post=[OK(rows=(("optimistic", "+00:00", 0),))],
     flavors=TIDB,
 )
+# DM's DDL-status read (dm/syncer/util.go, after a DDL lost its connection) is a read that ends
+# nothing: its answer lost inside a transaction, the transaction is replayed and it is sent
+# again (as an unknown statement it made the session unrestorable: 1158).
+for m in MODES:
+    add(
+        "tidb-admin-show-ddl-jobs-in-tx",
+        m,
+        ["BEGIN", "INSERT INTO t VALUES (5, 'e')", "ADMIN SHOW DDL JOBS 10", "COMMIT", "SELECT 1"],
+        fault(DROP, 2),
+        [T, T_ROWS],
+        [Alt([OK(), OK(), OK(), OK(), ONE], {QT: [(3, "c"), (4, "d"), (5, "e")]})],
+        flavors=TIDB,
+    )
 
 # =============================================================================================
 
