@@ -12,8 +12,8 @@ import hmac
 import os
 
 import attrs
-from pymysql import _auth as pymysql_auth
 
+from proxy.protocol import scramble as _scramble
 from proxy.protocol.constants import Err
 from proxy.protocol.packets import (
     AUTH_MORE_DATA,
@@ -49,11 +49,11 @@ def new_scramble() -> bytes:
 
 
 def native_scramble(password: str, scramble: bytes) -> bytes:
-    return pymysql_auth.scramble_native_password(password.encode("utf-8"), scramble[:20]) if password else b""
+    return _scramble.native(password.encode("utf-8"), scramble[:20]) if password else b""
 
 
 def sha2_scramble(password: str, scramble: bytes) -> bytes:
-    return pymysql_auth.scramble_caching_sha2(password.encode("utf-8"), scramble[:20]) if password else b""
+    return _scramble.caching_sha2(password.encode("utf-8"), scramble[:20]) if password else b""
 
 
 @attrs.frozen
@@ -155,7 +155,7 @@ class ClientAuth:
             if self._awaiting_key:
                 self._awaiting_key = False
                 try:
-                    encrypted = pymysql_auth.sha2_rsa_encrypt(self._password.encode("utf-8"), self.scramble, data)
+                    encrypted = _scramble.rsa_encrypt(self._password.encode("utf-8"), self.scramble, data)
                 except Exception as exc:  # not a PEM, not an RSA key, a key too small for OAEP...
                     raise ProtocolError(f"backend sent an unusable RSA public key: {type(exc).__name__}: {exc}") from None
                 return "send", encrypted
