@@ -146,7 +146,9 @@ class Plugin:
         return None
 
     def _reject(self, session: SessionInfo, what: str, rule: str) -> Reject:
-        self.log.warning("session %d: firewall rejected a %s statement of user %s (rule: %s)", session.id, what, session.user, rule)
+        session.logger(self.log).warning(
+            "firewall rejected a %s statement of user %s (rule: %s)", what, session.user, rule, extra={"outcome": "rejected", "code": 1142}
+        )
         message = (
             f"{what} command denied to user '{session.user}'@'{session.client_host}' by replay-proxy firewall "
             f"(target {self.target}, rule: {rule})"

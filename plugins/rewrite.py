@@ -186,10 +186,12 @@ class Plugin:
     def _pass_large(self, session: SessionInfo, command: CommandInfo) -> None:
         self.too_large += 1
         if self.too_large == 1 or self.too_large % 1000 == 0:  # a line now and then, not per statement
-            self.log.warning(
-                "session %d: %s over max_statement_size (%d bytes) passed without rewrite rules (%d so far)",
-                session.id, command.name, self.max_size, self.too_large,
-            )  # fmt: skip
+            session.logger(self.log).warning(
+                "%s over max_statement_size (%d bytes) passed without rewrite rules (%d so far)",
+                command.name,
+                self.max_size,
+                self.too_large,
+            )
 
 
 def _listed(target, tables: dict[str, set[str] | None], current_db: str | None) -> bool:

@@ -25,15 +25,13 @@ from importlib.metadata import PackageNotFoundError, version
 import trio
 
 from proxy.config import Address, Config, ConfigError, load_config
+from proxy.sessionlog import FIELDS
 from proxy.tls import check_files
 from proxy.workers import MAX_WORKERS, WorkerInfo, supervise
 
 __all__ = ["main", "run"]
 
 log = logging.getLogger("replay_proxy")
-
-# Fields a log record may carry (``extra=``) that JSON logs show as fields of their own.
-_FIELDS = ("event", "session", "user", "client", "backend", "target", "outcome", "code", "waited_ms")
 
 
 class _JsonFormatter(logging.Formatter):
@@ -44,7 +42,7 @@ class _JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for name in _FIELDS:
+        for name in FIELDS:  # what a record carries (extra=, a SessionLog) as fields of their own
             value = getattr(record, name, None)
             if value is not None:
                 out[name] = value

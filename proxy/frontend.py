@@ -125,7 +125,12 @@ class Proxy:
         if refusal is not None:
             target.stats.logins_refused += 1
             await _refuse(channel, *refusal)
-            log.warning("refused client %s: %s", client_address, refusal[2])
+            log.warning(
+                "refused client %s: %s",
+                client_address,
+                refusal[2],
+                extra={"client": client_address, "target": target.name, "outcome": "refused", "code": refusal[0]},
+            )
             return
         session = Session(target, channel, client_address, session_id)
         started = trio.current_time()
@@ -142,13 +147,13 @@ class Proxy:
             if opened:
                 target.sessions.add(session)
                 target.stats.sessions_opened += 1
-                log.info(
-                    "session %d open: user=%s client=%s backend=%s backend_conn=%d",
-                    session_id,
+                session.log.info(
+                    "open: user=%s client=%s backend=%s backend_conn=%d",
                     session.info.user,
                     client_address,
                     session.info.backend_address,
                     session.link.connection_id if session.link.backend else -1,
+                    extra={"event": "session_opened"},
                 )
                 if target.hooks.session_opened:
                     await target.hooks.notify(target.hooks.session_opened, session.info)
@@ -161,16 +166,15 @@ class Proxy:
                 session.close_reason = ""  # a TCP probe (load balancer, kubelet) that never spoke
         except Exception as exc:  # a bug must cost one session, not the proxy
             session.close_reason = f"internal error: {type(exc).__name__}: {exc}"
-            log.exception("session %d: internal error", session_id)
+            session.log.exception("internal error")
         finally:
             session.close()
             if session in target.sessions:
                 target.sessions.discard(session)
                 target.stats.session_closed(session.commands)
             if opened:
-                log.info(
-                    "session %d closed: user=%s client=%s backend=%s duration=%.3fs commands=%d recoveries=%d reason=%s",
-                    session_id,
+                session.log.info(
+                    "closed: user=%s client=%s backend=%s duration=%.3fs commands=%d recoveries=%d reason=%s",
                     session.info.user,
                     client_address,
                     session.info.backend_address,
@@ -178,12 +182,13 @@ class Proxy:
                     session.commands,
                     session.recoveries,
                     session.close_reason,
+                    extra={"event": "session_closed"},
                 )
                 if target.hooks.session_closed:
                     with trio.CancelScope(shield=True):
                         await target.hooks.notify(target.hooks.session_closed, session.info)
             elif session.close_reason:
-                log.info("client %s not admitted: %s", client_address, session.close_reason)
+                session.log.info("not admitted: %s", session.close_reason, extra={"event": "not_admitted"})
             else:
                 log.debug("client %s disconnected before logging in", client_address)
 

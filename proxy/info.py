@@ -5,12 +5,14 @@ Re-exported by ``proxy.hooks``, where plugins import them from."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import attrs
 
 from proxy import sqltext
 from proxy.protocol.constants import Commands
+from proxy.sessionlog import SessionLog
 from proxy.sqltext.triage import fast_verb
 
 __all__ = ["SessionInfo", "CommandInfo", "ResultInfo", "Rewrite", "COM_QUERY", "COM_STMT_PREPARE"]
@@ -66,6 +68,11 @@ class SessionInfo:
     @property
     def user(self) -> str:
         return self._user
+
+    def logger(self, base: logging.Logger) -> SessionLog:
+        """``base`` for lines about this session: each carries its id, target, client, user and
+        the backend it is on at that moment (JSON logs show them as fields)."""
+        return SessionLog(base, self.id, self.target, self.client_address, lambda: self._backend_address, lambda: self._user)
 
     @property
     def backend_address(self) -> str:

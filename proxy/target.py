@@ -84,10 +84,12 @@ class Target:
         moving = [s for s in self.sessions if s.link.backend is not None and s.link.backend.address == address]
         if moving and not any(self.health_of(a).usable for a in self.addresses if a != address):
             log.warning("target %s: backend %s is %s, and no other address is usable: %d session(s) stay on it until "
-                        "it closes them (recovery)", self.name, address, state, len(moving))  # fmt: skip
+                        "it closes them (recovery)", self.name, address, state, len(moving),
+                        extra={"target": self.name, "backend": str(address)})  # fmt: skip
             return
         if moving:
-            log.warning("target %s: backend %s is %s: moving %d session(s) between transactions", self.name, address, state, len(moving))
+            log.warning("target %s: backend %s is %s: moving %d session(s) between transactions", self.name, address, state, len(moving),
+                        extra={"target": self.name, "backend": str(address)})  # fmt: skip
         for session in moving:
             session.request_move()
 
@@ -159,7 +161,13 @@ class Target:
                 errors.append(exc)
                 if not exc.retryable:
                     raise
-                log.info("target %s: backend %s refused a connection: %s", self.name, address, exc)
+                log.info(
+                    "target %s: backend %s refused a connection: %s",
+                    self.name,
+                    address,
+                    exc,
+                    extra={"target": self.name, "backend": str(address)},
+                )
                 continue
             self._preferred = self.addresses.index(address) if address in self.addresses else 0
             hs = backend.handshake

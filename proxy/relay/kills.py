@@ -4,7 +4,6 @@ session's old connection, so that its locks go away before a replay."""
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 import trio
@@ -13,18 +12,18 @@ from proxy.backend import Backend, BackendError, kill_own, restarted_since, serv
 from proxy.netio import PeerClosed
 from proxy.protocol.packets import ProtocolError, make_err
 from proxy.relay.inflight import ConnectionFailed
+from proxy.sessionlog import outcome
 
 if TYPE_CHECKING:
     from proxy.relay.link import BackendLink
+    from proxy.sessionlog import SessionLog
     from proxy.stats import Stats
     from proxy.target import Target
 
 __all__ = ["killed_by_operator", "killed", "kill_if_alive"]
 
-log = logging.getLogger("replay_proxy.session")
 
-
-async def killed_by_operator(link: BackendLink, target: Target, io_timeout: float, session_id: int, last_activity: float) -> bool:
+async def killed_by_operator(link: BackendLink, target: Target, io_timeout: float, slog: SessionLog, last_activity: float) -> bool:
     """The backend connection ended (a clean close, or ER_CONNECTION_KILLED): an operator's
     KILL, or a server going away (a shutdown kills every session; another server may answer
     behind the same address), or a load balancer dropping it? It is a KILL only when a new
@@ -57,22 +56,20 @@ async def killed_by_operator(link: BackendLink, target: Target, io_timeout: floa
     # The same process, still up, and a KILL was run since this connection opened. (Without a
     # KILL, a clean close with the server up is a load balancer or a network: recover.)
     if kills is not None and old.instance.operator_kills_since(kills) > 0:
-        log.warning(
-            "session %d: backend connection %d closed by %s, which is still up and ran a KILL since: an "
-            "operator's KILL; the client is told, the session ends",
-            session_id,
+        slog.warning(
+            "backend connection %d closed by %s, which is still up and ran a KILL since: an operator's KILL; the client is told, the session ends",
             old.connection_id,
             old.instance.hostname,
+            **outcome("killed_1927", 1927),
         )
         return True
     relayed = link.kill_relayed  # (connection id, when): a refused KILL must not count later
     if same and relayed is not None and relayed[0] == old.connection_id and trio.current_time() - relayed[1] < io_timeout:
-        log.warning(
-            "session %d: backend connection %d closed by %s, which is still up, right after another session's "
-            "KILL of it; the client is told, the session ends",
-            session_id,
+        slog.warning(
+            "backend connection %d closed by %s, which is still up, right after another session's KILL of it; the client is told, the session ends",
             old.connection_id,
             old.instance.hostname,
+            **outcome("killed_1927", 1927),
         )
         return True
     return False
@@ -85,12 +82,12 @@ def killed(stats: Stats, reason: str) -> ConnectionFailed:
     return ConnectionFailed(make_err(1927, "70100", msg), msg)
 
 
-async def kill_if_alive(backend: Backend, old: Backend, session_id: int) -> None:
+async def kill_if_alive(backend: Backend, old: Backend, slog: SessionLog) -> None:
     """KILL the old connection id, but only on the same server instance: after a restart
     the id may belong to someone else."""
     if await restarted_since(backend, old) is False:
         try:
             await kill_own(backend, old.connection_id)
-            log.info("session %d: killed old backend connection %d", session_id, old.connection_id)
+            slog.info("killed old backend connection %d", old.connection_id)
         except BackendError:
             pass  # already gone

@@ -3,7 +3,6 @@ login; and COM_CHANGE_USER, which does it all again inside a session."""
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 import trio
@@ -24,6 +23,7 @@ from proxy.protocol.packets import (
     parse_handshake_response,
 )
 from proxy.relay.inflight import SessionClosed
+from proxy.sessionlog import outcome
 from proxy.target import BackendProfile
 from proxy.tls import backend_tls, describe, server_context, start_tls
 from proxy.tracking import AUTOCOMMIT
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 __all__ = ["handshake", "change_user"]
 
-log = logging.getLogger("replay_proxy.session")
 
 # What a server with --require-secure-transport answers a client that logs in in the clear.
 SECURE_TRANSPORT_REQUIRED = (3159, "HY000")
@@ -95,8 +94,7 @@ async def _greeting_profile(s: Session) -> BackendProfile:
         with trio.move_on_after(min(s.config.backend.connect_timeout, _PROFILE_WAIT)):
             return await s.target.profile()
     except BackendError as exc:
-        log.info("session %d: backend not reachable for the greeting (%s); greeting as %s", s.id, exc,
-                 s.config.listen.server_version)  # fmt: skip
+        s.log.info("backend not reachable for the greeting (%s); greeting as %s", exc, s.config.listen.server_version)
     return BackendProfile(s.config.listen.server_version, int(_UNKNOWN_BACKEND_CAPABILITIES), _UTF8MB4_GENERAL_CI)
 
 
@@ -128,7 +126,7 @@ async def _client_login(s: Session) -> tuple[HandshakeResponse | None, str | Non
         except PeerClosed as exc:
             s.close_reason = f"TLS handshake with the client failed: {exc}"
             return resp, None, 0
-        log.debug("session %d: client %s: %s", s.id, s.client_address, describe(client))
+        s.log.debug("client %s: %s", s.client_address, describe(client))
         packet = await client.read_packet(MAX_LOGIN_PACKET)
         resp = parse_handshake_response(packet.payload)
         if resp.ssl_request:
@@ -138,7 +136,9 @@ async def _client_login(s: Session) -> tuple[HandshakeResponse | None, str | Non
     elif tls is not None and tls.require:
         await s.send_client(make_err(*SECURE_TRANSPORT_REQUIRED, _INSECURE_MESSAGE), packet.seq + 1)
         s.close_reason = "client logged in without TLS (listen.tls.require)"
-        log.warning("session %d: client %s refused: no TLS (listen.tls.require)", s.id, s.client_address)
+        s.log.warning(
+            "client %s refused: no TLS (listen.tls.require)", s.client_address, **outcome("login_refused", SECURE_TRANSPORT_REQUIRED[0])
+        )
         return resp, None, 0
     if resp.capabilities & Capabilities.CLIENT_COMPRESS:
         # Not offered, asked anyway (mysql-connector does): say so instead of a silent hang.
@@ -156,7 +156,9 @@ async def _client_login(s: Session) -> tuple[HandshakeResponse | None, str | Non
     if user is None:
         s.login_refused = True
         s.close_reason = f"login refused for user {resp.username!r}"
-        log.warning("session %d: login refused for user %r from %s", s.id, resp.username, s.client_address)
+        s.log.warning(
+            "login refused for user %r from %s", resp.username, s.client_address, **outcome("login_refused", Err.ACCESS_DENIED[0])
+        )
     return resp, user, seq
 
 
@@ -232,7 +234,7 @@ async def change_user(s: Session, cmd: Command) -> None:
     )
     user, seq = await _authenticate(s, auth, auth.start(resp), cmd.seq_end + 1)
     if user is None:  # like MariaDB: the session goes on as the previous user
-        log.warning("session %d: COM_CHANGE_USER to %r refused", s.id, change.username)
+        s.log.warning("COM_CHANGE_USER to %r refused", change.username, **outcome("login_refused", Err.ACCESS_DENIED[0]))
         return
     s.link.begin_swap()
     s.link.login = _login_for(s, user, change.database, collation, change.connect_attrs)

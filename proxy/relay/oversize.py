@@ -3,7 +3,6 @@ an oversized multi-row INSERT/REPLACE as several statements and answer as if it 
 
 from __future__ import annotations
 
-import logging
 import re
 import struct
 from typing import TYPE_CHECKING
@@ -15,6 +14,7 @@ from proxy.protocol.constants import Commands, Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import make_err, make_ok
 from proxy.protocol.resultset import build_text_result, read_text_result
+from proxy.sessionlog import outcome
 from proxy.sessionstate import PreparedStatement
 from proxy.sqltext.split import CannotSplit, count_rows, split_values_statement
 
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
 __all__ = ["refuse", "refuse_long_data", "split", "MergedWarnings", "SplitWarnings", "asks_max_packet", "tell_effective_limit"]
 
-log = logging.getLogger("replay_proxy.session")
 
 C = Commands
 _SHOW_WARNINGS = re.compile(rb"\s*SHOW\s+WARNINGS\s*;?\s*$", re.I)
@@ -57,7 +56,14 @@ async def refuse(s: Session, size: int, seq_end: int, code: int, why: str = "") 
         f"Got a packet bigger than 'max_allowed_packet' bytes: {size} bytes, max_allowed_packet {limit} "
         f"(target {s.target.name}, limit from {origin}); not sent to the backend{why}"
     )
-    log.warning("session %d: refused %s of %d bytes (limit %d)%s", s.id, CommandInfo(code, b"").name, size, limit, why)
+    s.log.warning(
+        "refused %s of %d bytes (limit %d)%s",
+        CommandInfo(code, b"").name,
+        size,
+        limit,
+        why,
+        **outcome("refused", Err.NET_PACKET_TOO_LARGE[0]),
+    )
     if s.hooks.oversized_packet:
         await s.hooks.notify(s.hooks.oversized_packet, s.info, size, limit)
     await s.send_client(make_err(*Err.NET_PACKET_TOO_LARGE, msg), seq_end + 1)
@@ -73,7 +79,7 @@ async def refuse_long_data(s: Session, cmd: Command, stmt: PreparedStatement) ->
     if why is not None and why.startswith("the session's"):
         msg = (f"Got a packet bigger than 'max_allowed_packet' bytes: {why} (target {s.target.name}); the statement's "
                "long data was not sent to the backend: send less long data at once, or raise limits.long_data_spool")  # fmt: skip
-        log.warning("session %d: refused COM_STMT_EXECUTE: %s", s.id, why)
+        s.log.warning("refused COM_STMT_EXECUTE: %s", why, **outcome("refused", Err.NET_PACKET_TOO_LARGE[0]))
         await s.send_client(make_err(*Err.NET_PACKET_TOO_LARGE, msg), cmd.seq_end + 1)
         return
     await refuse(s, size, cmd.seq_end, cmd.code, " (parameter data sent with COM_STMT_SEND_LONG_DATA)")
@@ -101,7 +107,7 @@ async def split(s: Session, cmd: Command) -> None:
         if own_transaction
         else ("SAVEPOINT replay_proxy_split", "RELEASE SAVEPOINT replay_proxy_split", "ROLLBACK TO SAVEPOINT replay_proxy_split")
     )
-    log.info("session %d: splitting a %d-byte statement into %d pieces (limit %d)", s.id, cmd.size, len(pieces), limit)
+    s.log.info("splitting a %d-byte statement into %d pieces (limit %d)", cmd.size, len(pieces), limit)
     if await s.run_internal(b"\x03" + begin.encode(), cmd.seq_end) is None:
         return
     affected = warnings = 0

@@ -15,7 +15,6 @@ replay does not happen.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 from proxy.backend import Backend, BackendError
@@ -36,7 +35,6 @@ if TYPE_CHECKING:
 
 __all__ = ["unproven", "code_in_views", "last_insert_id"]
 
-log = logging.getLogger("replay_proxy.session")
 
 _FK_CHECKS_OFF = frozenset({"0", "OFF", "'OFF'", "FALSE", "'0'"})
 

@@ -17,7 +17,6 @@ between transactions, where nothing is in doubt.
 
 from __future__ import annotations
 
-import logging
 import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -38,6 +37,7 @@ from proxy.relay.inflight import NOT_SENT, SEND_FAILED, ConnectionFailed, Inflig
 from proxy.relay.kills import kill_if_alive
 from proxy.relay.link import BackendLink
 from proxy.relay.proofs import code_in_views, last_insert_id, unproven
+from proxy.sessionlog import SessionLog, outcome
 from proxy.sessionstate import PreparedStatement, SessionState
 from proxy.sqltext import Kind
 from proxy.transaction import JournalEntry
@@ -51,17 +51,26 @@ if TYPE_CHECKING:
     from proxy.target import Target
     from proxy.tracking import SessionTracker
 
-__all__ = ["Loss", "Waited", "decide", "reestablish", "resolve_marker", "run_plan", "finish", "failure",
-           "connection_error", "lost_transaction", "move"]  # fmt: skip
-
-log = logging.getLogger("replay_proxy.session")
+__all__ = [
+    "Loss",
+    "Waited",
+    "decide",
+    "reestablish",
+    "resolve_marker",
+    "run_plan",
+    "finish",
+    "failure",
+    "connection_error",
+    "lost_transaction",
+    "move",
+]
 
 
 @attrs.define(eq=False)
 class Loss:
     """One loss of a session's backend connection: what recovery reads, and what it learns."""
 
-    session_id: int
+    log: SessionLog  # the session's: every line carries its fields
     client_address: str
     config: Config  # the session's (a reload applies to new sessions only)
     link: BackendLink
@@ -91,26 +100,29 @@ class Waited:
     why: str
 
 
-def connection_error(session_id: int, link: BackendLink, stats: Stats, reason: str) -> ConnectionFailed:
+def connection_error(slog: SessionLog, link: BackendLink, stats: Stats, reason: str) -> ConnectionFailed:
     """Outcome unknown or state unrecoverable: the client gets a connection error (now, or at
     its next command) and the session ends."""
     address = link.backend.address if link.backend else "-"
     msg = f"Lost connection to backend {address} during query (replay-proxy: {reason})"
-    log.error("session %d: recovery aborted, the client gets 1158 and the session ends: %s", session_id, msg)
+    slog.error("recovery aborted, the client gets 1158 and the session ends: %s", msg, **outcome("aborted_1158", Err.CONNECTION_LOST[0]))
     stats.recovered("aborted_1158", trio.current_time() - link.lost_at if link.lost_at else 0.0)
     return ConnectionFailed(make_err(*Err.CONNECTION_LOST, msg), msg)
 
 
 def failure(loss: Loss, reason: str) -> ConnectionFailed:
-    return connection_error(loss.session_id, loss.link, loss.target.stats, reason)
+    return connection_error(loss.log, loss.link, loss.target.stats, reason)
 
 
 def lost_transaction(loss: Loss, reason: str) -> bytes:
     """The open transaction is lost and known not to have committed: forget it; the 1213 the
     client gets for it (for the waiting command, or its next one)."""
     loss.tracking.transaction_lost()
-    log.warning("session %d: recovery aborted, the client gets 1213 (its transaction is known not to have committed): %s",
-                loss.session_id, reason)  # fmt: skip
+    loss.log.warning(
+        "recovery aborted, the client gets 1213 (its transaction is known not to have committed): %s",
+        reason,
+        **outcome("aborted_1213", Err.LOCK_DEADLOCK[0]),
+    )
     loss.target.stats.recovered("aborted_1213", trio.current_time() - loss.link.lost_at if loss.link.lost_at else 0.0)
     msg = f"Deadlock found when trying to get lock; try restarting transaction (replay-proxy: backend connection lost, {reason})"
     return make_err(*Err.LOCK_DEADLOCK, msg)
@@ -138,11 +150,18 @@ async def decide(loss: Loss, rejected: bool) -> Plan:
     link.recoveries += 1
     tx = loss.tracking.tx
     described = inflight.describe(CommandInfo(inflight.command.code, b"").name) if inflight is not None else "nothing"
-    log.warning(
-        "session %d (user %s, client %s): backend %s lost: %s; transaction open: %s (%d journaled); in flight: %s; plan: %s (%s)",
-        loss.session_id, loss.info.user, loss.client_address, loss.old.address if loss.old else "-", loss.reason, tx.active,
-        len(tx.entries), described, plan.outcome.value, plan.reason,
-    )  # fmt: skip
+    loss.log.warning(
+        "backend %s lost (user %s, client %s): %s; transaction open: %s (%d journaled); in flight: %s; plan: %s (%s)",
+        loss.old.address if loss.old else "-",
+        loss.info.user,
+        loss.client_address,
+        loss.reason,
+        tx.active,
+        len(tx.entries),
+        described,
+        plan.outcome.value,
+        plan.reason,
+    )
     hooks = loss.hooks
     if hooks.backend_lost:
         await hooks.notify(hooks.backend_lost, loss.info, loss.reason)
@@ -207,7 +226,7 @@ async def _ask_veto(loss: Loss, plan: Plan) -> Plan | None:
     veto = await loss.hooks.replay_veto(loss.info, plan)
     if veto is None:
         return None
-    log.warning("session %d: a plugin vetoed the replay: %s", loss.session_id, veto.reason)
+    loss.log.warning("a plugin vetoed the replay: %s", veto.reason)
     if plan.verify and loss.tracking.tx.active:  # COMMIT was not in flight: known not committed
         return Plan(Outcome.FAIL_RETRYABLE, f"replay vetoed by a plugin: {veto.reason}")
     return Plan(Outcome.FAIL_CONNECTION, f"replay vetoed by a plugin: {veto.reason}")
@@ -251,7 +270,7 @@ async def reestablish(loss: Loss, waiting: Callable[[], Inflight | None]) -> Bac
         if backend is not None:
             backend.close()
         if attempts == 1 or attempts % 20 == 0:
-            log.warning("session %d: reconnect attempt %d failed: %s", loss.session_id, attempts, error)
+            loss.log.warning("reconnect attempt %d failed: %s", attempts, error)
         await trio.sleep(next(delays))
 
 
@@ -259,13 +278,12 @@ async def restore(loss: Loss, backend: Backend, state: SessionState, old: Backen
     """Make the new connection look like the old session: variables, LAST_INSERT_ID(),
     prepared statements; and free the old session's locks if it may still be alive."""
     if old is not None and loss.config.recovery.kill_old_session:
-        await kill_if_alive(backend, old, loss.session_id)
+        await kill_if_alive(backend, old, loss.log)
     for statement in state.restore_statements():
         await backend.query(statement)
     insert_id = await last_insert_id(backend, state, loss.target.keys)
     if insert_id is None:
-        log.warning("session %d: LAST_INSERT_ID() cannot be restored (set by an expression, or an INSERT the proxy cannot follow)",
-                    loss.session_id)  # fmt: skip
+        loss.log.warning("LAST_INSERT_ID() cannot be restored (set by an expression, or an INSERT the proxy cannot follow)")
     elif insert_id:
         await backend.query(f"DO LAST_INSERT_ID({int(insert_id)})")
     for stmt in list(loss.tracking.prepared.values()):
@@ -303,8 +321,7 @@ async def resolve_marker(loss: Loss, backend: Backend) -> bool:
         committed = None
     if committed is None:
         raise failure(loss, "COMMIT was in flight and its commit marker could not be checked")
-    log.warning("session %d: commit marker %d says the COMMIT %s", loss.session_id, inflight.marker,
-                "committed" if committed else "did not commit")  # fmt: skip
+    loss.log.warning("commit marker %d says the COMMIT %s", inflight.marker, "committed" if committed else "did not commit")
     if committed:
         # TiDB accepts AND CHAIN but opens no new transaction (measured, v8.5.3)
         chain = inflight.analysis is not None and inflight.analysis.first.chain and loss.tracking.dialect.flavor != "tidb"
@@ -364,7 +381,7 @@ async def run_plan(loss: Loss, backend: Backend) -> tuple[int, bytes | None]:
     replayed, mismatch = await _replay(loss, backend, plan.verify)
     if mismatch is None:
         return replayed, None
-    log.warning("session %d: replay stopped: %s; transaction rolled back", loss.session_id, mismatch)
+    loss.log.warning("replay stopped: %s; transaction rolled back", mismatch)
     if not plan.verify:
         raise failure(loss, f"idempotent replay failed: {mismatch}")
     with trio.fail_after(io_timeout):
@@ -430,25 +447,34 @@ async def finish(loss: Loss, backend: Backend, replayed: int, waiting: Inflight 
     if replayed:
         link.owes_results = False  # the replayed journal left what the client's statements left
     sending = waiting is not None and waiting.state == NOT_SENT and not waiting.internal
-    if sending and not owed and link.takes_results_debt(waiting.command.code) and \
-            needs_last_results(loss.tracking, waiting.payload, waiting.statement):  # fmt: skip
+    if (
+        sending
+        and not owed
+        and link.takes_results_debt(waiting.command.code)
+        and needs_last_results(loss.tracking, waiting.payload, waiting.statement)
+    ):
         raise failure(
             loss, "the command reads the previous statement's results (FOUND_ROWS(), warnings...), which stayed on the lost connection"
         )
     link.ready()
     waited = trio.current_time() - link.lost_at
-    log.warning(
-        "session %d: recovered on %s (connection %d) after %.0f ms; replayed %d statement(s)%s",
-        loss.session_id, backend.address, backend.connection_id, waited * 1000, replayed,
+    loss.log.warning(
+        "recovered on %s (connection %d) after %.0f ms; replayed %d statement(s)%s",
+        backend.address,
+        backend.connection_id,
+        waited * 1000,
+        replayed,
         "; sending the waiting command" if waiting is not None and waiting.state == NOT_SENT else "",
-    )  # fmt: skip
+        **outcome("aborted_1213" if owed else "resumed", Err.LOCK_DEADLOCK[0] if owed else None, waited_ms=round(waited * 1000)),
+    )
     if not owed:
         loss.target.stats.recovered("resumed", waited, replayed)
     hooks = loss.hooks
     if hooks.backend_recovered:
         plan = loss.plan.outcome.value if loss.plan else "-"
-        await hooks.notify(hooks.backend_recovered, loss.info,
-                           {"reason": loss.reason, "plan": plan, "replayed": replayed, "waited": waited})  # fmt: skip
+        await hooks.notify(
+            hooks.backend_recovered, loss.info, {"reason": loss.reason, "plan": plan, "replayed": replayed, "waited": waited}
+        )
 
 
 # --- a move between transactions --------------------------------------------------------------
@@ -474,12 +500,19 @@ async def move(loss: Loss) -> bool:
             link.replace(backend)
             await restore(loss, backend, state, None)
     except (BackendError, PeerClosed, ProtocolError, OSError, trio.TooSlowError) as exc:
-        log.warning("session %d: could not move off draining backend %s: %s", loss.session_id, old.address if old else "-", exc)
+        loss.log.warning("could not move off draining backend %s: %s", old.address if old else "-", exc, **outcome("move_failed"))
         if backend is not None:
             backend.close()
         link.move_failed(old, owed, ids)  # the statements' ids on the old connection still hold
         return False
     link.moved(old)
-    log.info("session %d: moved from %s to %s (connection %d) in %.0f ms, between transactions", loss.session_id,
-             old.address if old else "-", backend.address, backend.connection_id, (trio.current_time() - started) * 1000)  # fmt: skip
+    moved_ms = round((trio.current_time() - started) * 1000)
+    loss.log.info(
+        "moved from %s to %s (connection %d) in %d ms, between transactions",
+        old.address if old else "-",
+        backend.address,
+        backend.connection_id,
+        moved_ms,
+        **outcome("moved", waited_ms=moved_ms),
+    )
     return True

@@ -9,7 +9,6 @@ The hot path is ``backend_task`` -> ``on_response_data`` -> ``complete``.
 
 from __future__ import annotations
 
-import logging
 import struct
 from typing import TYPE_CHECKING
 
@@ -37,7 +36,6 @@ if TYPE_CHECKING:
 
 __all__ = ["backend_task", "complete", "on_lost"]
 
-log = logging.getLogger("replay_proxy.session")
 
 # Errors with which a server says "I am going away" in answer to a command it did not run.
 KILLED = 1927  # ER_CONNECTION_KILLED: a shutdown, or an operator's KILL
@@ -96,7 +94,7 @@ def _kills(inflight: Inflight | None) -> bool:
 
 
 async def _killed_by_operator(s: Session) -> bool:
-    return await killed_by_operator(s.link, s.target, s.config.backend.io_timeout, s.id, s.last_activity)
+    return await killed_by_operator(s.link, s.target, s.config.backend.io_timeout, s.log, s.last_activity)
 
 
 async def on_lost(s: Session, reason: str, rejected: bool = False, clean: bool = False) -> None:
@@ -108,7 +106,7 @@ async def on_lost(s: Session, reason: str, rejected: bool = False, clean: bool =
     old = link.lost()
     if inflight is not None and inflight.state == SENDING:
         await link.settled()
-    loss = reconnect.Loss(s.id, s.client_address, s.config, link, s.tracking, s.target, s.hooks, s.info, s.markers,
+    loss = reconnect.Loss(s.log, s.client_address, s.config, link, s.tracking, s.target, s.hooks, s.info, s.markers,
                           reason, old, inflight, s.deprecate_eof)  # fmt: skip
     if clean and s.config.recovery.enabled and await _killed_by_operator(s):
         raise killed(s.target.stats, "the server closed the connection and is still up: killed by an operator")
@@ -143,9 +141,7 @@ async def on_lost(s: Session, reason: str, rejected: bool = False, clean: bool =
                 s.first_answer = LostTransaction(owed)
             break
         except (PeerClosed, BackendError, ProtocolError, trio.TooSlowError) as exc:
-            log.warning(
-                "session %d: new backend connection failed during replay (%s); reconnecting", s.id, exc or "no answer within io_timeout"
-            )
+            s.log.warning("new backend connection failed during replay (%s); reconnecting", exc or "no answer within io_timeout")
             backend.close()
     # The command waiting now (the one in flight, or one that arrived meanwhile) goes out, or
     # gets the 1213 the client is owed.
@@ -179,7 +175,7 @@ async def on_response_data(s: Session, inflight: Inflight, data: bytes) -> None:
     try:
         end = tracker.feed(data)
     except ProtocolError as exc:
-        raise reconnect.connection_error(s.id, s.link, s.target.stats, f"protocol error in backend response: {exc}") from None
+        raise reconnect.connection_error(s.log, s.link, s.target.stats, f"protocol error in backend response: {exc}") from None
     if end < 0:
         if inflight.prepare_ok is not None:
             inflight.prepare_ok += data

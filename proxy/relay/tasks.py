@@ -34,6 +34,7 @@ from proxy.relay import login, oversize, reconnect, responses
 from proxy.relay.answers import FirstAnswer
 from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, SENT, Inflight, SessionClosed
 from proxy.relay.link import BackendLink, LinkState
+from proxy.sessionlog import outcome
 from proxy.sqltext import Analysis, Kind
 from proxy.target import Target
 from proxy.tracking import SessionTracker
@@ -42,6 +43,7 @@ from proxy.worker_identity import backend_connection_of
 __all__ = ["Session", "SessionClosed"]
 
 log = logging.getLogger("replay_proxy.session")
+
 
 C = Commands
 
@@ -82,6 +84,7 @@ class Session:
         self.client_address = client_address
         self.id = session_id
         self.info = SessionInfo(session_id, target.name, "", client_address, opened_at=trio.current_time())
+        self.log = self.info.logger(log)  # every line about the session carries its fields
         limits = config.limits
         self.tracking = SessionTracker(self.info, rec.journal_max_bytes, rec.journal_max_statements, rec.idempotent == "safe-mode",
                                        LongDataSpool(limits.spool_threshold, limits.long_data_spool))  # fmt: skip
@@ -152,7 +155,7 @@ class Session:
         if not link.move_requested or not link.up or not self.idle() or state is None:
             return
         if state.unrestorable is not None:
-            log.warning("session %d: cannot move off a draining backend: %s", self.id, state.unrestorable)
+            self.log.warning("cannot move off a draining backend: %s", state.unrestorable)
             link.move_requested = False
             return
         await reconnect.move(self._loss("its backend is draining", link.backend))
@@ -161,7 +164,7 @@ class Session:
             await self.send_inflight(waiting)
 
     def _loss(self, reason: str, old: Backend | None) -> reconnect.Loss:
-        return reconnect.Loss(self.id, self.client_address, self.config, self.link, self.tracking, self.target, self.hooks,
+        return reconnect.Loss(self.log, self.client_address, self.config, self.link, self.tracking, self.target, self.hooks,
                               self.info, self.markers, reason, old, self.inflight, self.deprecate_eof)  # fmt: skip
 
     def describe(self) -> dict:
@@ -263,7 +266,7 @@ class Session:
         try:
             verdict = await self.hooks.run_command_chain(self.info, CommandInfo.for_session(self.info, cmd.code, cmd.payload, cmd.complete))
         except PluginError as exc:
-            log.error("session %d: %s", self.id, exc)
+            self.log.error("%s", exc, **outcome("plugin_error", Err.UNKNOWN_ERROR[0]))
             await self.answer_error(cmd, *Err.UNKNOWN_ERROR, str(exc))
             return None
         if verdict is None:
@@ -303,7 +306,7 @@ class Session:
                 "Lost connection to backend during query (replay-proxy: the backend connection was replaced; "
                 "the previous statement's results, such as FOUND_ROWS() and warnings, are gone)"
             )
-            log.warning("session %d: %s; the client gets 1158 and the session ends", self.id, msg)
+            self.log.warning("%s; the client gets 1158 and the session ends", msg, **outcome("refused_1158", Err.CONNECTION_LOST[0]))
             await self.answer_error(cmd, *Err.CONNECTION_LOST, msg)
             raise SessionClosed(msg)
         if code != C.COM_QUERY:
@@ -358,14 +361,10 @@ class Session:
             address, connection_id = found
         backend = self.link.backend
         if backend is None or address != str(backend.address):
-            log.info("session %d: KILL of proxy session %d, which is on backend %s, not this session's", self.id, session_id, address)
+            self.log.info("KILL of proxy session %d, which is on backend %s, not this session's", session_id, address)
         payload = b"\x03KILL %s%d" % (m.group(1), connection_id)
-        log.info(
-            "session %d: %s of proxy session %d sent as backend connection %d",
-            self.id,
-            payload[1:].decode(errors="replace"),
-            session_id,
-            connection_id,
+        self.log.info(
+            "%s of proxy session %d sent as backend connection %d", payload[1:].decode(errors="replace"), session_id, connection_id
         )
         return Command(payload, encode_packet(payload, 0)[0], cmd.seq_end, len(payload))
 
@@ -380,7 +379,9 @@ class Session:
             # The transaction may be gone (a deadlock victim is rolled back) or stuck: the client's
             # COMMIT gets this error, and is not sent. An OK now could be a lie.
             err = tracker.error
-            log.warning("session %d: commit marker not written (%s); the COMMIT gets this error and is not sent", self.id, err)
+            self.log.warning(
+                "commit marker not written (%s); the COMMIT gets this error and is not sent", err, **outcome("marker_failed", err.code)
+            )
             await self.send_client(make_err(err.code, err.sqlstate, err.message), commit.seq_end + 1)
             return False
         self.markers.written = self._next_marker = number
