@@ -2,7 +2,8 @@
 
 Each ``backend.health_interval`` every address gets a SQL check (connect, log in as the first
 configured user, COM_PING) and, when a status URL is known (``backend.status_port`` for TiDB's
-status port, or ``backend.status_urls`` per address), an HTTP GET of it. TiDB answers 500 on
+status port, or ``backend.status_urls`` per address), an HTTP GET of it (``https://`` with
+``[backend.tls]``'s CA and client certificate, ``StatusProbe``). TiDB answers 500 on
 ``/status`` from the moment it starts shutting down, for ``graceful-wait-before-shutdown``
 seconds before it closes anything: that address is then *draining*. New sessions and
 recoveries avoid draining and down addresses (while any other is usable), and the idle
@@ -14,20 +15,24 @@ no replay. A crash is still handled by recovery.
 from __future__ import annotations
 
 import logging
+import re
+import ssl
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import httpx
 import trio
 
 from proxy.backend import BackendError, connect_backend
-from proxy.config import Address
+from proxy.config import Address, BackendTLSConfig
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.response import Expect
+from proxy.tls import backend_tls
 
 if TYPE_CHECKING:
     from proxy.target import Target
 
-__all__ = ["AddressHealth", "HealthChecker", "http_status"]
+__all__ = ["AddressHealth", "HealthChecker", "StatusProbe"]
 
 log = logging.getLogger("replay_proxy.health")
 
@@ -58,38 +63,97 @@ class AddressHealth:
         }
 
 
-async def http_status(url: str, timeout: float) -> int:
-    """The status code of ``GET url`` (http only: the TiDB status port). Raises OSError /
-    trio.TooSlowError / ValueError when there is no proper answer."""
-    if not url.startswith("http://"):
-        raise ValueError(f"only http:// status URLs are supported, not {url!r}")
-    rest = url[len("http://") :]
-    hostport, _, path = rest.partition("/")
-    host, _, port = hostport.rpartition(":")
-    host = host.strip("[]") or hostport
-    port_no = int(port) if port.isdigit() else 80
-    with trio.fail_after(timeout):
-        stream = await trio.open_tcp_stream(host, port_no)
-        async with stream:
+class StatusProbe:
+    """GETs of status URLs (TiDB's status port) through one ``httpx.AsyncClient``, which is
+    costly to make (its pool, its TLS context): one per checker, closed by ``aclose``.
+
+    ``https://`` URLs use ``[backend.tls]``: a cluster with TLS between its components serves
+    the status port over HTTPS and asks for a client certificate (TiDB's cluster-ssl-*), so
+    the CA, the client certificate and key, the mode (unverified for "preferred" /
+    "required", the chain for "verify-ca", and the name for "verify-identity") and
+    ``server_name`` are the SQL login's. With mode "off" an https URL is verified against
+    the system's CAs."""
+
+    def __init__(self, tls: BackendTLSConfig) -> None:
+        self.tls = tls
+        backend = backend_tls(tls)
+        context = backend.context if backend is not None else ssl.create_default_context()
+        self._sni = tls.server_name
+        # trust_env off: no HTTP(S)_PROXY or SSL_CERT_FILE from the environment between the
+        # proxy and its own backend's status port.
+        self._client = httpx.AsyncClient(verify=context, trust_env=False, follow_redirects=False)
+
+    async def status(self, url: str, timeout: float) -> int:
+        """The status code of ``GET url``. Raises OSError (refused, reset, closed, TLS refused,
+        not HTTP), trio.TooSlowError (no answer within ``timeout``) or ValueError (not an
+        http(s) URL)."""
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"a status URL is http:// or https://, not {url!r}")
+        extensions = {"sni_hostname": self._sni} if self._sni and url.startswith("https://") else None
+        with trio.fail_after(timeout):
             try:
-                await stream.send_all(f"GET /{path} HTTP/1.0\r\nHost: {hostport}\r\n\r\n".encode())
-                head = b""
-                while b"\r\n" not in head and len(head) < 4096:
-                    chunk = await stream.receive_some(4096)
-                    if not chunk:
-                        break
-                    head += chunk
-            except trio.BrokenResourceError as exc:  # reset: a TiDB closing its status port
-                raise OSError(f"{url}: {exc}") from exc
-    parts = head.split(b"\r\n", 1)[0].split()
-    if len(parts) < 2 or not parts[1].isdigit():
-        raise ValueError(f"no HTTP status line from {url}")
-    return int(parts[1])
+                response = await self._client.get(url, timeout=timeout, extensions=extensions)
+            except httpx.TimeoutException:
+                raise trio.TooSlowError from None
+            except httpx.HTTPError as exc:  # refused, reset (a TiDB closing its status port), TLS, garbage
+                hint = ""
+                if url.startswith("https://") and isinstance(exc, httpx.RemoteProtocolError):
+                    # TLS 1.3: the server checks the client certificate after the handshake
+                    hint = "; over TLS this is also how a status port refuses the client certificate: check backend.tls cert and key"
+                raise OSError(f"{url}: {_reason(exc).rstrip('.')}{hint}") from None
+        return response.status_code
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
+            await self._client.aclose()
+
+
+_SSL_SUFFIX = re.compile(r"\s*\(_ssl\.c:\d+\)$")
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost cause of an httpx error, as one line ("TLS: certificate verify failed:
+    self-signed certificate in certificate chain", "Connection refused"): httpx and httpcore
+    wrap it in errors of their own, often without a message."""
+    chain: list[BaseException] = []
+    at: BaseException | None = exc
+    while at is not None and at not in chain and len(chain) < 20:
+        chain.append(at)
+        if isinstance(at, BaseExceptionGroup) and at.exceptions:
+            at = at.exceptions[0]  # trio's "all attempts to connect failed": the first attempt's
+        else:
+            at = at.__cause__ or at.__context__
+    found = [e for e in chain if isinstance(e, ssl.SSLError)] or [e for e in chain if str(e)] or chain
+    inner = found[-1]
+    if isinstance(inner, ssl.SSLCertVerificationError):
+        return f"TLS: certificate verify failed: {inner.verify_message or inner.reason}"
+    if isinstance(inner, ssl.SSLError):
+        return "TLS: " + _SSL_SUFFIX.sub("", str(inner))
+    if isinstance(inner, OSError) and inner.strerror:
+        return inner.strerror
+    return f"{type(inner).__name__}: {inner}" if str(inner) else type(inner).__name__
 
 
 class HealthChecker:
     def __init__(self, target: Target) -> None:
         self.target = target
+        self._status: StatusProbe | None = None  # made at the first status URL; closed by aclose
+
+    async def status_probe(self) -> StatusProbe:
+        """The checker's one HTTP client, made again only when a reload changed [backend.tls]."""
+        tls = self.target.config.backend.tls
+        probe = self._status
+        if probe is not None and probe.tls == tls:
+            return probe
+        new = self._status = StatusProbe(tls)  # before any await: concurrent checks share the new one
+        if probe is not None:
+            await probe.aclose()
+        return new
+
+    async def aclose(self) -> None:
+        if self._status is not None:
+            probe, self._status = self._status, None
+            await probe.aclose()
 
     def status_url(self, address: Address) -> str | None:
         backend = self.target.config.backend
@@ -101,15 +165,18 @@ class HealthChecker:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        while True:
-            interval = self.target.config.backend.health_interval
-            if interval <= 0:
-                await trio.sleep(1)  # off (a reload may turn it on)
-                continue
-            async with trio.open_nursery() as nursery:
-                for address in self.target.addresses:
-                    nursery.start_soon(self.check, address)
-            await trio.sleep(interval)
+        try:
+            while True:
+                interval = self.target.config.backend.health_interval
+                if interval <= 0:
+                    await trio.sleep(1)  # off (a reload may turn it on)
+                    continue
+                async with trio.open_nursery() as nursery:
+                    for address in self.target.addresses:
+                        nursery.start_soon(self.check, address)
+                await trio.sleep(interval)
+        finally:
+            await self.aclose()
 
     async def check(self, address: Address) -> None:
         health = self.target.health_of(address)
@@ -129,7 +196,7 @@ class HealthChecker:
         timeout = min(config.connect_timeout, max(config.health_interval, 0.5))
         if status_url is not None:
             try:
-                code = await http_status(status_url, timeout)
+                code = await (await self.status_probe()).status(status_url, timeout)
             except (OSError, trio.TooSlowError, ValueError) as exc:
                 code, status_error = None, f"status {status_url}: {exc or 'no answer'}"
             else:
