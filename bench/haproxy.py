@@ -1,4 +1,7 @@
-"""HAProxy (Debian ``haproxy``) in TCP mode in front of one MariaDB: the "plain TCP hop" reference.
+"""HAProxy (Debian ``haproxy``) in TCP mode: in front of one MariaDB, the "plain TCP hop"
+reference; in front of a TiDB cluster (``status_ports``), as PingCAP's docs deploy it: each
+tidb-server health-checked on its status port (``option httpchk GET /status``: 500 while it
+drains; PingCAP's values: inter 2000 rise 2 fall 3), balanced by least connections.
 
 maxconn 4096 covers the 2,000-connection workload; HAProxy needs about two file descriptors per
 connection and refuses to start when RLIMIT_NOFILE cannot cover maxconn.
@@ -44,14 +47,49 @@ backend mysql_out
 """
 
 
+CLUSTER_TEMPLATE = """\
+# Written by bench/haproxy.py: TCP to a TiDB cluster, health checks on each status port.
+global
+    maxconn {maxconn}
+    nbthread {nbthread}
+
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 1h
+    timeout server 1h
+    maxconn {maxconn}
+
+frontend mysql_in
+    bind 127.0.0.1:{port}
+    default_backend tidb
+
+backend tidb
+    balance leastconn
+    option httpchk GET /status
+{servers}
+"""
+
+
 class HAProxy(ListeningChild):
-    def __init__(self, workdir: Path, backend_port: int, maxconn: int = 4096, nbthread: int = 1) -> None:
+    def __init__(self, workdir: Path, backend_port: int | list[int], maxconn: int = 4096, nbthread: int = 1,
+                 status_ports: list[int] | None = None) -> None:  # fmt: skip
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.backend_port = backend_port
         self.config_path = self.workdir / "haproxy.cfg"
-        self.config_path.write_text(CONFIG_TEMPLATE.format(port=self.port, backend_port=backend_port, maxconn=maxconn, nbthread=nbthread))
+        if status_ports is None:
+            assert isinstance(backend_port, int), "several backends need their status ports"
+            text = CONFIG_TEMPLATE.format(port=self.port, backend_port=backend_port, maxconn=maxconn, nbthread=nbthread)
+        else:
+            ports = backend_port if isinstance(backend_port, list) else [backend_port]
+            servers = "\n".join(
+                f"    server tidb{i} 127.0.0.1:{p} check port {s} inter 2000 rise 2 fall 3"
+                for i, (p, s) in enumerate(zip(ports, status_ports))
+            )
+            text = CLUSTER_TEMPLATE.format(port=self.port, servers=servers, maxconn=maxconn, nbthread=nbthread)
+        self.config_path.write_text(text)
         self.log_path = self.workdir / "haproxy.log"
         self.proc: subprocess.Popen | None = None
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.lab.cluster import cluster_program, cluster_unavailable_reason
 from tests.lab.dm import dm_unavailable_reason
 from tests.lab.goclient import build_goclient, go_unavailable_reason
 from tests.lab.mariadb import MariaDB, mariadb_unavailable_reason
@@ -55,11 +56,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """One line each for TiDB and DM, built by hand outside the checkout: what the suites that
-    need them ran with, or why they were skipped."""
+    """One line each for TiDB, DM and the TiDB cluster, built by hand outside the checkout:
+    what the suites that need them ran with, or why they were skipped."""
     tidb, dm = tidb_unavailable_reason(), dm_unavailable_reason()
     terminalreporter.write_line(f"TiDB suites skipped: {tidb}" if tidb else f"TiDB for the suites that need it: {tidb_server_path()}")
     terminalreporter.write_line(f"DM suites skipped: {dm}" if dm else "DM for the suites that need it: dm-master, dm-worker, dm-ctl found")
+    cluster = cluster_unavailable_reason()
+    terminalreporter.write_line(
+        f"TiDB cluster suites skipped: {cluster}"
+        if cluster
+        else f"TiDB cluster (PD, store): {cluster_program('pd-server')}, {cluster_program('unistore-server')}"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

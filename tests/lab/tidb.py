@@ -84,11 +84,17 @@ class TiDB(ServerProcess):
     tls = None
 
     def __init__(self, basedir: Path, port: int | None = None, max_allowed_packet: str = "64M",
-                 graceful_wait: int = 0, general_log: bool = False, extra_args: Iterable[str] = ()) -> None:  # fmt: skip
+                 graceful_wait: int = 0, general_log: bool = False, extra_args: Iterable[str] = (),
+                 pd: str | None = None, extra_config: str = "") -> None:  # fmt: skip
         """``graceful_wait``: TiDB's ``graceful-wait-before-shutdown`` (seconds): after SIGTERM,
         /status answers 500 this long before TiDB closes its listeners. ``general_log``: every
-        statement in the log (``[instance] tidb_general_log``, on from each start)."""
+        statement in the log (``[instance] tidb_general_log``, on from each start). ``pd``: one
+        server of a cluster (``-store tikv -path <pd>``: the data lives in the cluster's store,
+        tests/lab/cluster.py) instead of its own unistore. ``extra_config``: TOML appended to
+        the config file (e.g. a ``[security]`` section)."""
         self.general_log = general_log
+        self.pd = pd
+        self.extra_config = extra_config
         self.basedir = Path(basedir).resolve()
         self.basedir.mkdir(parents=True, exist_ok=True)
         self._port = port if port is not None else free_port()
@@ -117,7 +123,8 @@ class TiDB(ServerProcess):
         if program is None:
             raise TiDBError(tidb_unavailable_reason() or "no tidb-server")
         return [
-            program, "-store", "unistore", "-path", str(self.store), "-host", HOST, "-P", str(self.port),
+            program, *(("-store", "tikv", "-path", self.pd) if self.pd else ("-store", "unistore", "-path", str(self.store))),
+            "-host", HOST, "-P", str(self.port),
             "-status", str(self.status_port), "-status-host", HOST, "-socket", str(self.socket_path),
             "-log-file", str(self.log_path), "-config", str(self.config_path), "-L", "info",
             *self.extra_args,
@@ -130,7 +137,7 @@ class TiDB(ServerProcess):
             "[performance]\nrun-auto-analyze = false\n"
             # information_schema.DEADLOCKS: room for every deadlock of a test (default 10)
             "[pessimistic-txn]\ndeadlock-history-capacity = 10000\n"
-            f"[instance]\ntidb_general_log = {'true' if self.general_log else 'false'}\n"
+            f"[instance]\ntidb_general_log = {'true' if self.general_log else 'false'}\n" + self.extra_config
         )
 
     def start(self, timeout: float = 90) -> None:
@@ -153,7 +160,7 @@ class TiDB(ServerProcess):
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     cwd=self.basedir, start_new_session=True)  # fmt: skip
         self._holder[0] = proc
-        _register(proc, self.store, program="tidb-server", marker=str(self.store))
+        _register(proc, self.store, program="tidb-server", marker=str(self.log_path))  # -log-file <it>: ours
         deadline = time.monotonic() + timeout
         last_error: Exception | None = None
         while True:

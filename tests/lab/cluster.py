@@ -1,0 +1,304 @@
+"""A TiDB cluster as users run it, on free ports of 127.0.0.1: PD, one store process and
+several tidb-servers (``-store tikv -path <pd>``) that share all data.
+
+    cluster = Cluster(tmp_path / "cluster", servers=3, graceful_wait=3)
+    cluster.start()
+    cluster.servers[1].restart()        # one tidb-server, SIGTERM: the others serve meanwhile
+    cluster.servers[2].kill(); cluster.servers[2].start()   # a crash: the store keeps the data
+    cluster.restart_store()             # the whole database away
+    cluster.stop()
+
+The store is TiDB's own unistore served over TiKV's gRPC API in a process of its own
+(``unistore-server``, syncing its writes), registered with a real PD: a SIGKILLed tidb-server
+loses nothing it acknowledged, so exact data after a crash is provable here, unlike with the
+single server's in-process unistore.
+
+The binaries are not built here (nothing fetched is committed, nor a recipe for it): the lab
+takes ``pd-server`` and ``unistore-server`` from ``$REPLAY_PROXY_CLUSTER_BIN`` (a folder),
+then ``~/.cache/replay-proxy/bin``, then PATH; ``tiproxy`` likewise (tests/lab/tiproxy.py);
+tidb-server as tests/lab/tidb.py finds it. Suites that need them skip with one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal as _signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tests.lab.certs import make_certs
+from tests.lab.mariadb import HOST, free_port
+from tests.lab.procs import kill_at_exit, read_log, terminate, wait_listening
+from tests.lab.tidb import TiDB, tidb_unavailable_reason
+
+ENV_BIN = "REPLAY_PROXY_CLUSTER_BIN"
+CACHE_BIN = Path.home() / ".cache" / "replay-proxy" / "bin"
+PROGRAMS = ("pd-server", "unistore-server")
+
+
+def cluster_program(name: str) -> str | None:
+    """``name`` from $REPLAY_PROXY_CLUSTER_BIN, else the cache folder, else PATH."""
+    if os.environ.get(ENV_BIN):
+        candidate = Path(os.environ[ENV_BIN]) / name
+        return str(candidate) if candidate.is_file() and os.access(candidate, os.X_OK) else None
+    candidate = CACHE_BIN / name
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    return shutil.which(name)
+
+
+def cluster_unavailable_reason() -> str | None:
+    """None when PD, the store and tidb-server are at hand, else the one line a skip shows."""
+    tidb = tidb_unavailable_reason()
+    if tidb is not None:
+        return tidb
+    missing = [name for name in PROGRAMS if cluster_program(name) is None]
+    if not missing:
+        return None
+    where = f"${ENV_BIN}={os.environ[ENV_BIN]}" if os.environ.get(ENV_BIN) else f"${ENV_BIN}, {CACHE_BIN} or PATH"
+    return f"no {', '.join(missing)} in {where} (see README, 'Testing on TiDB')"
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+class _Child:
+    """One of the cluster's own processes (PD, the store): started, waited for, signalled."""
+
+    what = "child"
+
+    def __init__(self, basedir: Path) -> None:
+        self.basedir = basedir
+        self.basedir.mkdir(parents=True, exist_ok=True)
+        self.log_path = basedir / f"{self.what}.log"
+        self.out_path = basedir / f"{self.what}.out"
+        self.proc: subprocess.Popen | None = None
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def start(self, timeout: float = 60) -> None:
+        if self.is_running():
+            raise ClusterError(f"{self.what} is already running")
+        with open(self.out_path, "ab") as out:
+            self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                         cwd=self.basedir, start_new_session=True)  # fmt: skip
+        kill_at_exit(self.proc)
+        wait_listening(self.proc, self.port, timeout, self.what, self.log_tail)
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop(_signal.SIGKILL)
+                raise ClusterError(f"{self.what} not ready within {timeout} s:\n{self.log_tail()}")
+            time.sleep(0.2)
+
+    def is_running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, sig: int = _signal.SIGTERM, timeout: float = 30) -> None:
+        if self.proc is None:
+            return
+        if sig == _signal.SIGKILL:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait(10)
+            terminate(self.proc, 1)
+        elif not terminate(self.proc, timeout):
+            raise ClusterError(f"{self.what} ignored SIGTERM for {timeout} s: killed")
+        self.proc = None
+
+    def log_tail(self, lines: int = 40) -> str:
+        text = read_log(self.log_path) + read_log(self.out_path)
+        return "\n".join(line[:400] for line in text.splitlines()[-lines:])
+
+    @property
+    def port(self) -> int:
+        raise NotImplementedError
+
+
+class PD(_Child):
+    what = "pd"
+
+    def __init__(self, basedir: Path) -> None:
+        super().__init__(basedir)
+        self.client_port = free_port()
+        self.peer_port = free_port()
+
+    @property
+    def port(self) -> int:
+        return self.client_port
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.client_port}"
+
+    def command(self) -> list[str]:
+        program = cluster_program("pd-server")
+        if program is None:
+            raise ClusterError(cluster_unavailable_reason() or "no pd-server")
+        return [
+            program, "--name", "pd1", "--data-dir", str(self.basedir / "data"), "--log-file", str(self.log_path),
+            "--client-urls", f"http://{self.address}", "--peer-urls", f"http://{HOST}:{self.peer_port}",
+        ]  # fmt: skip
+
+    def api(self, path: str, timeout: float = 3) -> object:
+        with urllib.request.urlopen(f"http://{self.address}/pd/api/v1/{path}", timeout=timeout) as resp:
+            return json.loads(resp.read())
+
+    def ready(self) -> bool:
+        try:
+            health = self.api("health")
+        except (OSError, ValueError, urllib.error.URLError):
+            return False
+        return isinstance(health, list) and bool(health) and all(m.get("health") for m in health)
+
+    def stores_up(self) -> int:
+        try:
+            stores = self.api("stores").get("stores") or []  # type: ignore[union-attr]
+        except (OSError, ValueError, urllib.error.URLError):
+            return 0
+        return sum(1 for s in stores if (s.get("store") or {}).get("state_name") == "Up")
+
+
+class Store(_Child):
+    """The store: unistore over TiKV's gRPC API, in its own process, registered with PD."""
+
+    what = "store"
+
+    def __init__(self, basedir: Path, pd: PD) -> None:
+        super().__init__(basedir)
+        self.pd = pd
+        self.grpc_port = free_port()
+
+    @property
+    def port(self) -> int:
+        return self.grpc_port
+
+    def command(self) -> list[str]:
+        program = cluster_program("unistore-server")
+        if program is None:
+            raise ClusterError(cluster_unavailable_reason() or "no unistore-server")
+        return [program, "--pd", self.pd.address, "--addr", f"{HOST}:{self.grpc_port}", "--data-dir", str(self.basedir / "data")]
+
+    def ready(self) -> bool:
+        return self.pd.stores_up() >= 1
+
+
+class Cluster:
+    """PD, the store and ``servers`` tidb-servers; ``graceful_wait`` is each server's
+    ``graceful-wait-before-shutdown``. Every server has the same session-token signing cert
+    and key, as TiProxy needs to move sessions between them."""
+
+    flavor = "tidb"
+
+    def __init__(self, basedir: Path, servers: int = 3, graceful_wait: int = 0, max_allowed_packet: str = "64M") -> None:
+        self.basedir = Path(basedir).resolve()
+        self.basedir.mkdir(parents=True, exist_ok=True)
+        self.pd = PD(self.basedir / "pd")
+        self.store = Store(self.basedir / "store", self.pd)
+        certs = make_certs(self.basedir / "certs")
+        security = f'[security]\nsession-token-signing-cert = "{certs.server_cert}"\nsession-token-signing-key = "{certs.server_key}"\n'
+        self.servers = [
+            TiDB(self.basedir / f"tidb{i}", graceful_wait=graceful_wait, max_allowed_packet=max_allowed_packet,
+                 pd=self.pd.address, extra_config=security)
+            for i in range(servers)
+        ]  # fmt: skip
+
+    def __repr__(self) -> str:
+        return f"<Cluster pd {self.pd.address} servers {[s.port for s in self.servers]}>"
+
+    def start(self, timeout: float = 120) -> None:
+        """Start every part that is not running (PD, the store, then each tidb-server: the
+        first start bootstraps the cluster, the others join it)."""
+        for part in [self.pd, self.store, *self.servers]:
+            if not part.is_running():
+                part.start(timeout)
+
+    def is_running(self) -> bool:
+        return all(part.is_running() for part in [self.pd, self.store, *self.servers])
+
+    def stop(self) -> None:
+        errors = []
+        for part in [*self.servers, self.store, self.pd]:
+            try:
+                part.stop()
+            except Exception as exc:  # noqa: BLE001 - stop the rest, then say what failed
+                errors.append(f"{part!r}: {exc}")
+        if errors:
+            raise ClusterError("; ".join(errors))
+
+    def __enter__(self) -> Cluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- what a client or the proxy needs ---------------------------------------------------
+
+    @property
+    def addresses(self) -> list[str]:
+        return [f"{HOST}:{s.port}" for s in self.servers]
+
+    @property
+    def ports(self) -> list[int]:
+        return [s.port for s in self.servers]
+
+    def up(self) -> TiDB:
+        """A server that is running (for admin queries while another restarts)."""
+        for server in self.servers:
+            if server.is_running():
+                return server
+        raise ClusterError("no tidb-server of the cluster is running")
+
+    @property
+    def port(self) -> int:
+        return self.up().port
+
+    @property
+    def host(self) -> str:
+        return HOST
+
+    def query(self, sql: str, args=None) -> list[tuple]:
+        return self.up().query(sql, args)
+
+    def admin(self, **kwargs):
+        return self.up().admin(**kwargs)
+
+    def connect(self, *args, **kwargs):
+        return self.up().connect(*args, **kwargs)
+
+    def create_user(self, name: str, password: str, grants: str = "ALL PRIVILEGES ON *.*") -> None:
+        self.up().create_user(name, password, grants)
+
+    def create_database(self, name: str) -> None:
+        self.up().create_database(name)
+
+    def error_log_text(self) -> str:
+        return "\n".join(f"--- {s.basedir.name} ---\n{s.error_log_text()}" for s in self.servers)
+
+    # -- faults -----------------------------------------------------------------------------
+
+    def restart_server(self, i: int, sig: int = _signal.SIGTERM, down_for: float = 0.0) -> str:
+        """Server ``i`` (modulo their number) stopped with ``sig`` and started again, serving
+        before this returns: one step of a rolling restart as ``tiup cluster reload`` and TiDB
+        Operator do it (SIGTERM: its graceful shutdown), or a crash (SIGKILL)."""
+        server = self.servers[i % len(self.servers)]
+        server.restart(sig, down_for=down_for)
+        return f"{server.basedir.name} {_signal.Signals(sig).name}"
+
+    def restart_store(self, down_for: float = 0.0) -> None:
+        """The whole database away: the store stops (SIGTERM) and comes back on its port."""
+        self.store.stop()
+        if down_for:
+            time.sleep(down_for)
+        self.store.start()
