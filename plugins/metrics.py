@@ -1,4 +1,8 @@
-"""metrics: Prometheus metrics, served at ``/metrics`` on the admin endpoint.
+"""metrics: per-statement Prometheus metrics, in the proxy's ``/metrics`` on the admin endpoint.
+
+The proxy itself exports sessions, recoveries, held time, backends, reloads and ``process_*``
+(``proxy.stats``); this plugin adds what only it measures, per command, so the two never
+export the same family (a scrape has one family per name).
 
 Options (``[plugins.metrics]``):
 
@@ -7,7 +11,8 @@ Options (``[plugins.metrics]``):
   classifying each statement's text.
 - ``latency_buckets``: histogram buckets in seconds for the statement latency (default from
   0.5 ms to 60 s).
-- ``process_metrics`` (default true): also export the process's CPU, memory and open files.
+- ``process_metrics``: obsolete, accepted so older configs still load; the proxy exports the
+  process's CPU, memory and open files itself (``false`` is logged as having no effect).
 
 Metrics, each with a ``target`` label:
 
@@ -20,32 +25,27 @@ Metrics, each with a ``target`` label:
 - ``replay_proxy_plugin_answers_total{plugin}``: commands a plugin answered instead of the server.
 - ``replay_proxy_bytes_total{direction}``: ``request`` (command payloads) and ``response``
   (bytes sent to clients).
-- ``replay_proxy_sessions``: open client sessions.
 - ``replay_proxy_backend_lost_total``: backend connections lost under a session.
-- ``replay_proxy_recoveries_total{plan}``: recoveries by outcome (resume, fail-retryable,
-  fail-connection).
-- ``replay_proxy_replays_total`` / ``replay_proxy_replayed_statements_total``: recoveries that
-  replayed a transaction, and the statements replayed.
-- ``replay_proxy_buffered_wait_seconds``: histogram of how long clients were held while the
-  backend was away.
+- ``replay_proxy_replays_total``: recoveries that replayed statements on the new connection
+  (the statements themselves: the proxy's ``replay_proxy_replayed_statements_total``).
 - ``replay_proxy_oversized_packets_total``: commands refused with 1153.
 
 Cheap per statement: the hot path is one dict lookup and a few integer additions on plain
 Python objects (one per command/kind pair, made on first sight); the Prometheus metric families
-are built from them only when /metrics is scraped, through a collector in the plugin's own
-registry (several targets or tests never share counters). The proxy is single-threaded (trio),
-so no locks are needed on the hot path.
+are built from them only when /metrics is scraped: the plugin is a prometheus_client collector
+(``collect()``), and the proxy gathers its families into the target's one registry (each
+plugin instance has its own counters: several targets or tests never share them). The proxy is
+single-threaded (trio), so no locks are needed on the hot path.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import attrs
-from prometheus_client import CollectorRegistry, ProcessCollector, exposition
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from proxy.hooks import CommandInfo, ResultInfo, SessionInfo
@@ -53,11 +53,7 @@ from proxy.plugin_loader import Check, PluginContext
 
 __all__ = ["Plugin"]
 
-# The classic text format every Prometheus (and most scrapers) reads; newer clients default to 1.0.0.
-CONTENT_TYPE = getattr(exposition, "CONTENT_TYPE_PLAIN_0_0_4", exposition.CONTENT_TYPE_LATEST)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
-PLANS = ("resume", "fail-retryable", "fail-connection")
 
 
 def _increasing(value: list[float]) -> bool:
@@ -98,7 +94,7 @@ class Plugin:
     class Options:
         statement_kinds: bool = True
         latency_buckets: Buckets | None = None
-        process_metrics: bool = True
+        process_metrics: bool | None = None  # obsolete: the proxy exports process_* itself
 
     def __init__(self, options: Options, context: PluginContext) -> None:
         self.target = context.target
@@ -110,25 +106,14 @@ class Plugin:
         self.answers: dict[str, int] = {}
         self.request_bytes = 0
         self.response_bytes = 0
-        self.sessions = 0
         self.backend_lost_count = 0
-        self.recoveries = dict.fromkeys(PLANS, 0)
         self.replays = 0
-        self.replayed = 0
-        self.waited = Histogram(WAIT_BUCKETS)
         self.oversized = 0
-        self.registry = CollectorRegistry()
-        self.registry.register(self)
-        if options.process_metrics:
-            ProcessCollector(registry=self.registry)
+        if options.process_metrics is False:
+            context.log.warning("[plugins.metrics] process_metrics = false has no effect: the proxy exports process_* "
+                                "itself; remove the option")  # fmt: skip
 
     # --- hooks ----------------------------------------------------------------------------------
-
-    def session_opened(self, session: SessionInfo) -> None:
-        self.sessions += 1
-
-    def session_closed(self, session: SessionInfo) -> None:
-        self.sessions -= 1
 
     def result_received(self, session: SessionInfo, command: CommandInfo, result: ResultInfo) -> None:
         key = (command.code, command.kind if self.by_kind else None)
@@ -148,29 +133,17 @@ class Plugin:
         self.backend_lost_count += 1
 
     def backend_recovered(self, session: SessionInfo, info: dict[str, Any]) -> None:
-        plan = str(info.get("plan", ""))
-        self.recoveries[plan] = self.recoveries.get(plan, 0) + 1  # an outcome added later still counts
-        replayed = info.get("replayed") or 0
-        if replayed:
+        if info.get("replayed"):
             self.replays += 1
-            self.replayed += replayed
-        waited = info.get("waited")
-        if waited is not None:
-            self.waited.observe(waited)
 
     def oversized_packet(self, session: SessionInfo, size: int, limit: int) -> None:
         self.oversized += 1
 
-    # --- admin endpoint -------------------------------------------------------------------------
-
-    def http_routes(self) -> dict[str, Callable[[], tuple[int, str, bytes]]]:
-        return {"/metrics": self.render}
-
-    def render(self) -> tuple[int, str, bytes]:
-        return 200, CONTENT_TYPE, exposition.generate_latest(self.registry)
+    # --- /metrics -------------------------------------------------------------------------------
 
     def collect(self) -> Iterator[Metric]:
-        """The Prometheus view of the counters, built at scrape time (the registry calls this)."""
+        """The Prometheus view of the counters, built at scrape time (``proxy.stats`` gathers
+        it into the target's /metrics)."""
         t = self.target
 
         def counter(name: str, doc: str, labels: tuple[str, ...] = (), values: dict | None = None, value: float = 0):
@@ -194,16 +167,6 @@ class Plugin:
                       {(p,): n for p, n in self.answers.items()})  # fmt: skip
         yield counter("bytes", "Bytes of commands (request) and of responses sent to clients (response)", ("direction",),
                       {("request",): self.request_bytes, ("response",): self.response_bytes})  # fmt: skip
-        sessions = GaugeMetricFamily("replay_proxy_sessions", "Open client sessions", labels=("target",))
-        sessions.add_metric((t,), self.sessions)
-        yield sessions
         yield counter("backend_lost", "Backend connections lost under a session", value=self.backend_lost_count)
-        yield counter("recoveries", "Backend losses handled, by outcome", ("plan",), {(p,): n for p, n in self.recoveries.items()})
-        yield counter("replays", "Recoveries that replayed an open transaction", value=self.replays)
-        yield counter("replayed_statements", "Statements replayed on a new backend connection", value=self.replayed)
-        wait = HistogramMetricFamily(
-            "replay_proxy_buffered_wait_seconds", "Seconds a client was held while the backend was away", labels=("target",)
-        )
-        wait.add_metric((t,), self.waited.cumulative(), self.waited.sum)
-        yield wait
+        yield counter("replays", "Recoveries that replayed statements on the new backend connection", value=self.replays)
         yield counter("oversized_packets", "Commands refused for exceeding max_allowed_packet", value=self.oversized)

@@ -3,15 +3,18 @@
 - ``/healthz``: 200 while the process runs (liveness); ``/health`` is the same;
 - ``/readyz``: 200 when a backend address is usable, else 503 (readiness: take the pod out of
   a Service while its database is down);
-- ``/metrics``: Prometheus metrics of the proxy itself (sessions, commands, recoveries by
-  outcome, held time, backend health, refused logins), followed by those of the metrics plugin
-  when it is in the chain;
+- ``/metrics``: Prometheus metrics, one family per name: the proxy's own (build info,
+  readiness, sessions, commands, recoveries by outcome, held time, backend health and
+  connections, refused logins, config reloads, process) and those of plugins that collect
+  their own, such as the metrics plugin (``proxy.stats``);
 - ``/status``: JSON, the backends and their health, the sessions (user, client, backend,
   transaction state, recoveries); ``replay-proxy status`` prints it as a table.
 
 Deliberately tiny (HTTP/1.0, GET only, one request per connection). It binds loopback by
 default; bound elsewhere it requires ``Authorization: Bearer <admin.token>`` for everything
-but /healthz and /readyz (probes carry no secrets).
+but /healthz and /readyz (probes carry no secrets). The token is the one of the config in
+force at each request: a SIGHUP that changes ``admin.token`` (or ``token_env``) applies to the
+next request.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from collections.abc import Callable
 
 import trio
 
-from proxy.config import Config
+from proxy.config import Config, ConfigError
 from proxy.hooks import Hooks
 from proxy.stats import CONTENT_TYPE
 
@@ -60,11 +63,7 @@ def routes(proxy) -> dict[str, Route]:
         return json_answer(200, target.stats.status())
 
     def metrics() -> tuple[int, str, bytes]:
-        body = target.stats.render()
-        plugin = _plugin_routes(target.hooks).get("/metrics")
-        if plugin is not None:
-            body += plugin()[2]
-        return 200, CONTENT_TYPE, body
+        return 200, CONTENT_TYPE, target.stats.render()  # plugins' families included (Stats.collect)
 
     def session(query: dict[str, str]) -> tuple[int, str, bytes]:
         """A session's backend connection, for another worker translating ``KILL <id>``
@@ -100,13 +99,21 @@ def _plugin_routes(hooks: Hooks) -> dict[str, Route]:
 
 
 async def serve_admin(config: Config, hooks: Hooks, proxy, address=None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """The proxy's admin endpoint (``address``: a worker's private one; default: the config's)."""
-    await serve_routes(config, address or config.admin_address, lambda: routes(proxy), task_status=task_status)
+    """The proxy's admin endpoint (``address``: a worker's private one; default: the config's).
+    The token is read from ``proxy.config`` at each request: the config a reload put in force."""
+    await serve_routes(config, address or config.admin_address, lambda: routes(proxy), task_status=task_status,
+                       current_config=lambda: proxy.config)  # fmt: skip
 
 
-async def serve_routes(config: Config, address, table_fn, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Serve the routes ``table_fn()`` gives (sync or async handlers) on ``address``."""
-    token = config.admin.resolved_token() if address == config.admin_address else None
+async def serve_routes(config: Config, address, table_fn, *, task_status=trio.TASK_STATUS_IGNORED,
+                       current_config: Callable[[], Config] | None = None) -> None:  # fmt: skip
+    """Serve the routes ``table_fn()`` gives (sync or async handlers) on ``address``. On the
+    config's admin address every path but the probes needs the bearer token of
+    ``current_config()`` (default: ``config``), read at each request."""
+    guarded = address == config.admin_address  # a worker's private port: loopback, for the supervisor only
+
+    def token() -> str | None:
+        return (current_config or (lambda: config))().admin.resolved_token() if guarded else None
 
     async def handle(stream: trio.SocketStream) -> None:
         try:
@@ -136,13 +143,13 @@ async def serve_routes(config: Config, address, table_fn, *, task_status=trio.TA
     bound = listeners[0].socket.getsockname()[:2]
     which = "admin endpoint" if address == config.admin_address else "worker's private admin endpoint (for the supervisor)"
     log.info("%s on http://%s:%d (%s)%s", which, bound[0], bound[1], ", ".join(sorted(table_fn())),
-             "; a bearer token is required" if token else "")  # fmt: skip
+             "; a bearer token is required" if token() else "")  # fmt: skip
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, handle, listeners)
         task_status.started(bound)
 
 
-async def _answer(request: bytes, table: dict[str, Route], token: str | None) -> tuple[int, str, bytes]:
+async def _answer(request: bytes, table: dict[str, Route], token: Callable[[], str | None]) -> tuple[int, str, bytes]:
     lines = request.split(b"\r\n")
     line = lines[0].decode("latin-1").split()
     if len(line) < 2:
@@ -153,10 +160,16 @@ async def _answer(request: bytes, table: dict[str, Route], token: str | None) ->
     handler = table.get(path)
     if handler is None:
         return 404, "text/plain", b"not found\n"
-    if token is not None and path not in _OPEN:
-        given = next((h.split(b":", 1)[1].strip() for h in lines[1:] if h.lower().startswith(b"authorization:")), b"")
-        if not hmac.compare_digest(given, b"Bearer " + token.encode()):
-            return 401, "text/plain", b"a bearer token is required\n"
+    if path not in _OPEN:
+        try:
+            required = token()  # the config in force now: a reload may have changed it
+        except ConfigError as exc:  # token_env unset: refuse rather than serve without the token
+            log.error("admin request for %s refused: %s", path, exc)
+            return 503, "text/plain", b"the admin token is not available (see the proxy's log)\n"
+        if required is not None:
+            given = next((h.split(b":", 1)[1].strip() for h in lines[1:] if h.lower().startswith(b"authorization:")), b"")
+            if not hmac.compare_digest(given, b"Bearer " + required.encode()):
+                return 401, "text/plain", b"a bearer token is required\n"
     try:
         answer = handler(dict(urllib.parse.parse_qsl(query))) if getattr(handler, "wants_query", False) else handler()
         return await answer if inspect.isawaitable(answer) else answer

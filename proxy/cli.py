@@ -1,6 +1,8 @@
 """The command line: replay-proxy --config configs/<target>.toml runs the proxy of one
 target database; replay-proxy status --config configs/<target>.toml prints the running
-proxy's /status as a table; --check validates the config and exits.
+proxy's /status as a table (exit 1 when it is not ready); replay-proxy check --config
+configs/<target>.toml logs in to every backend address and reports what would bite at run
+time (exit 1 on any problem); --check validates the config file alone and exits.
 
 Signals: SIGTERM or SIGINT drains (sessions close between transactions, the rest after
 listen.drain_timeout); SIGHUP reloads the config file (an invalid one is rejected and the
@@ -121,13 +123,16 @@ def reload(proxy, path: str | None, retired: list) -> bool:
 
     if path is None:
         log.warning("SIGHUP ignored: no config file to reload")
+        proxy.target.stats.reloaded(False)
         return False
     old = proxy.config
     try:
         new = load_config(path)
         check_files(new)
         hooks = load_chain(new)
+        proxy.target.stats.check_chain(hooks)  # no plugin metric clashes with the proxy's or another's
     except ConfigError as exc:
+        proxy.target.stats.reloaded(False)
         log.error(
             "config reload rejected, the running config is kept: %s",
             str(exc).replace(":\n", ": ").replace("\n", "; "),
@@ -137,6 +142,7 @@ def reload(proxy, path: str | None, retired: list) -> bool:
     restart = [".".join(k) for k in _RESTART_ONLY if getattr(getattr(old, k[0]), k[1]) != getattr(getattr(new, k[0]), k[1])]
     retired.append(proxy.target.hooks)
     proxy.reload(new, hooks)
+    proxy.target.stats.reloaded(True)
     logging.getLogger("replay_proxy").setLevel(new.log.level.upper())
     log.info("config reloaded from %s: users, plugins, limits, recovery and backends apply to new sessions and new "
              "backend connections%s", path, f"; needs a restart to change: {', '.join(restart)}" if restart else "",
@@ -180,7 +186,8 @@ def status(config: Config, path: str = "configs/<target>.toml") -> int:
     except (OSError, ValueError) as exc:
         print(f"replay-proxy: {_status_failure(exc, url, config, path)}", file=sys.stderr)
         return 1
-    print(f"target {data['target']}: {'ready' if data['ready'] else 'NOT READY'}")
+    ready = bool(data.get("ready"))
+    print(f"target {data['target']}: {'ready' if ready else 'NOT READY'}")
     print(f"{'BACKEND':<24} {'STATE':<9} {'SINCE':>8}  ERROR")
     for b in data["backends"]:
         print(f"{b['address']:<24} {b['state']:<9} {b['since_s']:>7}s  {b['error'] or ''}")
@@ -191,6 +198,10 @@ def status(config: Config, path: str = "configs/<target>.toml") -> int:
     totals = data["totals"]
     print("recoveries: " + ", ".join(f"{k} {v}" for k, v in totals["recoveries"].items())
           + f"; replayed statements {totals['replayed_statements']}; failed logins {totals['logins_failed']}")  # fmt: skip
+    if not ready:
+        print(f"replay-proxy: target {config.name} is not ready: no backend address is up (the BACKEND table: down, draining, or not checked yet); "
+              f"replay-proxy check --config {path} tells why", file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 
@@ -217,8 +228,9 @@ def _status_failure(exc: BaseException, url: str, config: Config, path: str) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="replay-proxy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("command", nargs="?", choices=["run", "status"], default="run",
-                        help="run the proxy (default), or print a running proxy's status")  # fmt: skip
+    parser.add_argument("command", nargs="?", choices=["run", "status", "check"], default="run",
+                        help="run the proxy (default); print a running proxy's status (exit 1 when not ready); or check "
+                             "the target: log in to every backend address and report what would bite (exit 1 on a problem)")  # fmt: skip
     parser.add_argument("--config", help="TOML file of the target database (configs/<target>.toml)")
     parser.add_argument("--check", action="store_true", help="validate the config and exit (no side effects)")
     parser.add_argument("--version", action="version", version=f"replay-proxy {_version()}")
@@ -242,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "status":
         return status(config, args.config)
+    if args.command == "check":
+        from proxy.preflight import run as preflight
+
+        return trio.run(preflight, config, args.config)
     if args.check:
         print(f"{args.config}: ok (target {config.name})")
         return 0

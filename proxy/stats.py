@@ -1,30 +1,69 @@
-"""The proxy's own numbers, without any plugin: what /metrics and /status show.
+"""The proxy's own numbers: what /metrics and /status show.
 
 Nothing here runs per statement: counts of commands come from the sessions themselves
 (``Session.commands``) when a scrape asks, plus what closed sessions left behind; the rest is
-counted where it happens (logins, recoveries), which is rare.
+counted where it happens (logins, recoveries, reloads), which is rare.
+
+/metrics is one exposition with one family per name. The proxy owns ``process_*``, build info,
+sessions, recoveries, held time, backends and reloads; a plugin adds families of its own by
+being a prometheus_client collector (a ``collect()`` method yielding metric families, as
+plugins/metrics.py does), gathered into the same scrape. A plugin family whose name the proxy
+or an earlier plugin already exports is a config error naming the plugin, found when the chain
+is loaded (at start and at each SIGHUP: ``Stats.check_chain``), and a plugin that serves
+``/metrics`` itself is refused the same way.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+import logging
+import platform
+import time
+from collections.abc import Iterable, Iterator
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, ProcessCollector, exposition
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
+from proxy.config import ConfigError
+
 if TYPE_CHECKING:
     from proxy.target import Target
 
-__all__ = ["Stats", "CONTENT_TYPE", "OUTCOMES"]
+__all__ = ["Stats", "CONTENT_TYPE", "OUTCOMES", "family_names"]
 
+log = logging.getLogger("replay_proxy.stats")
+
+# The classic text format every Prometheus (and most scrapers) reads; newer clients default to 1.0.0.
 CONTENT_TYPE = getattr(exposition, "CONTENT_TYPE_PLAIN_0_0_4", exposition.CONTENT_TYPE_LATEST)
 # How a recovery ended: resumed transparently; aborted with 1213 (retry) or 1158 (connection
 # error); an operator's KILL passed on (1927).
 OUTCOMES = ("resumed", "aborted_1213", "aborted_1158", "killed_1927")
 HELD_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
+BACKEND_STATES = ("up", "draining", "down", "unknown")  # proxy.health's states
+# The series names a family takes in the text format, by type (prometheus_client's own rule).
+_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "summary": ("_sum", "_count", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "gaugehistogram": ("_bucket", "_gsum", "_gcount"),
+    "info": ("_info",),
+}
+
+
+def family_names(family: Metric) -> set[str]:
+    """Every name ``family`` occupies in an exposition: its own and its series' (a counter
+    ``x`` is written as ``x_total``, so a gauge ``x_total`` beside it would clash)."""
+    return {family.name, *(family.name + s for s in _SUFFIXES.get(family.type, ())), *(s.name for s in family.samples)}
+
+
+def _package_version() -> str:
+    try:
+        return version("replay-proxy")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 class Stats:
@@ -38,9 +77,15 @@ class Stats:
         self.replayed = 0
         self.held = [0] * (len(HELD_BUCKETS) + 1)
         self.held_sum = 0.0
+        self.reloads = {"ok": 0, "rejected": 0}  # SIGHUPs, by outcome
+        self.last_reload_ok = True
+        self.config_loaded_at = time.time()  # unix time the config in force was loaded (start or reload)
+        self.build = {"version": _package_version(), "python": platform.python_version()}
+        self.process = ProcessCollector(registry=None)
+        self._dropped: set[tuple[str, str]] = set()  # (plugin, family) clashes already logged
         self.registry = CollectorRegistry()
         self.registry.register(self)
-        ProcessCollector(registry=self.registry)
+        self.check_chain(target.hooks)
 
     def session_closed(self, commands: int) -> None:
         self.commands_closed += commands
@@ -51,14 +96,87 @@ class Stats:
         self.held[bisect.bisect_left(HELD_BUCKETS, held)] += 1
         self.held_sum += held
 
+    def reloaded(self, ok: bool) -> None:
+        """A SIGHUP's outcome: the new config is in force (``ok``), or it was rejected and the
+        running one kept."""
+        self.reloads["ok" if ok else "rejected"] += 1
+        self.last_reload_ok = ok
+        if ok:
+            self.config_loaded_at = time.time()
+
     def commands(self) -> int:
         return self.commands_closed + sum(s.commands for s in self.target.sessions)
 
     def render(self) -> bytes:
         return exposition.generate_latest(self.registry)
 
+    # --- one family per name ------------------------------------------------------------------
+
+    def check_chain(self, hooks) -> None:
+        """Refuse a plugin chain whose metrics would clash with the proxy's or each other's:
+        ConfigError naming the plugin and the family. The chain is closed first when refused
+        (its plugins may have opened files); called for the chain a target starts with and for
+        the one a SIGHUP loads, before it is used."""
+        owners = dict.fromkeys((n for f in self.describe() for n in family_names(f)), "the proxy")
+        try:
+            for name, plugin in hooks.plugins:
+                routes = getattr(plugin, "http_routes", None)
+                if routes is not None and "/metrics" in routes():
+                    raise ConfigError(f"$.plugins.chain: {name!r} serves /metrics, which the proxy serves: a plugin's "
+                                      "metrics are the families its collect() yields, in the proxy's /metrics")  # fmt: skip
+                for family in self._families_of(name, plugin, strict=True):
+                    clash = sorted(family_names(family) & owners.keys())
+                    if clash:
+                        raise ConfigError(f"$.plugins.{name}: metric {family.name} clashes with {clash[0]}, which "
+                                          f"{owners[clash[0]]} exports: a plugin exports only metrics of its own")  # fmt: skip
+                    owners.update(dict.fromkeys(family_names(family), f"plugin {name!r}"))
+        except ConfigError:
+            hooks.close()
+            raise
+
+    @staticmethod
+    def _families_of(name: str, plugin: Any, strict: bool = False) -> list[Metric]:
+        collect = getattr(plugin, "collect", None)
+        if not callable(collect):
+            return []
+        try:
+            families = list(collect())
+        except Exception as exc:
+            if strict:
+                raise ConfigError(f"$.plugins.{name}: collecting its metrics failed: {type(exc).__name__}: {exc}") from None
+            log.exception("plugin %s: collecting its metrics failed (left out of this scrape)", name)
+            return []
+        bad = next((f for f in families if not isinstance(f, Metric)), None)
+        if bad is not None:
+            if strict:
+                raise ConfigError(f"$.plugins.{name}: collect() must yield prometheus_client metric families, got {bad!r}")
+            return []
+        return families
+
     def collect(self) -> Iterator[Metric]:
-        """The Prometheus view, built at scrape time."""
+        """The Prometheus view, built at scrape time: the proxy's families, then each plugin's
+        (a family whose name is taken is left out and logged once; check_chain refuses the
+        clashes it can see at load, this catches a family a plugin only yields later)."""
+        taken: set[str] = set()
+        for family in self._core():
+            taken |= family_names(family)
+            yield family
+        for name, plugin in self.target.hooks.plugins:
+            for family in self._families_of(name, plugin):
+                names = family_names(family)
+                if names & taken:
+                    if (name, family.name) not in self._dropped:
+                        self._dropped.add((name, family.name))
+                        log.error("plugin %s: metric %s clashes with one already exported; left out of /metrics", name, family.name)
+                    continue
+                taken |= names
+                yield family
+
+    def describe(self) -> list[Metric]:
+        """The proxy's own families (values aside): the names no plugin may take."""
+        return list(self._core(describe=True))
+
+    def _core(self, describe: bool = False) -> Iterable[Metric]:
         t = self.target
         name = t.name
 
@@ -74,6 +192,12 @@ class Stats:
                 family.add_metric((name, *label_values), v)
             return family
 
+        yield from self.process.collect()
+        yield gauge("build_info", "Always 1: the proxy's version and Python's", 1, ("version", "python"),
+                    {(self.build["version"], self.build["python"]): 1})  # fmt: skip
+        yield gauge(
+            "ready", "1 while a backend address is usable (what /readyz answers 200 for), else 0", 0 if describe else float(t.ready())
+        )
         sessions = list(t.sessions)
         yield gauge("sessions_open", "Logged-in client sessions", len(sessions))
         yield gauge("sessions_in_transaction", "Sessions inside a transaction", sum(s.tracking.tx.active for s in sessions))
@@ -92,10 +216,28 @@ class Stats:
         held.add_metric((name,), cumulative, self.held_sum)
         yield held
         health = t.health
-        yield gauge("backend_up", "Backend address usable (1) or not (0)", 0, ("address",),
-                    {(str(a),): float(h.usable) for a, h in health.items()})  # fmt: skip
+        addresses = {str(a): None for a in (*t.addresses, *health)}  # configured ones, and any still checked
+        states = {str(a): h.state for a, h in health.items()}
+        yield gauge("backend_up", "Backend address up (1) or draining or down (0) at its last health check; absent "
+                    "until checked", 0, ("address",), {(a,): float(s == "up") for a, s in states.items() if s != "unknown"})  # fmt: skip
         yield gauge("backend_draining", "Backend address draining for a planned restart", 0, ("address",),
-                    {(str(a),): float(h.state == "draining") for a, h in health.items()})  # fmt: skip
+                    {(a,): float(s == "draining") for a, s in states.items()})  # fmt: skip
+        yield gauge("backend_state", "Backend address health state (1 for the current one): up, draining, down, or "
+                    "unknown (not checked yet, or checks off)", 0, ("address", "state"),
+                    {(a, st): float(states.get(a, "unknown") == st) for a in addresses for st in BACKEND_STATES})  # fmt: skip
+        connections = dict.fromkeys(addresses, 0)
+        for s in sessions:
+            backend = s.link.backend
+            if backend is not None and not backend.channel.closed:
+                key = str(backend.address)
+                connections[key] = connections.get(key, 0) + 1
+        yield gauge("backend_connections", "Open backend connections of logged-in sessions, by address", 0, ("address",),
+                    {(a,): n for a, n in connections.items()})  # fmt: skip
+        yield counter("config_reloads", "Config reloads (SIGHUP) by outcome: ok, or rejected (the running config kept)", 0,
+                      ("outcome",), {(o,): n for o, n in self.reloads.items()})  # fmt: skip
+        yield gauge("config_last_reload_successful", "1 unless the last reload (SIGHUP) was rejected", float(self.last_reload_ok))
+        yield gauge("config_last_reload_success_timestamp_seconds",
+                    "Unix time the config in force was loaded (at start, or by the last accepted reload)", self.config_loaded_at)  # fmt: skip
 
     def status(self) -> dict[str, Any]:
         """What /status shows: backends, sessions, totals (no statement text, no password)."""

@@ -84,5 +84,5 @@ def test_firewall_rewrite_metrics_chain(chain_proxy, mariadb):
     assert 'replay_proxy_statements_total{command="COM_QUERY",kind="replace",target="test"} 3.0' in text
     assert 'replay_proxy_errors_total{code="1142",target="test"} 2.0' in text
     assert 'replay_proxy_plugin_answers_total{plugin="firewall",target="test"} 2.0' in text
-    assert 'replay_proxy_recoveries_total{plan="resume",target="test"} 0.0' in text
+    assert 'replay_proxy_recoveries_total{outcome="resumed",target="test"} 0.0' in text
     assert "# TYPE replay_proxy_statement_latency_seconds histogram" in text

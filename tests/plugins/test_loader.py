@@ -89,16 +89,21 @@ def test_every_error_is_listed():
 def test_two_plugins_serving_one_path_is_a_config_error():
     class Other:
         def http_routes(self):
-            return {"/metrics": lambda: (200, "text/plain", b"")}
+            return {"/report": lambda: (200, "text/plain", b"")}
+
+    class Another(Other):
+        pass
 
     import tests.plugins.sample_plugin as mod
 
-    mod.Other = Other
+    mod.Other, mod.Another = Other, Another
     try:
-        with pytest.raises(ConfigError, match=r"'metrics' serves /metrics, which 'tests\.plugins\.sample_plugin:Other'"):
-            load_chain(config({"chain": ["tests.plugins.sample_plugin:Other", "metrics"]}))
+        with pytest.raises(
+            ConfigError, match=r"'tests\.plugins\.sample_plugin:Another' serves /report, which 'tests\.plugins\.sample_plugin:Other'"
+        ):
+            load_chain(config({"chain": ["tests.plugins.sample_plugin:Other", "tests.plugins.sample_plugin:Another"]}))
     finally:
-        del mod.Other
+        del mod.Other, mod.Another
 
 
 def test_unopenable_log_file_is_a_config_error(tmp_path):
