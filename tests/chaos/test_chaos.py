@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.lab.chaos import ChaosResult, run_chaos, server_log_tail, start_chaos_proxy
+from tests.lab.chaos import ChaosResult, assert_chaos_ok, recoveries, run_chaos, server_log_tail, start_chaos_proxy
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
@@ -19,8 +19,7 @@ def _report(result, proxy_log: str, server) -> None:
     """Printed for every run; pytest shows it when an assertion fails."""
     print(json.dumps(result.summary(), indent=2))
     print("server log tail:\n" + server_log_tail(server))
-    recoveries = [line for line in proxy_log.splitlines() if "recovered on" in line or "plan:" in line]
-    print(f"proxy recoveries logged: {len(recoveries)}")
+    print(f"proxy: {recoveries(proxy_log)} sessions recovered or moved")
 
 
 async def chaos_through_proxy(
@@ -46,30 +45,25 @@ async def chaos_through_proxy(
 
 
 async def test_safe_mode_workload_sees_no_errors(mariadb_factory, goclient, tmp_path):
-    result, _ = await chaos_through_proxy(mariadb_factory, tmp_path, "safe", "safe", idempotent="safe-mode")
-    assert len(result.restarts) >= 3
-    assert result.errors == 0, result.workload["errors"]
-    assert result.rows_ok, (result.verify, result.corruption)
-    assert result.workload["committed_txns"] > 100
+    result, log = await chaos_through_proxy(mariadb_factory, tmp_path, "safe", "safe", idempotent="safe-mode")
+    assert_chaos_ok(result, log, min_txns=100)
 
 
 async def test_insert_workload_never_loses_or_doubles_a_row(mariadb_factory, goclient, tmp_path):
     """Plain INSERT plus `n = n + k` counters, no safe mode: a COMMIT whose outcome is unknown
     must surface as an error (never acknowledged, never applied twice); everything else is
     transparent."""
-    result, _ = await chaos_through_proxy(mariadb_factory, tmp_path, "insert", "insert")
-    assert result.rows_ok, (result.verify, result.corruption)  # no lost row, no double application
-    unexpected = {k: v for k, v in result.workload["errors"].items() if not k.startswith("commit:")}
-    assert not unexpected, unexpected  # only in-doubt COMMITs may surface
+    result, log = await chaos_through_proxy(mariadb_factory, tmp_path, "insert", "insert")
+    # no lost row, no double application; only in-doubt COMMITs may surface
+    assert_chaos_ok(result, log, allowed_errors=("commit:",), min_txns=100)
 
 
 async def test_prepared_statement_workload(mariadb_factory, goclient, tmp_path):
     """interpolateParams=false: every statement goes through COM_STMT_PREPARE / EXECUTE / CLOSE."""
-    result, _ = await chaos_through_proxy(
+    result, log = await chaos_through_proxy(
         mariadb_factory, tmp_path, "prepared", "safe", extra={"extra_dsn": "interpolateParams=false"}, idempotent="safe-mode"
     )
-    assert result.errors == 0, result.workload["errors"]
-    assert result.rows_ok, (result.verify, result.corruption)
+    assert_chaos_ok(result, log, min_txns=100)
 
 
 async def test_commit_markers_make_the_insert_workload_transparent(mariadb_factory, goclient, tmp_path):
@@ -77,5 +71,4 @@ async def test_commit_markers_make_the_insert_workload_transparent(mariadb_facto
     the non-idempotent workload sees no error at all, and still no row is lost or doubled."""
     result, log = await chaos_through_proxy(mariadb_factory, tmp_path, "marker", "insert", commit_marker=True)
     print("marker resolutions:", [line[-60:] for line in log.splitlines() if "commit marker" in line][:10])
-    assert result.rows_ok, (result.verify, result.corruption)
-    assert result.errors == 0, result.workload["errors"]
+    assert_chaos_ok(result, log, min_txns=100)

@@ -78,19 +78,42 @@
 //	 "multirow": bool, "payload_size": P, "table": "t", "counters_table":
 //	 "counters", "conns": N, "committed_txns": int, "committed_rows": int,
 //	 "errors": {"<phase>: <message>": count}, "error_count": int,
-//	 "reconnects": int, "in_doubt_resolved": {"committed": int,
-//	 "not_committed": int}, "anomalies": [str], "stuck_workers": int,
+//	 "failed_txns": int, "reconnects": int,
+//	 "in_doubt_resolved": {"committed": int, "not_committed": int},
+//	 "anomalies": [str], "stuck_workers": int, "stuck_phases": {"<phase>": int},
+//	 "stuck": [{"worker", "phase", "seq", "blocked_ms", "txn_age_ms"}],
+//	 "grace": seconds, "longest_stall_ms": float,
+//	 "stall_ms": {"committed_max", "unfinished_max"},
+//	 "unfinished_txns": [{"worker", "seq", "phase", "age_ms", "stuck"}],
 //	 "elapsed": seconds, "txns_per_sec": float,
 //	 "txn_latency_ms": {"p50", "p95", "p99", "max", "mean"},
 //	 "per_worker": {"<w>": {"first_seq": int, "last_committed_seq": int,
 //	   "committed_txns": int, "counter_start": int, "counter_expected": int,
-//	   "in_doubt_seq": int (0 = none), "errors": int, "stuck": bool}}}
-//	<phase> is connect, begin, dml, commit or ping. counter_expected is the
-//	counter's absolute expected value: insert mode counter_start + B per
-//	committed seq; safe mode last_committed_seq. Latencies cover successful
-//	attempts only (BEGIN to COMMIT). ok is false when anomalies is non-empty
-//	(e.g. rows of a seq the client never committed were already present) or
-//	a worker could not start; errors alone do not make ok false.
+//	   "in_doubt_seq": int (0 = none), "errors": int, "failed_txns": int,
+//	   "stuck": bool, "stuck_phase": str}}}
+//	<phase> is connect, begin, dml, commit or ping. error_count counts error
+//	events: every failed attempt of anything, so a server that refuses
+//	connects for a second costs about ten connect errors per worker (one per
+//	-retry-delay). failed_txns counts what a replicator would see fail:
+//	transaction attempts (BEGIN .. COMMIT) that ended in an error, plus those
+//	stuck inside one at the end.
+//	A worker still waiting for the server (phase connect, start, begin, dml,
+//	commit, rollback or ping) -grace after the deadline is stuck: counted in
+//	stuck_workers and stuck_phases, listed in stuck (blocked_ms: in that
+//	phase; txn_age_ms: since its transaction's first attempt), added to
+//	errors as "stuck: <phase>: ..." and error_count, and ok is false. A
+//	session held without end is a failure, not a quiet run.
+//	counter_expected is the counter's absolute expected value: insert mode
+//	counter_start + B per committed seq; safe mode last_committed_seq.
+//	txn_latency_ms covers successful attempts only (BEGIN to COMMIT).
+//	longest_stall_ms is the longest a transaction waited to commit: from its
+//	first attempt to its COMMIT (retries included) for committed ones
+//	(stall_ms.committed_max), and from its first attempt to the end for the
+//	ones never committed (stall_ms.unfinished_max; listed in unfinished_txns:
+//	a worker that gave up at the deadline, or a stuck one).
+//	ok is false when a worker is stuck, when anomalies is non-empty (e.g.
+//	rows of a seq the client never committed were already present) or a
+//	worker could not start; other errors do not make ok false.
 //	Exit status 1 if ok is false.
 //
 // Mode verify (-expect FILE, the workload output):
@@ -224,7 +247,7 @@ func parseFlags() *options {
 	flag.BoolVar(&o.multirow, "multirow", false, "one multi-VALUES statement per transaction")
 	flag.IntVar(&o.payloadSize, "payload-size", 64, "payload length (<= 255)")
 	flag.DurationVar(&o.retryDelay, "retry-delay", 100*time.Millisecond, "sleep before retrying a failed transaction")
-	flag.DurationVar(&o.grace, "grace", 30*time.Second, "after -duration, wait this long for stuck workers")
+	flag.DurationVar(&o.grace, "grace", 30*time.Second, "after -duration, wait this long for workers still waiting for the server; those still waiting then are stuck (an error, ok false)")
 	flag.StringVar(&o.expect, "expect", "", "verify: workload JSON output to check against")
 	flag.Parse()
 	if flag.NArg() != 0 {

@@ -77,12 +77,17 @@ type workerState struct {
 	CounterExpected int64
 	InDoubtSeq      int
 	Errors          int
+	FailedTxns      int
 	Stuck           bool
+	StuckPhase      string
 	StartError      string
 
-	seq     int    // seq being attempted
-	inDoubt bool   // a COMMIT of seq failed: it may have applied
-	phase   string // current phase, for stuck workers
+	seq        int       // seq being attempted
+	inDoubt    bool      // a COMMIT of seq failed: it may have applied
+	phase      string    // current phase, for stuck workers
+	phaseSince time.Time // when phase began
+	seqStart   time.Time // first attempt of seq began (zero: no attempt of it yet)
+	endedAt    time.Time // runWorker returned (zero: still running)
 }
 
 type workload struct {
@@ -93,7 +98,9 @@ type workload struct {
 	mu                sync.Mutex
 	errors            map[string]int
 	errorCount        int
+	failedTxns        int
 	reconnects        int
+	maxStallMs        float64 // longest first attempt -> COMMIT of a committed seq
 	resolvedCommitted int
 	resolvedNot       int
 	anomalies         []string
@@ -148,6 +155,7 @@ func (wl *workload) connect(ws *workerState) (*sql.Conn, error) {
 func (wl *workload) runWorker(w int, ws *workerState) {
 	o := wl.o
 	ctx := context.Background()
+	ws.setPhase("connect")
 	conn, err := wl.connect(ws)
 	if err != nil {
 		ws.mu.Lock()
@@ -164,6 +172,7 @@ func (wl *workload) runWorker(w int, ws *workerState) {
 
 	// Resume after earlier runs; the counter row may not exist if setup ran
 	// with fewer workers.
+	ws.setPhase("start")
 	var maxSeq int
 	var counter int64
 	err = conn.QueryRowContext(ctx, "SELECT COALESCE(MAX(seq), 0) FROM "+o.table+" WHERE worker = ?", w).Scan(&maxSeq)
@@ -204,6 +213,11 @@ func (wl *workload) runWorker(w int, ws *workerState) {
 			return
 		}
 		start := time.Now()
+		ws.mu.Lock()
+		if ws.seqStart.IsZero() {
+			ws.seqStart = start
+		}
+		ws.mu.Unlock()
 		phase, err := wl.attempt(ctx, conn, w, seq, ws)
 		if err == nil {
 			ms := float64(time.Since(start).Microseconds()) / 1000
@@ -216,7 +230,14 @@ func (wl *workload) runWorker(w int, ws *workerState) {
 			continue
 		}
 		wl.recordError(ws, phase, err)
+		wl.mu.Lock()
+		wl.failedTxns++
+		wl.mu.Unlock()
+		ws.mu.Lock()
+		ws.FailedTxns++
+		ws.mu.Unlock()
 		// DM re-checks the connection and replaces it when it is dead.
+		ws.setPhase("ping")
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		perr := conn.PingContext(pctx)
 		cancel()
@@ -225,13 +246,16 @@ func (wl *workload) runWorker(w int, ws *workerState) {
 			wl.mu.Lock()
 			wl.reconnects++
 			wl.mu.Unlock()
+			ws.setPhase("sleep")
 			time.Sleep(o.retryDelay)
+			ws.setPhase("connect")
 			conn, err = wl.connect(ws)
 			if err != nil {
 				return // deadline passed while the server was unreachable
 			}
 			continue
 		}
+		ws.setPhase("sleep")
 		time.Sleep(o.retryDelay)
 	}
 }
@@ -239,7 +263,14 @@ func (wl *workload) runWorker(w int, ws *workerState) {
 func (ws *workerState) setPhase(p string) {
 	ws.mu.Lock()
 	ws.phase = p
+	ws.phaseSince = time.Now()
 	ws.mu.Unlock()
+}
+
+// rollback is tx.Rollback under its own phase: it waits for the server too.
+func rollback(ws *workerState, tx *sql.Tx) {
+	ws.setPhase("rollback")
+	tx.Rollback()
 }
 
 // attempt runs transaction seq once. On success it advances the worker. It
@@ -281,7 +312,7 @@ func (wl *workload) attempt(ctx context.Context, conn *sql.Conn, w, seq int, ws 
 	for k, q := range stmts {
 		_, err := tx.ExecContext(ctx, q, stmtArgs[k]...)
 		if err != nil {
-			tx.Rollback()
+			rollback(ws, tx)
 			if k == 0 && o.sqlMode == "insert" && isMySQLError(err, 1062) {
 				// The rows exist already: an earlier COMMIT of seq applied.
 				if !inDoubt {
@@ -290,7 +321,7 @@ func (wl *workload) attempt(ctx context.Context, conn *sql.Conn, w, seq int, ws 
 				wl.mu.Lock()
 				wl.resolvedCommitted++
 				wl.mu.Unlock()
-				ws.markCommitted(seq, int64(o.batch), o.sqlMode)
+				wl.markCommitted(ws, seq, int64(o.batch), o.sqlMode)
 				return "resolved", err
 			}
 			return "dml", err
@@ -299,7 +330,7 @@ func (wl *workload) attempt(ctx context.Context, conn *sql.Conn, w, seq int, ws 
 	if o.sqlMode == "insert" {
 		r, err := tx.ExecContext(ctx, "UPDATE "+o.countersTable+" SET n = n + ? WHERE worker = ?", o.batch, w)
 		if err != nil {
-			tx.Rollback()
+			rollback(ws, tx)
 			return "dml", err
 		}
 		if n, _ := r.RowsAffected(); n != 1 {
@@ -308,7 +339,7 @@ func (wl *workload) attempt(ctx context.Context, conn *sql.Conn, w, seq int, ws 
 	} else {
 		// Idempotent: no affected-rows check, a re-run changes nothing.
 		if _, err := tx.ExecContext(ctx, "UPDATE "+o.countersTable+" SET n = ? WHERE worker = ?", seq, w); err != nil {
-			tx.Rollback()
+			rollback(ws, tx)
 			return "dml", err
 		}
 	}
@@ -323,7 +354,7 @@ func (wl *workload) attempt(ctx context.Context, conn *sql.Conn, w, seq int, ws 
 			wl.mu.Lock()
 			wl.resolvedCommitted++
 			wl.mu.Unlock()
-			ws.markCommitted(seq, int64(o.batch), o.sqlMode)
+			wl.markCommitted(ws, seq, int64(o.batch), o.sqlMode)
 			return "resolved", err
 		}
 		ws.mu.Lock()
@@ -338,13 +369,14 @@ func (wl *workload) attempt(ctx context.Context, conn *sql.Conn, w, seq int, ws 
 		wl.resolvedNot++
 		wl.mu.Unlock()
 	}
-	ws.markCommitted(seq, int64(o.batch), o.sqlMode)
+	wl.markCommitted(ws, seq, int64(o.batch), o.sqlMode)
 	return "", nil
 }
 
-func (ws *workerState) markCommitted(seq int, rows int64, sqlMode string) {
+func (wl *workload) markCommitted(ws *workerState, seq int, rows int64, sqlMode string) {
 	ws.mu.Lock()
-	defer ws.mu.Unlock()
+	stall := float64(time.Since(ws.seqStart).Microseconds()) / 1000
+	ws.seqStart = time.Time{}
 	ws.LastCommitted = seq
 	ws.CommittedTxns++
 	if sqlMode == "insert" {
@@ -355,6 +387,13 @@ func (ws *workerState) markCommitted(seq int, rows int64, sqlMode string) {
 	ws.seq = seq + 1
 	ws.inDoubt = false
 	ws.phase = "idle"
+	ws.phaseSince = time.Now()
+	ws.mu.Unlock()
+	wl.mu.Lock()
+	if stall > wl.maxStallMs {
+		wl.maxStallMs = stall
+	}
+	wl.mu.Unlock()
 }
 
 func percentile(sorted []float64, p float64) float64 {
@@ -395,41 +434,68 @@ func runWorkload(o *options) bool {
 	var wg sync.WaitGroup
 	start := time.Now()
 	for w := range states {
-		states[w] = &workerState{phase: "connect"}
+		states[w] = &workerState{phase: "connect", phaseSince: start}
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
-			defer states[w].setPhase("done")
+			defer func() {
+				ws := states[w]
+				ws.mu.Lock()
+				ws.phase = "done"
+				ws.endedAt = time.Now()
+				ws.mu.Unlock()
+			}()
 			wl.runWorker(w, states[w])
 		}(w)
 	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	stuck := 0
+	stuckPhases := map[string]int{}
+	stuckList := []map[string]interface{}{}
 	select {
 	case <-done:
 	case <-time.After(time.Until(wl.deadline) + o.grace):
-		// Report what we know; a worker blocked in COMMIT leaves its seq in
-		// doubt, one blocked earlier cannot commit once we exit.
-		for _, ws := range states {
+		// A worker still waiting for the server now is stuck: an error, and the
+		// run is not ok (a session held without end must not pass for "no client
+		// error"). One blocked in COMMIT leaves its seq in doubt; one blocked
+		// earlier cannot commit once we exit.
+		now := time.Now()
+		for w, ws := range states {
 			ws.mu.Lock()
-			if ws.phase != "idle" && ws.phase != "done" {
+			if blockingPhases[ws.phase] {
 				ws.Stuck = true
+				ws.StuckPhase = ws.phase
 				stuck++
+				stuckPhases[ws.phase]++
 				if ws.phase == "commit" {
 					ws.inDoubt = true
 				}
+				entry := map[string]interface{}{
+					"worker":     w,
+					"phase":      ws.phase,
+					"seq":        ws.seq,
+					"blocked_ms": round3(float64(now.Sub(ws.phaseSince).Microseconds()) / 1000),
+				}
+				if !ws.seqStart.IsZero() {
+					entry["txn_age_ms"] = round3(float64(now.Sub(ws.seqStart).Microseconds()) / 1000)
+				}
+				stuckList = append(stuckList, entry)
 			}
 			ws.mu.Unlock()
 		}
-		fmt.Fprintf(os.Stderr, "workload: %d workers still blocked %s after the deadline\n", stuck, o.grace)
+		fmt.Fprintf(os.Stderr, "workload: %d workers still blocked %s after the deadline: %v\n", stuck, o.grace, stuckPhases)
 	}
-	elapsed := time.Since(start).Seconds()
+	end := time.Now()
+	elapsed := end.Sub(start).Seconds()
 
 	// Snapshot under each worker's lock: a stuck worker may still run.
 	perWorker := map[string]interface{}{}
 	committedTxns := 0
-	ok := true
+	stuckTxns := 0
+	ok := stuck == 0
+	unfinished := []map[string]interface{}{}
+	unfinishedMax := 0.0
 	for w, ws := range states {
 		ws.mu.Lock()
 		if ws.inDoubt {
@@ -437,6 +503,24 @@ func runWorkload(o *options) bool {
 		}
 		if ws.StartError != "" {
 			ok = false
+		}
+		if ws.Stuck && inTxnPhases[ws.StuckPhase] {
+			stuckTxns++ // stuck inside an attempt: not yet counted as failed
+		}
+		if !ws.seqStart.IsZero() {
+			// A transaction begun and never committed: its stall lasts until the
+			// worker gave up (the deadline passed) or, stuck, until now.
+			until := ws.endedAt
+			if until.IsZero() {
+				until = end
+			}
+			age := float64(until.Sub(ws.seqStart).Microseconds()) / 1000
+			if age > unfinishedMax {
+				unfinishedMax = age
+			}
+			unfinished = append(unfinished, map[string]interface{}{
+				"worker": w, "seq": ws.seq, "phase": ws.phase, "age_ms": round3(age), "stuck": ws.Stuck,
+			})
 		}
 		committedTxns += ws.CommittedTxns
 		perWorker[strconv.Itoa(w)] = map[string]interface{}{
@@ -447,7 +531,9 @@ func runWorkload(o *options) bool {
 			"counter_expected":   ws.CounterExpected,
 			"in_doubt_seq":       ws.InDoubtSeq,
 			"errors":             ws.Errors,
+			"failed_txns":        ws.FailedTxns,
 			"stuck":              ws.Stuck,
+			"stuck_phase":        ws.StuckPhase,
 			"start_error":        ws.StartError,
 		}
 		ws.mu.Unlock()
@@ -455,6 +541,12 @@ func runWorkload(o *options) bool {
 
 	wl.mu.Lock()
 	defer wl.mu.Unlock()
+	// Stuck workers are errors: in the error map (one entry per phase), the
+	// error count and the failed transactions (those stuck inside one).
+	for phase, n := range stuckPhases {
+		wl.errors[fmt.Sprintf("stuck: %s: still waiting for the server %s after the deadline", phase, o.grace)] += n
+		wl.errorCount += n
+	}
 	if len(wl.anomalies) > 0 {
 		ok = false
 	}
@@ -485,15 +577,25 @@ func runWorkload(o *options) bool {
 		"committed_rows": committedTxns * o.batch,
 		"errors":         wl.errors,
 		"error_count":    wl.errorCount,
+		"failed_txns":    wl.failedTxns + stuckTxns,
 		"reconnects":     wl.reconnects,
 		"in_doubt_resolved": map[string]int{
 			"committed":     wl.resolvedCommitted,
 			"not_committed": wl.resolvedNot,
 		},
-		"anomalies":     anomalies,
-		"stuck_workers": stuck,
-		"elapsed":       round3(elapsed),
-		"txns_per_sec":  round3(float64(committedTxns) / elapsed),
+		"anomalies":        anomalies,
+		"stuck_workers":    stuck,
+		"stuck_phases":     stuckPhases,
+		"stuck":            stuckList,
+		"grace":            o.grace.Seconds(),
+		"longest_stall_ms": round3(math.Max(wl.maxStallMs, unfinishedMax)),
+		"stall_ms": map[string]float64{
+			"committed_max":  round3(wl.maxStallMs),
+			"unfinished_max": round3(unfinishedMax),
+		},
+		"unfinished_txns": unfinished,
+		"elapsed":         round3(elapsed),
+		"txns_per_sec":    round3(float64(committedTxns) / elapsed),
 		"txn_latency_ms": map[string]float64{
 			"p50":  round3(percentile(lat, 50)),
 			"p95":  round3(percentile(lat, 95)),
@@ -506,3 +608,12 @@ func runWorkload(o *options) bool {
 	emit(o, result)
 	return ok
 }
+
+// blockingPhases are the phases in which a worker waits for the server; one
+// still in one of them after the deadline + grace is stuck.
+var blockingPhases = map[string]bool{
+	"connect": true, "start": true, "begin": true, "dml": true, "commit": true, "rollback": true, "ping": true,
+}
+
+// inTxnPhases are those of a transaction attempt.
+var inTxnPhases = map[string]bool{"begin": true, "dml": true, "commit": true, "rollback": true}

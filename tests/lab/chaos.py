@@ -39,15 +39,22 @@ TIDB_SESSION = [
     "tidb_txn_mode=optimistic",
 ]
 
-# A restart in the lab may keep the server away up to its stop and start timeouts (30 s each)
-# on a slow machine (a graceful shutdown alone may wait 20 s for threads). "Zero client errors"
-# must test the proxy, not the machine's disk, so the proxy holds requests longer than that.
-CHAOS_BUFFER_WINDOW = "90s"
+# How long the proxy holds a request while the server is away. Below DM's own 60 s read timeout
+# (what a deployment must keep), and below the workload's grace: a session the proxy holds for
+# the whole window gets the proxy's error inside the run, and one held past it (a proxy that
+# never lets go) is still waiting when the grace ends, which the workload reports as a stuck
+# worker, an error. A restart here takes 1-5 s (a SIGTERM on a loaded machine up to ~20 s).
+CHAOS_BUFFER_WINDOW_S = 40
+CHAOS_BUFFER_WINDOW = f"{CHAOS_BUFFER_WINDOW_S}s"
+# After its -duration the workload waits this long for its workers; one still waiting for the
+# server then is stuck (goclient: an error, ok false).
+CHAOS_GRACE_S = CHAOS_BUFFER_WINDOW_S + 10
 
 
 def start_chaos_proxy(workdir: Path, server_port: int, backend: dict[str, Any] | None = None, **recovery: Any) -> ProxyProcess:
-    """The proxy as the chaos tests run it: info logging, a buffer window longer than any lab
-    restart, plus the given ``[recovery]`` keys (and ``[backend]`` ones)."""
+    """The proxy as the chaos tests run it: info logging, a buffer window longer than a lab
+    restart and shorter than the workload's grace (``CHAOS_BUFFER_WINDOW``), plus the given
+    ``[recovery]`` keys (and ``[backend]`` ones)."""
     recovery = {"buffer_window": CHAOS_BUFFER_WINDOW, **recovery}
     return ProxyProcess(workdir, server_port, recovery=recovery, log={"level": "info"}, backend=backend or {}).start()
 
@@ -96,12 +103,24 @@ class ChaosResult:
     label: str
     workload: dict
     verify: dict
-    restarts: list[str]
+    restarts: list[str]  # one line per disruption the lab carried out (and confirmed)
     corruption: list[str] = attrs.Factory(list)  # CHECK TABLE findings when the rows did not verify
 
     @property
     def errors(self) -> int:
+        """Client error events: every failed attempt of anything (each failed reconnect attempt,
+        every ``retry_delay``, counts), stuck workers included."""
         return int(self.workload.get("error_count", 0))
+
+    @property
+    def failed_txns(self) -> int:
+        """What a replicator sees fail: transaction attempts that ended in an error, and those
+        stuck inside one."""
+        return int(self.workload.get("failed_txns", 0))
+
+    @property
+    def stuck(self) -> int:
+        return int(self.workload.get("stuck_workers", 0))
 
     @property
     def rows_ok(self) -> bool:
@@ -112,17 +131,90 @@ class ChaosResult:
         return {
             "label": self.label,
             "client_errors": self.errors,
+            "failed_txns": self.failed_txns,
+            "stuck_workers": self.stuck,
+            "stuck": w.get("stuck", []),
             "errors": w.get("errors", {}),
+            "reconnects": w.get("reconnects"),
             "committed_txns": w.get("committed_txns"),
             "committed_rows": w.get("committed_rows"),
             "txns_per_sec": w.get("txns_per_sec"),
             "max_txn_latency_ms": (w.get("txn_latency_ms") or {}).get("max"),
+            "longest_stall_ms": w.get("longest_stall_ms"),
             "in_doubt_resolved": w.get("in_doubt_resolved"),
             "restarts": self.restarts,
             "rows_verified": self.verify.get("checked_rows"),
             "row_check": "ok" if self.rows_ok else f"{self.verify.get('problem_count')} problems: {self.verify.get('problems', [])[:5]}",
             "server_table_corruption": self.corruption,
         }
+
+
+def chaos_problems(
+    *,
+    disruptions: int,
+    stuck: list[str],
+    errors: dict[str, int],
+    rows_ok: bool,
+    rows_verified: int,
+    rows_committed: int,
+    row_problems: Any = None,
+    proxy_log: str | None = None,
+    allowed_errors: tuple[str, ...] = (),
+    min_disruptions: int = 1,
+) -> list[str]:
+    """What is wrong with a chaos run that should have been transparent (empty: nothing), for any
+    client: ``disruptions`` the lab carried out (not what the workload noticed), the ``stuck``
+    sessions (one description each), the client's ``errors`` by kind (those starting with one of
+    ``allowed_errors`` are expected, e.g. in-doubt COMMITs without commit markers), the row check,
+    and with the proxy in the path (``proxy_log``) the sessions it recovered."""
+    problems = []
+    if disruptions < min_disruptions:
+        problems.append(f"only {disruptions} disruptions happened (want >= {min_disruptions}): the run proved nothing")
+    if stuck:
+        problems.append(f"{len(stuck)} sessions stuck at the end: {stuck[:5]}")
+    unexpected = {k: v for k, v in errors.items() if not k.startswith(allowed_errors) or k.startswith("stuck")}
+    if unexpected:
+        top = sorted(unexpected.items(), key=lambda kv: -kv[1])[:5]
+        problems.append(f"{sum(unexpected.values())} client errors: {top}")
+    if not rows_ok:
+        problems.append(f"rows did not verify: {row_problems}")
+    elif rows_verified < rows_committed or rows_committed <= 0:
+        problems.append(f"{rows_verified} rows verified of {rows_committed} committed")
+    if proxy_log is not None:
+        n = recoveries(proxy_log)
+        if n <= 0:
+            problems.append("the proxy logged no recovered session: the disruptions never reached a session through it")
+    return problems
+
+
+def assert_chaos_ok(
+    result: ChaosResult, proxy_log: str | None, *, allowed_errors: tuple[str, ...] = (), min_disruptions: int = 3, min_txns: int = 1
+) -> None:
+    """The checks every chaos test makes of a Go-workload run (``chaos_problems``), plus: the
+    workload ran (``min_txns`` committed) and reported ok (no anomaly, no stuck worker)."""
+    w = result.workload
+    stuck = [f"worker {s.get('worker')} in {s.get('phase')} (seq {s.get('seq')}, {s.get('blocked_ms')} ms)" for s in w.get("stuck", [])]
+    if result.stuck and not stuck:  # an older goclient: the count only
+        stuck = [f"worker {k} ({v.get('stuck_phase') or '?'})" for k, v in w.get("per_worker", {}).items() if v.get("stuck")]
+    problems = chaos_problems(
+        disruptions=len(result.restarts),
+        stuck=stuck or ([f"{result.stuck} workers"] if result.stuck else []),
+        errors=w.get("errors", {}),
+        rows_ok=result.rows_ok,
+        rows_verified=int(result.verify.get("checked_rows") or 0),
+        rows_committed=int(w.get("committed_rows") or 0),
+        row_problems=(result.verify.get("problems", [])[:5], result.corruption),
+        proxy_log=proxy_log,
+        allowed_errors=allowed_errors,
+        min_disruptions=min_disruptions,
+    )
+    if w.get("anomalies"):
+        problems.append(f"workload anomalies: {w['anomalies'][:5]}")
+    if not w.get("ok") and not stuck and not w.get("anomalies"):
+        problems.append("the workload reported ok = false")
+    if int(w.get("committed_txns") or 0) < min_txns:
+        problems.append(f"{w.get('committed_txns')} transactions committed (want >= {min_txns})")
+    assert not problems, f"{result.label}: " + "; ".join(problems) + f"\nrestarts: {result.restarts}"
 
 
 async def _every(interval: float, duration: float, log: list[str], event: Callable[[int], str]) -> None:
@@ -146,7 +238,11 @@ def restarting(server: MariaDB | TiDB, signals: tuple[int, ...] | None = None) -
 
     def restart(i: int) -> str:
         sig = sigs[i % len(sigs)]
+        before = server.pid
         server.restart(sig)
+        after = server.pid
+        if before is None or after is None or after == before:  # the fault did not happen as logged
+            raise RuntimeError(f"restart of {server!r} with {signal.Signals(sig).name}: pid {before} -> {after}")
         return signal.Signals(sig).name
 
     return lambda duration, interval, log: _every(interval, duration, log, restart)
@@ -182,11 +278,13 @@ async def run_chaos(
     restarts: bool = True,
     disrupt: Disrupt | None = None,
     extra: dict[str, Any] | None = None,
+    grace: float = CHAOS_GRACE_S,
 ) -> ChaosResult:
     """Set up tables, run the workload against ``port`` (proxy, shim or server) while ``disrupt``
     runs (default: ``restarting(server)``; none with ``restarts=False``), then verify every row
     directly on the server. On TiDB the workload's session is DM's (``TIDB_SESSION``) unless
-    ``extra`` gives one."""
+    ``extra`` gives one. A worker still waiting for the server ``grace`` seconds after the run's
+    end is stuck: an error, and the workload is not ok."""
     workdir.mkdir(parents=True, exist_ok=True)
     creds = dict(user="app", password="apppw", db="test")
     table = f"t_{label.replace('-', '_')}"
@@ -210,8 +308,9 @@ async def run_chaos(
             table=table,
             counters_table=counters,
             out=str(expect),
+            grace=f"{grace:g}s",
             check=False,
-            timeout=duration + 120,
+            timeout=duration + grace + 120,
             **creds,
             **extra,
         )

@@ -376,7 +376,7 @@ def test_go_workload_reports_stuck_workers(mariadb_factory, goclient, tmp_path):
 
     def work() -> None:
         try:
-            result["out"] = _workload(db, tmp_path, table, sql="insert", conns=3, duration=2, grace="1s", read_timeout="60s")
+            result["out"] = _workload(db, tmp_path, table, sql="insert", conns=3, duration=2, grace="1s", read_timeout="60s", check=False)
         except Exception as e:
             result["error"] = e
 
@@ -392,9 +392,13 @@ def test_go_workload_reports_stuck_workers(mariadb_factory, goclient, tmp_path):
     if "error" in result:
         raise result["error"]
     out, expect = result["out"]
-    assert out["stuck_workers"] == 3 and out["ok"], out
+    # Stuck is a failure: counted, named by phase, among the errors, and the run is not ok.
+    assert out["stuck_workers"] == 3 and not out["ok"], out
+    assert sum(out["stuck_phases"].values()) == 3 and len(out["stuck"]) == 3, out
+    assert out["error_count"] >= 3 and any(k.startswith("stuck: ") for k in out["errors"]), out
+    assert out["longest_stall_ms"] >= 1000, out  # the unfinished transactions count (paused for > 1 s)
     assert out["elapsed"] < 10
-    assert all(w["stuck"] for w in out["per_worker"].values())
+    assert all(w["stuck"] and w["stuck_phase"] for w in out["per_worker"].values())
     # The server may still execute commands that were buffered while it was
     # stopped (including a COMMIT): verify once the client's sessions are gone.
     deadline = time.monotonic() + 15
