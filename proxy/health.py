@@ -24,7 +24,7 @@ import httpx
 import trio
 
 from proxy.backend import BackendError, connect_backend
-from proxy.config import Address, BackendTLSConfig
+from proxy.config import Address, BackendConfig, BackendTLSConfig
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.response import Expect
 from proxy.tls import backend_tls
@@ -32,7 +32,7 @@ from proxy.tls import backend_tls
 if TYPE_CHECKING:
     from proxy.target import Target
 
-__all__ = ["AddressHealth", "HealthChecker", "StatusProbe"]
+__all__ = ["AddressHealth", "HealthChecker", "StatusProbe", "status_url"]
 
 log = logging.getLogger("replay_proxy.health")
 
@@ -61,6 +61,15 @@ class AddressHealth:
             "status_url": self.status_url,
             "error": self.error,
         }
+
+
+def status_url(backend: BackendConfig, address: Address) -> str | None:
+    """The status URL of ``address``: its ``status_urls`` entry, else ``status_port`` on its host."""
+    url = backend.status_urls.get(str(address))
+    if url is None and backend.status_port:
+        host = f"[{address.host}]" if ":" in address.host else address.host
+        url = f"http://{host}:{backend.status_port}{backend.status_path}"
+    return url
 
 
 class StatusProbe:
@@ -156,12 +165,7 @@ class HealthChecker:
             await probe.aclose()
 
     def status_url(self, address: Address) -> str | None:
-        backend = self.target.config.backend
-        url = backend.status_urls.get(str(address))
-        if url is None and backend.status_port:
-            host = f"[{address.host}]" if ":" in address.host else address.host
-            url = f"http://{host}:{backend.status_port}{backend.status_path}"
-        return url
+        return status_url(self.target.config.backend, address)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()

@@ -102,6 +102,6 @@ def test_a_key_that_is_not_rsa_is_a_protocol_error_in_the_login():
 
 def test_the_proxy_does_not_import_pymysql():
     """PyMySQL is a test client now, not a dependency of the proxy: nothing it runs loads it."""
-    probe = "import sys, proxy.cli, proxy.frontend, proxy.backend; print('pymysql' in sys.modules)"
+    probe = "import sys, proxy.cli, proxy.frontend, proxy.backend, proxy.preflight; print('pymysql' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"
