@@ -252,21 +252,42 @@ class ShopLoad:
         return len(lines) + 5
 
 
-def checksums(port: int, user: str = "root", password: str = "") -> dict[str, tuple[int, int]]:
-    """(row count, sum of the rows' CRC32 over every column) per table of the schema but the
-    heartbeat, computed the same way on MariaDB and TiDB."""
-    conn = pymysql.connect(host="127.0.0.1", port=port, user=user, password=password, database=SCHEMA, charset="utf8mb4",
+def row_digest_sql(columns: list[str]) -> str:
+    """SQL for one row's digest over ``columns``, the same text on MariaDB and TiDB: every value
+    as the hex of its text (``CAST(... AS CHAR)``: a DECIMAL keeps its scale, a DATETIME(6) its
+    microseconds), NULL as ``N``, joined with commas. Hex has no comma and no N, so the joined
+    text says exactly which value each column held: NULL and '' differ, and so does a value
+    moved to the next column (``CONCAT_WS`` over the raw values skips NULLs and lets a comma
+    inside a value pass for a separator)."""
+    parts = ", ".join(f"COALESCE(HEX(CAST(`{c}` AS CHAR)), 'N')" for c in columns)
+    return f"MD5(CONCAT_WS(',', {parts}))"
+
+
+def table_checksum_sql(table: str, columns: list[str]) -> str:
+    """(row count, sum of the rows' digests' first 60 bits): order-free, exact (DECIMAL sum)."""
+    digest = f"CAST(CONV(SUBSTRING({row_digest_sql(columns)}, 1, 15), 16, 10) AS UNSIGNED)"
+    return f"SELECT COUNT(*), COALESCE(SUM({digest}), 0) FROM `{table}`"
+
+
+def checksums(port: int, user: str = "root", password: str = "", schema: str = SCHEMA) -> dict[str, tuple[int, int]]:
+    """(row count, checksum of every row over every column, ``table_checksum_sql``) per table of
+    ``schema`` but the heartbeat, computed by the same SQL on MariaDB and TiDB."""
+    conn = pymysql.connect(host="127.0.0.1", port=port, user=user, password=password, database=schema, charset="utf8mb4",
                            connect_timeout=10, read_timeout=300)  # fmt: skip
     out = {}
-    with conn.cursor() as cur:
-        cur.execute("SELECT table_name, GROUP_CONCAT(column_name ORDER BY ordinal_position SEPARATOR '`,`') "
-                    "FROM information_schema.columns WHERE table_schema = %s AND table_name <> 'heartbeat' "
-                    "GROUP BY table_name", (SCHEMA,))  # fmt: skip
-        for table, columns in sorted(cur.fetchall()):
-            cur.execute(f"SELECT COUNT(*), COALESCE(SUM(CRC32(CONCAT_WS('|', `{columns}`))), 0) FROM `{table}`")
-            count, crc = cur.fetchone()
-            out[table] = (int(count), int(crc))
-    conn.close()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = %s "
+                        "AND table_name <> 'heartbeat' ORDER BY table_name, ordinal_position", (schema,))  # fmt: skip
+            columns: dict[str, list[str]] = {}
+            for table, column in cur.fetchall():
+                columns.setdefault(table, []).append(column)
+            for table in sorted(columns):
+                cur.execute(table_checksum_sql(table, columns[table]))
+                count, digest = cur.fetchone()
+                out[table] = (int(count), int(digest))
+    finally:
+        conn.close()
     return out
 
 
