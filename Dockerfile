@@ -28,10 +28,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     REPLAY_PROXY_HEALTH_URL=http://127.0.0.1:14000/healthz
 
-# The package alone (no test extras), from the checkout. The source is bind-mounted for this
-# step only (read-write, the writes are thrown away): it never becomes a layer of the image.
+# The package alone (no test extras), from the checkout, at the versions of constraints.txt
+# (what the tests ran with). The source is bind-mounted for this step only (read-write, the
+# writes are thrown away): it never becomes a layer of the image.
 RUN --mount=type=bind,source=.,target=/src,rw \
-    pip install --no-cache-dir /src \
+    pip install --no-cache-dir -c /src/constraints.txt /src \
     && groupadd --system --gid 10001 replay-proxy \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin replay-proxy \
