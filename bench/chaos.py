@@ -120,7 +120,7 @@ def build_rows(runs: dict[str, list[dict[str, Any]]]) -> list[tuple[str, dict[st
         rows.append((label, {t: cell(t, fn, fmt) for t in TARGETS}))
 
     add("restarts during the run", lambda r: len(r["chaos"]["restarts"]))
-    add("client error events (each failed reconnect attempt)", lambda r: r["chaos"]["errors"])
+    add("client error events (incl. every failed reconnect)", lambda r: r["chaos"]["errors"])
     add("failed transactions", lambda r: r["chaos"].get("failed_txns"))
     add("committed txns, no restarts", lambda r: r["baseline"]["committed_txns"])
     add("committed txns, with restarts", lambda r: r["chaos"]["committed_txns"])
