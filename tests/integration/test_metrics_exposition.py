@@ -194,6 +194,19 @@ def test_exposition_is_valid(chain, mariadb, tmp_path, promtool):
     assert plugin <= series.keys() if chain else not plugin & series.keys()
 
 
+def test_the_supervisors_merged_exposition_is_valid(mariadb, tmp_path, promtool):
+    """--workers 2: /metrics gathers each worker's, labelled worker="i", still one family per name."""
+    proxy = start_proxy(tmp_path, mariadb.port, listen={"workers": 2}, plugins={"chain": ["metrics"]})
+    try:
+        wait_for(lambda: scrape(proxy).count("replay_proxy_build_info{") == 2, "both workers' metrics")
+        workload(proxy)
+        series = valid_exposition(scrape(proxy), promtool)
+    finally:
+        proxy.stop()
+    assert sorted(s.labels["worker"] for s in series["replay_proxy_build_info"]) == ["0", "1"]
+    assert len(series["process_cpu_seconds_total"]) == 2
+
+
 @pytest.mark.parametrize("name", PLUGIN_CONFIGS)
 def test_shipped_plugin_configs_expose_valid_metrics_and_the_names_they_mention(name, mariadb, tmp_path, promtool):
     path = REPO / "configs" / name
