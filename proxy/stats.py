@@ -150,6 +150,7 @@ class Stats:
         if bad is not None:
             if strict:
                 raise ConfigError(f"$.plugins.{name}: collect() must yield prometheus_client metric families, got {bad!r}")
+            log.error("plugin %s: collect() yielded %r, not a metric family (its metrics left out of this scrape)", name, bad)
             return []
         return families
 

@@ -78,6 +78,11 @@ class ServesMetrics(_Collector):
         return {"/metrics": lambda: (200, "text/plain", b"mine 1\n")}
 
 
+class NotFamilies(_Collector):
+    def families(self):
+        yield "replay_proxy_text 1"
+
+
 class Late(_Collector):
     """Yields a clashing family only after it was loaded (a family first seen at run time)."""
 
@@ -143,6 +148,7 @@ async def test_a_plugin_family_of_its_own_joins_the_proxys_exposition():
         ("ProcessToo", r"ProcessToo: metric process_open_fds clashes with process_open_fds, which the proxy exports"),
         ("ServesMetrics", r"^\$\.plugins\.chain: 'tests\.unit\.test_stats:ServesMetrics' serves /metrics, which the proxy serves"),
         ("Broken", r"Broken: collecting its metrics failed: RuntimeError: no numbers today"),
+        ("NotFamilies", r"NotFamilies: collect\(\) must yield prometheus_client metric families, got 'replay_proxy_text 1'"),
     ],
 )  # fmt: skip
 async def test_a_plugin_that_takes_a_name_of_the_proxy_fails_at_load(plugin, message):
