@@ -8,6 +8,11 @@ What goes away (``disrupt`` of ``run_chaos``, run every ``interval`` seconds):
 - ``crashing(shim)``: TiDB's SQL layer dying without its storage -- the fault shim in front of the
   server cuts every connection and refuses connects for ``down`` seconds (``FaultShim.crash``).
 
+What every chaos test checks (``assert_chaos_ok``, or ``chaos_problems`` for clients other than
+the Go workload): the lab carried out the disruptions, no session is stuck (a hang is a failure,
+not a quiet run), no client error, every row verified, and with the proxy in the path, sessions
+it recovered in its log.
+
 Shared by the chaos tests, bench/chaos.py, bench/chaos_matrix.py and the README demo (bench/demo.py).
 """
 
