@@ -50,6 +50,8 @@ OK, WARN, PROBLEM = "ok", "warn", "PROBLEM"
 DM_FULL_LOAD_STATEMENT = 96 * 1024
 # DM flushes its checkpoints every 30 s on a connection of its own, and its DML workers sit
 # idle between bursts for as long as the source is quiet.
+# A full-load batch is cut once it passes DM_FULL_LOAD_STATEMENT: a statement is that plus a row.
+_DM_COMFORT = 1 << 20
 _WAIT_TIMEOUT_PROBLEM = 60.0
 _WAIT_TIMEOUT_WARN = 3600.0
 _COLLATION = 45  # utf8mb4_general_ci, as the health check logs in
@@ -150,8 +152,17 @@ async def _check_address(config: Config, address: Address, url: str | None, prob
                     flavor = Dialect.from_server_version(backend.handshake.server_version).flavor
                     lines += await _server_lines(config, backend, where)
                 if config.recovery.commit_marker and config.recovery.enabled:
-                    lines.append(await _marker_line(config, backend, where, label, login, flavor))
-        except (BackendError, PeerClosed, ProtocolError, OSError) as exc:
+                    try:
+                        lines.append(await _marker_line(config, backend, where, label, login, flavor))
+                    except BackendError as exc:
+                        if exc.err is None:
+                            raise
+                        lines.append(Line(WARN, where, "commit markers", f"{label}: cannot read its grants ({exc}): check by hand that "
+                                          f"it has CREATE on the database and SELECT, INSERT, UPDATE, DELETE on {config.recovery.marker_table}"))  # fmt: skip
+        except BackendError as exc:
+            what = "a question of the check was refused" if exc.err is not None else "the connection failed after the login"
+            lines.append(Line(PROBLEM, where, "server", f"{label}: {what}: {exc}: check the server's log"))
+        except (PeerClosed, ProtocolError, OSError) as exc:
             lines.append(Line(PROBLEM, where, "server", f"{label}: the connection failed after the login: {exc}: check the server's log"))
         except trio.TooSlowError:
             lines.append(Line(PROBLEM, where, "server", f"{label}: no answer within backend.io_timeout ({_seconds(backend_cfg.io_timeout)}) "
@@ -264,19 +275,26 @@ def _packet_line(config: Config, backend: Backend, where: str) -> Line:
             WARN, where, "max_allowed_packet", f"the server did not say; the proxy's limit is {_size(limit)} (limits.max_allowed_packet)"
         )
     effective = min(server, limit)
-    problems = []
+    problems, fixes = [], []
     if server < limit:
         problems.append(f"the server's max_allowed_packet is {_size(server)}, below limits.max_allowed_packet ({_size(limit)}): "
                         f"sessions get {_size(server)}, not the configured {_size(limit)}")  # fmt: skip
+        fixes.append(f"raise the server's: SET GLOBAL max_allowed_packet = {max(limit, 64 << 20)} and the same in its config file"
+                     + (f" (or set limits.max_allowed_packet = \"{_size(server).replace(' ', '')}\" to say what sessions get)"
+                        if server >= _DM_COMFORT else ""))  # fmt: skip
+    elif server < _DM_COMFORT:
+        fixes.append(f"raise the server's: SET GLOBAL max_allowed_packet = {64 << 20} and the same in its config file")
+    if limit < _DM_COMFORT:
+        fixes.append('raise limits.max_allowed_packet (default "64MiB")')
     if effective < DM_FULL_LOAD_STATEMENT:
         problems.append(f"DM's full load sends REPLACE statements of about {_size(DM_FULL_LOAD_STATEMENT)}: with a limit of "
                         f"{_size(effective)} they are refused and the task stops")  # fmt: skip
     if problems:
-        want = max(limit, 64 << 20)
-        fix = (f"raise the server's: SET GLOBAL max_allowed_packet = {want} and the same in its config file"
-               + (f" (or set limits.max_allowed_packet = \"{_size(server).replace(' ', '')}\" to say what sessions get)"
-                  if server >= DM_FULL_LOAD_STATEMENT else ""))  # fmt: skip
-        return Line(PROBLEM, where, "max_allowed_packet", "; ".join(problems) + f": {fix}")
+        return Line(PROBLEM, where, "max_allowed_packet", "; ".join(problems) + f": {'; '.join(fixes)}")
+    if effective < _DM_COMFORT:
+        return Line(WARN, where, "max_allowed_packet", f"sessions get {_size(effective)} (server {_size(server)}, proxy {_size(limit)}): "
+                    f"DM's full load cuts a batch once it passes about {_size(DM_FULL_LOAD_STATEMENT)}, so a statement is that plus up "
+                    f"to one row, and wide rows do not fit: {'; '.join(fixes)} (1 MiB at least)")  # fmt: skip
     return Line(OK, where, "max_allowed_packet", f"server {_size(server)}, proxy {_size(limit)}: sessions get {_size(effective)}, "
                 f"DM's ~{_size(DM_FULL_LOAD_STATEMENT)} full-load statements fit")  # fmt: skip
 

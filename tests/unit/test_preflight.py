@@ -1,11 +1,15 @@
 """proxy.preflight's pure parts: the commit-marker privileges read from SHOW GRANTS lines as
-MariaDB 10.11 and TiDB v8.5 print them, and the lines' wording rules."""
+MariaDB 10.11 and TiDB v8.5 print them, the verdicts on max_allowed_packet, wait_timeout and
+sql_mode, and the report's exit status."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from proxy.preflight import PROBLEM, Line, missing_marker_privileges, report
+from proxy.config import parse_config
+from proxy.preflight import PROBLEM, WARN, Line, _packet_line, _sql_mode_line, _wait_timeout_line, missing_marker_privileges, report
 
 SCHEMA, TABLE = "replay_proxy", "commit_markers"
 ALL = ["CREATE", "SELECT", "INSERT", "UPDATE", "DELETE"]
@@ -62,3 +66,68 @@ def test_report_exits_1_on_a_problem_and_0_on_warnings(capsys):
     assert report([Line(PROBLEM, "a:1", "z", "broken: fix it")]) == 1
     out = capsys.readouterr().out
     assert out.startswith("PROBLEM  a:1                    z: broken: fix it\n") and "result: 1 problem(s)" in out
+
+
+def config(**overrides):
+    data = {"backend": {"addresses": ["127.0.0.1:3306"]}, "users": [{"name": "dm", "password": "x"}], **overrides}
+    return parse_config(data)
+
+
+def backend(max_allowed_packet=64 << 20, wait_timeout=28800.0):
+    return SimpleNamespace(max_allowed_packet=max_allowed_packet, wait_timeout=wait_timeout)
+
+
+@pytest.mark.parametrize(
+    ("server", "limit", "level", "says"),
+    [
+        (64 << 20, "64MiB", "ok", "sessions get 64 MiB"),
+        (1 << 30, "64MiB", "ok", "sessions get 64 MiB"),
+        (16 << 20, "64MiB", PROBLEM, "the server's max_allowed_packet is 16 MiB, below limits.max_allowed_packet (64 MiB)"),
+        (16 << 20, "16MiB", "ok", "sessions get 16 MiB"),
+        (64 << 20, "64KiB", PROBLEM, "with a limit of 64 KiB they are refused"),  # the proxy's own limit too small for DM
+        (96 * 1024, "96KiB", WARN, "plus up to one row"),  # a full-load batch is cut once it passes 96 KiB
+        (512 * 1024, "64MiB", PROBLEM, "SET GLOBAL max_allowed_packet = 67108864"),
+        (
+            512 * 1024,
+            "512KiB",
+            WARN,
+            "SET GLOBAL max_allowed_packet = 67108864 and the same in its config file; raise limits.max_allowed_packet",
+        ),
+        (64 << 20, "512KiB", WARN, 'fit: raise limits.max_allowed_packet (default "64MiB") (1 MiB at least)'),
+    ],
+)
+def test_max_allowed_packet(server, limit, level, says):
+    line = _packet_line(config(limits={"max_allowed_packet": limit}), backend(max_allowed_packet=server), "a:1")
+    assert line.level == level and says in line.text, line
+
+
+@pytest.mark.parametrize(
+    ("wait", "idle", "level", "says"),
+    [
+        (28800, 0, "ok", "28800 s: idle sessions stay"),
+        (0, 0, "ok", "never closes an idle session"),
+        (20, 0, PROBLEM, "SET GLOBAL wait_timeout = 28800"),
+        (600, 0, WARN, "closed by the server every 600 s"),
+        (3600, 7200, PROBLEM, "before listen.idle_timeout (7200 s)"),
+        (7200, 3600, "ok", "the proxy closes them after 3600 s"),
+    ],
+)
+def test_wait_timeout(wait, idle, level, says):
+    line = _wait_timeout_line(config(listen={"idle_timeout": idle}), backend(wait_timeout=float(wait)), "a:1")
+    assert line.level == level and says in line.text, line
+
+
+@pytest.mark.parametrize(
+    ("sql_mode", "level", "says"),
+    [
+        ("STRICT_TRANS_TABLES,NO_ENGINE_SUBSTITUTION", "ok", "global STRICT_TRANS_TABLES,NO_ENGINE_SUBSTITUTION"),
+        ("", "ok", "global (empty)"),
+        ("NO_BACKSLASH_ESCAPES", "ok", "NO_BACKSLASH_ESCAPES is followed per session"),
+        ("ANSI_QUOTES,STRICT_ALL_TABLES", WARN, "remove ANSI_QUOTES"),
+        ("PIPES_AS_CONCAT,ANSI_QUOTES,IGNORE_SPACE,ANSI", WARN, "remove ANSI_QUOTES"),
+        ("oracle", WARN, "ORACLE changes the SQL syntax"),
+    ],
+)
+def test_sql_mode(sql_mode, level, says):
+    line = _sql_mode_line(sql_mode, "a:1")
+    assert line.level == level and says in line.text, line
