@@ -2,8 +2,17 @@
 
 With ``recovery.commit_marker``, each transaction upserts its session's row (``slot``) in the
 marker table just before COMMIT, with the transaction's number. The row commits or not with the
-transaction. When the COMMIT's answer is lost, the proxy makes sure the old connection is dead
-(so the COMMIT cannot still land), then reads the row: number there -> committed.
+transaction. When the COMMIT's answer is lost, the proxy makes sure the COMMIT cannot still
+land, then reads the row: number there -> committed.
+
+Two ways to make sure. On the same server process, the old connection is proven dead (a
+restarted server, or a KILL and its absence from PROCESSLIST). On TiDB, where the session may
+fail over to another tidb-server of the cluster (or another one answers behind the same
+address), nothing proves the old server dead: the proxy *fences* the marker row instead
+(``_fence``): a pessimistic transaction locks the row, which waits until the old transaction's
+lock on it is resolved (committed, or rolled back once its TTL passes if its server died), reads
+it, and commits a real write of it. An old transaction that had not yet written the row can
+then never commit: its prewrite finds a newer write of the key (a write conflict) and fails.
 """
 
 from __future__ import annotations
@@ -66,14 +75,41 @@ class CommitMarkers:
         sql = f"INSERT INTO {self.table.table} (slot, txn) VALUES (X'{self.slot}', {number}) ON DUPLICATE KEY UPDATE txn = VALUES(txn)"
         return number, b"\x03" + sql.encode()
 
-    async def committed(self, backend: Backend, old: Backend | None, number: int, io_timeout: float) -> bool | None:
+    async def committed(self, backend: Backend, old: Backend | None, number: int, io_timeout: float, flavor: str = "") -> bool | None:
         """Did the in-doubt COMMIT (marker ``number``) commit? None when it cannot be known:
-        the old connection might still be alive and commit later."""
-        if old is None or not await _old_session_gone(backend, old, io_timeout):
+        the old connection might still be alive and commit later (and no fence exists)."""
+        if old is not None and await _old_session_gone(backend, old, io_timeout):
+            rows = await backend.query(f"SELECT txn FROM {self.table.table} WHERE slot = X'{self.slot}'")
+        elif flavor == "tidb":
+            rows = await self._fence(backend)
+            if rows is None:
+                return None
+        else:
             return None
-        rows = await backend.query(f"SELECT txn FROM {self.table.table} WHERE slot = X'{self.slot}'")
         stored = int(rows[0][0]) if rows and rows[0][0] is not None else 0
         return stored >= number
+
+    async def _fence(self, backend: Backend) -> list | None:
+        """TiDB: the marker row as committed once no older transaction can still write it
+        (module doc). None when the server refused a step (the transaction is rolled back)."""
+        table, slot = self.table.table, f"X'{self.slot}'"
+        try:
+            await backend.query("BEGIN PESSIMISTIC")
+            rows = await backend.query(f"SELECT txn FROM {table} WHERE slot = {slot} FOR UPDATE")
+            if rows:  # a Put of the row (an UPDATE that changes nothing writes nothing)
+                await backend.query(f"UPDATE {table} SET txn = txn + 1 WHERE slot = {slot}")
+                await backend.query(f"UPDATE {table} SET txn = txn - 1 WHERE slot = {slot}")
+            else:  # no marker committed yet: 0 says so, and is the write that fences
+                await backend.query(f"INSERT INTO {table} (slot, txn) VALUES ({slot}, 0)")
+            await backend.query("COMMIT")
+        except BackendError as exc:
+            log.warning("target %s: commit marker fence failed: %s", self.table.target, exc)
+            try:
+                await backend.query("ROLLBACK")
+            except BackendError:
+                pass
+            return None
+        return rows
 
 
 async def _old_session_gone(backend: Backend, old: Backend, io_timeout: float) -> bool:

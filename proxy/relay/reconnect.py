@@ -316,7 +316,7 @@ async def resolve_marker(loss: Loss, backend: Backend) -> bool:
     assert inflight is not None and loss.markers is not None
     try:
         with trio.fail_after(io_timeout):
-            committed = await loss.markers.committed(backend, loss.old, inflight.marker, io_timeout)
+            committed = await loss.markers.committed(backend, loss.old, inflight.marker, io_timeout, loss.tracking.dialect.flavor)
     except trio.TooSlowError:
         committed = None
     if committed is None:
