@@ -297,7 +297,9 @@ class Cluster:
         return f"{server.basedir.name} {_signal.Signals(sig).name}"
 
     def restart_store(self, down_for: float = 0.0) -> None:
-        """The whole database away: the store stops (SIGTERM) and comes back on its port."""
+        """The whole database away: the store stops (SIGTERM) and comes back on its port. Idle,
+        the cluster serves again at once; under load the standalone store has been seen to come
+        back answering 9005 "Region is unavailable" for over a minute, to direct clients too."""
         self.store.stop()
         if down_for:
             time.sleep(down_for)

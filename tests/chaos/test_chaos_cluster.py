@@ -1,0 +1,118 @@
+"""Chaos on the user's topology: a TiDB cluster (PD, one store process, three tidb-servers that
+share all data, tests/lab/cluster.py) with the proxy in front of all three, watching each
+server's status port, while the DM-like Go workload runs (go-sql-driver configured as DM,
+DM's session with ``tidb_txn_mode='optimistic'``, 8 pinned connections). Every row verified
+afterwards.
+
+- rolling restarts (``graceful-wait-before-shutdown`` 0 and 3 s), one tidb-server at a time,
+  each serving again before the next goes, as ``tiup cluster reload`` and TiDB Operator do:
+  the proxy moves every session off a draining server (idle ones at once, the others at their
+  transaction's end) to the others;
+- crashes: one tidb-server SIGKILLed at a time; its sessions fail over to the others by the
+  recovery rules. The store lives in its own process and syncs its writes, so exact data after
+  a crash is provable here: an in-doubt COMMIT is resolved by its commit marker on another
+  server (the marker row fenced: proxy/markers.py) or replayed in safe mode;
+
+The store's own restart is no case here: under this load the lab's standalone store (unistore
+over TiKV's API, not TiKV) comes back answering 9005 "Region is unavailable" to every
+tidb-server for a minute and more, to direct clients as well (seen: 13 errors in a 24 s run,
+the rows not even readable afterwards), so a run says nothing about the proxy.
+
+Skipped with one line without pd-server, unistore-server or tidb-server.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from tests.lab.chaos import ChaosResult, _every, assert_chaos_ok, recoveries, run_chaos, start_chaos_proxy
+from tests.lab.cluster import Cluster, cluster_unavailable_reason
+from tests.lab.fixtures import prepare_server
+
+pytestmark = [pytest.mark.chaos, pytest.mark.integration]
+
+DURATION = 24.0
+
+
+@pytest.fixture
+def cluster_factory(tmp_path_factory) -> Iterator:
+    reason = cluster_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"needs a TiDB cluster: {reason}")
+    started: list[Cluster] = []
+
+    def make(**kwargs) -> Cluster:
+        cluster = Cluster(tmp_path_factory.mktemp("cluster"), **kwargs)
+        started.append(cluster)
+        cluster.start()
+        prepare_server(cluster)
+        return cluster
+
+    yield make
+    for cluster in started:
+        cluster.stop()
+
+
+def cluster_backend(cluster: Cluster) -> dict:
+    """``[backend]`` in front of a cluster: every tidb-server, each one's status port watched."""
+    return {
+        "addresses": cluster.addresses,
+        "status_urls": {addr: f"http://127.0.0.1:{s.status_port}/status" for addr, s in zip(cluster.addresses, cluster.servers)},
+        "health_interval": "0.5s",
+    }
+
+
+def rolling(cluster: Cluster, sig: int = signal.SIGTERM, down_for: float = 0.0):
+    """Each event takes the next tidb-server down with ``sig`` and back."""
+    return lambda duration, interval, log: _every(interval, duration, log, lambda i: cluster.restart_server(i, sig, down_for))
+
+
+async def through_proxy(cluster: Cluster, tmp_path, label: str, sql: str, disrupt, interval: float, **recovery) -> tuple[ChaosResult, str]:
+    proxy = start_chaos_proxy(tmp_path / "proxy", cluster.ports[0], backend=cluster_backend(cluster), **recovery)
+    try:
+        result = await run_chaos(
+            label, cluster, proxy.port, tmp_path / "run", sql=sql, duration=DURATION, interval=interval, disrupt=disrupt
+        )
+    finally:
+        log = proxy.stop()
+    print(json.dumps(result.summary(), indent=2))
+    print(f"proxy: {recoveries(log)} sessions recovered or moved")
+    return result, log
+
+
+def check(result: ChaosResult, log: str, faults: int = 3) -> None:
+    assert_chaos_ok(result, log, min_disruptions=faults, min_txns=100)
+    assert recoveries(log) >= len(result.restarts), recoveries(log)  # every fault reached the pinned sessions
+    refused = [line for line in log.splitlines() if "1158" in line]
+    assert not refused, refused[:5]
+
+
+async def test_rolling_restart_no_wait_safe_mode(cluster_factory, goclient, tmp_path):
+    cluster = cluster_factory(graceful_wait=0)
+    check(*await through_proxy(cluster, tmp_path, "roll0_safe", "safe", rolling(cluster), 2.0, idempotent="safe-mode"))
+
+
+async def test_rolling_restart_with_a_wait_insert_with_commit_markers(cluster_factory, goclient, tmp_path):
+    """graceful-wait-before-shutdown 3 s: /status answers 500 first, the proxy moves every
+    session to the other two before the server closes anything."""
+    cluster = cluster_factory(graceful_wait=3)
+    result, log = await through_proxy(cluster, tmp_path, "roll3_marker", "insert", rolling(cluster), 2.0, commit_marker=True)
+    check(result, log)
+    assert " moved from " in log
+
+
+async def test_crashes_insert_with_commit_markers(cluster_factory, goclient, tmp_path):
+    """SIGKILL of one tidb-server at a time: every in-doubt COMMIT resolved exactly by its
+    marker on another server (a 1158 here was the cluster's first finding: the marker could
+    only be checked on the server that ran the COMMIT)."""
+    cluster = cluster_factory(graceful_wait=0)
+    check(*await through_proxy(cluster, tmp_path, "kill_marker", "insert", rolling(cluster, signal.SIGKILL), 3.0, commit_marker=True))
+
+
+async def test_crashes_safe_mode(cluster_factory, goclient, tmp_path):
+    cluster = cluster_factory(graceful_wait=0)
+    check(*await through_proxy(cluster, tmp_path, "kill_safe", "safe", rolling(cluster, signal.SIGKILL), 3.0, idempotent="safe-mode"))
