@@ -27,7 +27,7 @@ import urllib.request
 
 import trio
 
-from proxy.config import Config
+from proxy.config import Config, ConfigError, load_config
 from proxy.worker_identity import MAX_WORKERS, SESSION_ID_BASE, SESSION_ID_SPAN, WorkerInfo
 
 __all__ = ["WorkerInfo", "supervise", "SESSION_ID_BASE", "SESSION_ID_SPAN", "MAX_WORKERS"]
@@ -98,6 +98,7 @@ class Supervisor:
                 async for signum in signals:
                     if signum == signal.SIGHUP:
                         log.info("SIGHUP: reloading every worker's config")
+                        self.reload()
                         self.signal_all(signal.SIGHUP)
                         continue
                     log.info("received %s: stopping %d workers", signal.Signals(signum).name, self.count)
@@ -106,6 +107,14 @@ class Supervisor:
                     await self._wait_all(self.config.listen.drain_timeout + 10)
                     nursery.cancel_scope.cancel()
                     break
+
+    def reload(self) -> None:
+        """The supervisor's own part of a SIGHUP: the admin token it checks (the workers reload
+        the rest). An invalid file keeps the running config, as the workers do."""
+        try:
+            self.config = load_config(self.path)
+        except ConfigError as exc:
+            log.error("SIGHUP: the supervisor keeps its config: %s", str(exc).replace("\n", "; "))
 
     async def _wait_all(self, timeout: float) -> None:
         with trio.move_on_after(timeout):
@@ -200,7 +209,8 @@ async def serve_gathering_admin(sup: Supervisor, *, task_status=trio.TASK_STATUS
         return admin.json_answer(200, merge_status([(w, json.loads(b)) for w, s, b in await gather("/status") if s == 200]))
 
     table = {"/healthz": healthz, "/health": healthz, "/readyz": readyz, "/metrics": metrics, "/status": status}
-    await admin.serve_routes(sup.config, sup.config.admin_address, lambda: table, task_status=task_status)
+    await admin.serve_routes(sup.config, sup.config.admin_address, lambda: table, task_status=task_status,
+                             current_config=lambda: sup.config)  # fmt: skip
 
 
 def supervise(config: Config, path: str, count: int) -> int:

@@ -309,3 +309,19 @@ def test_sighup_outcomes_and_a_new_admin_token_take_effect(mariadb, tmp_path, pr
     finally:
         proxy.stop()
     assert not any(token in log for token in ("first-token-a1", "second-token-b2", "third-token-c3"))  # never logged
+
+
+def test_sighup_gives_the_supervisor_of_workers_the_new_admin_token(mariadb, tmp_path):
+    """--workers 2: the supervisor serves the one admin endpoint, so it too reads the new token."""
+    proxy = start_proxy(tmp_path, mariadb.port, listen={"workers": 2}, admin={"token": "first-token-a1"})
+    try:
+        wait_for(lambda: get(proxy.admin_port, "/status", "first-token-a1")[0] == 200, "the supervisor's admin endpoint")
+        original = proxy.config_path.read_text()
+        proxy.config_path.write_text(original.replace('token = "first-token-a1"', 'token = "second-token-b2"'))
+        proxy.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: get(proxy.admin_port, "/status", "second-token-b2")[0] == 200, "the new token")
+        assert get(proxy.admin_port, "/status", "first-token-a1")[0] == 401
+        log = proxy.log_text()
+    finally:
+        proxy.stop()
+    assert "first-token-a1" not in log and "second-token-b2" not in log
