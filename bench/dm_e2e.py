@@ -2,34 +2,62 @@
 
     python -m bench.dm_e2e [--duration 300] [--interval 8] [--restarts N] [--chaos-from start|sync]
                            [--graceful-waits 0,3] [--targets direct,proxy]
+    python -m bench.dm_e2e --cluster [--servers 3] [--faults rolling|kill] [--graceful-wait 3]
+                           [--targets haproxy,tiproxy,proxy] [--restarts N] [--interval 8]
+    python -m bench.dm_e2e --cluster --no-faults [--backlog 60]      # DM's replication rate per middle
 
-For each target (``direct``: DM writes to tidb-server; ``proxy``: DM writes to replay-proxy in
-front of it, configured as configs/dm-sidecar.toml) a fresh lab: an upstream MariaDB with a
-row binlog (utf8mb4), a preloaded shop schema, tidb-server (unistore), one dm-master and one
-dm-worker on loopback, a source and a ``task-mode: all`` task (16 DML workers, batches of 100).
-A load writes upstream (bench/dm_load.py) from the moment the task starts. TiDB restarts
-(SIGTERM, ``graceful-wait-before-shutdown`` taking the listed values in turn), exactly
-``--restarts`` of them (default duration / interval), ``--interval`` seconds apart, the same
-schedule for every target: with ``--chaos-from start`` from the task's start (they hit the full
-load, then the sync), with ``--chaos-from sync`` only once DM's task runs its sync unit
-(``dmctl query-status``: unit Sync, stage Running; the dump and the full load are done), so the
-sync phase has a baseline of its own. The load runs at least ``--duration`` seconds and until
-the last restart is an interval old. Then the load stops, DM catches up, and every table is
-compared upstream and downstream (row count and a NULL-safe checksum of every row and column,
-bench/dm_load.py, the same SQL on both).
+For each target a fresh lab: an upstream MariaDB with a row binlog (utf8mb4), a preloaded shop
+schema, the downstream, one dm-master and one dm-worker on loopback, a source and a ``task-mode:
+all`` task (16 DML workers, batches of 100) whose target is the middle (bench/dm_middles.py):
+``direct`` (DM writes to tidb-server), ``proxy`` (replay-proxy as configs/dm-sidecar.toml
+configures it), ``haproxy`` (TCP, health checks on the status ports, as PingCAP deploys it),
+``tiproxy`` (TiProxy, which moves sessions off a draining server; --cluster only).
+
+The downstream: one tidb-server (unistore), or with ``--cluster`` a TiDB cluster
+(tests/lab/cluster.py: PD, one store process, ``--servers`` tidb-servers sharing the data,
+the middle in front of every server; ``direct`` is the first server).
+
+A load writes upstream (bench/dm_load.py) from the moment the task starts. The faults, exactly
+``--restarts`` of them (default duration / interval), the same schedule for every target:
+
+- one server: TiDB restarts (SIGTERM, ``graceful-wait-before-shutdown`` taking the
+  ``--graceful-waits`` values in turn), ``--interval`` seconds from one's end to the next;
+- a cluster, ``--faults rolling``: a rolling restart as ``tiup cluster reload`` does it, one
+  tidb-server at a time (SIGTERM; every server waits ``--graceful-wait`` seconds before it
+  shuts down; the next event once it serves again), each event the next server in turn, an
+  event every ``--interval`` seconds start to start (an event takes at least the graceful
+  wait: a longer one delays the next); ``--faults kill``: the same with SIGKILL (a crash, the
+  server started again at once);
+- ``--no-faults`` (``--faults none``): no restart; instead, once DM's sync unit runs, the task
+  is paused for ``--backlog`` seconds while the load goes on and resumed: how fast DM drains
+  the backlog through each middle (upstream transactions and statements per second, from the
+  load's counts) is its replication rate; the full load's rate is the downstream row count over
+  time during the Load unit (rows/s).
+
+With ``--chaos-from start`` the faults begin at the task's start (they hit the full load, then
+the sync), with ``--chaos-from sync`` only once DM's task runs its sync unit (``dmctl
+query-status``: unit Sync, stage Running; the dump and the full load are done), so the sync
+phase has a baseline of its own. The load runs at least ``--duration`` seconds and until the
+last fault is an interval old. Then the load stops, DM catches up, and every table is compared
+upstream and downstream (on any running server: row count and a NULL-safe checksum of every
+row and column, bench/dm_load.py, the same SQL on both).
 
 Counted from dm-worker's log, per phase (full load / sync): pauses (``"paused"``; one
-auto-resumed within a second never shows in ``query-status``), the time paused, resumes, the
-failed transactions as DM sees them (sync: a batch try that failed -- ``execute sql failed by
-connection error`` / ``by retryable error``, retried in place, or ``execute statements failed
-after retry``, given up; full load: ``execute statement failed``, a chunk's statement), the
-errors the pauses report by kind (``unit process error``), and apart from those the raw ERROR
-lines. Lag: the
-upstream heartbeat row read on TiDB every second. Through the proxy its /metrics add the
-recoveries by outcome, refusals (1158) apart. Results in bench/results/<timestamp>-dm_e2e/:
-table.txt, results.json, lag.png (lag over time, restarts marked).
+auto-resumed within a second never shows in ``query-status``; --no-faults' own pause is left
+out), the time paused, resumes, the failed transactions as DM sees them (sync: a batch try that
+failed -- ``execute sql failed by connection error`` / ``by retryable error``, retried in place,
+or ``execute statements failed after retry``, given up; full load: ``execute statement
+failed``, a chunk's statement), the errors the pauses report by kind (``unit process error``),
+and apart from those the raw ERROR lines. Lag: the upstream heartbeat row read downstream
+every second (on any server that answers). The middles' own numbers (bench/dm_middles.py): the
+proxy's recoveries by outcome and 1158 refusals (/metrics) and sessions moved (its log);
+TiProxy's session migrations (/metrics) and its log's lines about them; HAProxy's servers marked
+down and up. Results in bench/results/<timestamp>-dm_e2e/: table.txt, results.json (with every
+restart: which server, signal, when stopped, down, serving again, graceful wait), lag.png (lag
+over time, restarts marked: SIGTERM shaded, SIGKILL red lines).
 
-Needs the DM and tidb-server binaries (tests/lab/dm.py, tests/lab/tidb.py say where from).
+Needs the DM and tidb-server binaries (tests/lab/dm.py, tests/lab/tidb.py say where from);
+--cluster also pd-server and unistore-server (tests/lab/cluster.py), tiproxy for its target.
 """
 
 from __future__ import annotations
@@ -38,62 +66,99 @@ import argparse
 import datetime as _dt
 import json
 import re
+import signal as _signal
+import statistics
 import sys
 import threading
 import time
-import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pymysql
+
 from bench import REPO, dm_load
+from bench.dm_middles import LABELS, MIDDLES, middle_numbers, start_middle
 from bench.hygiene import sigterm_as_interrupt
 from bench.runinfo import run_meta
+from tests.lab.cluster import Cluster, cluster_unavailable_reason
 from tests.lab.dm import DMCluster, dm_unavailable_reason
 from tests.lab.mariadb import MariaDB
-from tests.lab.proxy import ProxyProcess
 from tests.lab.tidb import TiDB, tidb_unavailable_reason
+from tests.lab.tiproxy import tiproxy_unavailable_reason
 
 UPSTREAM_ARGS = ["--log-bin=binlog", "--binlog-format=ROW", "--binlog-row-image=FULL", "--server-id=1",
                  "--character-set-server=utf8mb4", "--collation-server=utf8mb4_general_ci"]  # fmt: skip
 DM_USER, DM_PASSWORD = "dm", "dm-secret"
 SOURCE_ID = "mysql-replica-01"  # configs/deploy/dm/task.yaml's
 TASK = "shop"
+SIGNALS = {"rolling": _signal.SIGTERM, "kill": _signal.SIGKILL}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.dm_e2e", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--duration", type=float, default=300, help="seconds of load and restarts per target (default 300)")
-    p.add_argument("--interval", type=float, default=8, help="seconds from one restart to the next (default 8)")
+    p.add_argument("--interval", type=float, default=8,
+                   help="seconds from one restart to the next (default 8; one server: end to start; a cluster: start to start)")  # fmt: skip
     p.add_argument("--restarts", type=int, help="TiDB restarts per target, the same for each (default duration / interval)")
     p.add_argument("--chaos-from", choices=("start", "sync"), default="start",
                    help="start: restarts from start-task on (full load, then sync); sync: only once DM's sync unit runs")  # fmt: skip
     p.add_argument("--sync-timeout", type=float, default=900, help="--chaos-from sync: seconds to wait for the sync unit (default 900)")
-    p.add_argument("--graceful-waits", default="0,3", help="graceful-wait-before-shutdown values, in turn (default 0,3)")
-    p.add_argument("--targets", default="direct,proxy", help="direct, proxy or both (default)")
+    p.add_argument("--graceful-waits", default="0,3", help="one server: graceful-wait-before-shutdown values, in turn (default 0,3)")
+    p.add_argument("--cluster", action="store_true", help="downstream: a TiDB cluster (PD, the store, --servers tidb-servers)")
+    p.add_argument("--servers", type=int, default=3, help="--cluster: tidb-servers (default 3)")
+    p.add_argument("--faults", choices=("rolling", "kill", "none"), default="rolling",
+                   help="rolling: SIGTERM one server at a time (default); kill: SIGKILL one at a time (--cluster); none: no faults, "
+                        "DM's replication rate (= --no-faults)")  # fmt: skip
+    p.add_argument("--no-faults", action="store_true", help="no restart: DM's full-load rate and backlog catch-up rate per middle")
+    p.add_argument("--graceful-wait", type=int, default=3,
+                   help="--cluster: every tidb-server's graceful-wait-before-shutdown, seconds (default 3; e.g. 0, 3, 15)")  # fmt: skip
+    p.add_argument("--backlog", type=float, default=60, help="--no-faults: seconds DM's task stays paused once in sync (default 60)")
+    p.add_argument("--targets", help=f"some of {','.join(MIDDLES)} (default direct,proxy; --cluster: haproxy,tiproxy,proxy)")
     p.add_argument("--scale", type=int, default=60000, help="orders preloaded upstream (default 60000: ~45 MB)")
     p.add_argument("--rate", type=float, default=140, help="upstream transactions per second (default 140)")
     p.add_argument("--catch-up", type=float, default=600, help="seconds DM may take to catch up at the end")
     p.add_argument("--general-log", action="store_true", help="turn on TiDB's general log (the SQL corpus)")
     p.add_argument("--out", type=Path, help="results folder (default bench/results/<timestamp>-dm_e2e)")
     args = p.parse_args(argv)
+    if args.no_faults:
+        args.faults = "none"
     args.graceful_waits = [int(x) for x in args.graceful_waits.split(",")]
-    args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
-    if args.restarts is None:
+    default_targets = "haproxy,tiproxy,proxy" if args.cluster else "direct,proxy"
+    args.targets = [t.strip() for t in (args.targets or default_targets).split(",") if t.strip()]
+    unknown = [t for t in args.targets if t not in MIDDLES]
+    if unknown:
+        p.error(f"unknown target(s) {', '.join(unknown)}: one of {', '.join(MIDDLES)}")
+    if "tiproxy" in args.targets and not args.cluster:
+        p.error("the tiproxy target needs --cluster (TiProxy finds the tidb-servers through PD)")
+    if args.faults == "kill" and not args.cluster:
+        p.error("--faults kill needs --cluster: a single tidb-server's in-process unistore loses acknowledged writes on SIGKILL")
+    if args.cluster and args.servers < 2:
+        p.error("--servers: a cluster here has at least 2 tidb-servers")
+    if args.cluster and args.faults == "rolling" and args.interval < args.graceful_wait:
+        p.error(f"--interval {args.interval:g} is shorter than --graceful-wait {args.graceful_wait}: an event takes at least that")
+    if args.faults == "none":
+        args.restarts = 0
+    elif args.restarts is None:
         args.restarts = max(1, int(args.duration // args.interval))
     return args
 
 
 class Restarter(threading.Thread):
-    """Restart TiDB ``count`` times, every ``interval`` seconds (SIGTERM, then start), graceful
-    waits in turn; with ``ready``, only once ``ready()`` says so (checked every second)."""
+    """``count`` faults, ``event(n)`` each (n from 1; it returns the restart's record), every
+    ``interval`` seconds: from one's end to the next's start, or with ``start_to_start`` from
+    one's start to the next's (an event that overruns delays the next); with ``ready``, only
+    once ``ready()`` says so (checked every second)."""
 
-    def __init__(self, tidb: TiDB, interval: float, waits: list[int], log, count: int, ready=None) -> None:
+    def __init__(self, event: Callable[[int], dict[str, Any]], interval: float, log, count: int, ready=None,
+                 start_to_start: bool = False) -> None:  # fmt: skip
         super().__init__(daemon=True, name="restarter")
-        self.tidb, self.interval, self.waits, self.log, self.count, self.ready = tidb, interval, waits, log, count, ready
+        self.event, self.interval, self.log, self.count, self.ready = event, interval, log, count, ready
+        self.start_to_start = start_to_start
         self.stop_event = threading.Event()
-        self.restarts: list[dict[str, float]] = []
+        self.restarts: list[dict[str, Any]] = []
         self.began: float | None = None  # when the schedule started (None: ``ready`` never said so)
 
     def run(self) -> None:
@@ -103,18 +168,67 @@ class Restarter(threading.Thread):
         self.began = time.time()
         if self.ready is not None:
             self.log("  DM's sync unit is running: restarts begin")
-        n = 0
-        while n < self.count and not self.stop_event.wait(self.interval):
-            wait = self.tidb.graceful_wait
-            began = time.time()
-            self.tidb.stop()
-            down = time.time()
+        n, due = 0, time.monotonic() + self.interval
+        while n < self.count:
+            delay = max(0.0, due - time.monotonic()) if self.start_to_start else self.interval
+            if self.stop_event.wait(delay):
+                return
+            due = time.monotonic() + self.interval
             n += 1
-            self.tidb.graceful_wait = self.waits[n % len(self.waits)]  # read by the next start
-            self.tidb.start()
-            self.restarts.append({"stop": began, "down": down, "up": time.time(), "graceful_wait": wait})
-            self.log(f"  restart {n}/{self.count}: graceful wait {wait} s, down {down - began:.1f} s after SIGTERM, "
-                     f"up {time.time() - down:.1f} s later")  # fmt: skip
+            record = self.event(n)
+            self.restarts.append(record)
+            if "error" in record:
+                self.log(f"  restart {n}/{self.count}: {record['server']} {record['signal']}: {record['error'][:300]}")
+                if record.get("up") is None:
+                    self.log("  the server did not come back: no more restarts")
+                    return
+                continue
+            self.log(f"  restart {n}/{self.count}: {record['server']} {record['signal']}, graceful wait {record['graceful_wait']} s, "
+                     f"down {record['down'] - record['stop']:.1f} s after the signal, serving {record['up'] - record['down']:.1f} s later")  # fmt: skip
+
+
+def single_server_event(tidb: TiDB, waits: list[int]) -> Callable[[int], dict[str, Any]]:
+    """One server's restart: SIGTERM, then start with the next graceful wait of ``waits``."""
+
+    def event(n: int) -> dict[str, Any]:
+        wait = tidb.graceful_wait
+        began = time.time()
+        tidb.stop()
+        down = time.time()
+        tidb.graceful_wait = waits[n % len(waits)]  # read by the next start
+        tidb.start()
+        return {"server": "tidb", "index": 0, "signal": "SIGTERM", "stop": began, "down": down, "up": time.time(), "graceful_wait": wait}
+
+    return event
+
+
+def cluster_event(cluster: Cluster, sig: int) -> Callable[[int], dict[str, Any]]:
+    """Event n: tidb-server (n - 1) mod N stopped with ``sig`` and started again, serving before
+    the event ends (one step of a rolling restart, or a crash)."""
+
+    def event(n: int) -> dict[str, Any]:
+        index = (n - 1) % len(cluster.servers)
+        server = cluster.servers[index]
+        record: dict[str, Any] = {"server": server.basedir.name, "index": index, "signal": _signal.Signals(sig).name,
+                                  "graceful_wait": server.graceful_wait if sig == _signal.SIGTERM else 0,
+                                  "stop": time.time(), "down": None, "up": None}  # fmt: skip
+        try:
+            server.stop(sig)
+            record["down"] = time.time()
+            server.start()
+            record["up"] = time.time()
+        except Exception as exc:  # noqa: BLE001 - said in the record; one more try to bring it back
+            record["error"] = f"{type(exc).__name__}: {exc}"
+            record["down"] = record["down"] or time.time()
+            try:
+                if not server.is_running():
+                    server.start()
+                record["up"] = time.time()
+            except Exception as again:  # noqa: BLE001
+                record["error"] += f"; started again: {type(again).__name__}: {again}"
+        return record
+
+    return event
 
 
 def subtask_units(answer: Any) -> list[tuple[str, str]]:
@@ -133,25 +247,52 @@ def subtask_units(answer: Any) -> list[tuple[str, str]]:
     return found
 
 
-class Sampler(threading.Thread):
-    """Every second the heartbeat lag read on TiDB; every ``status_every`` seconds DM's units
-    (``query-status``), and when the sync unit first ran."""
+def answering(ports: list[int], first: int = 0) -> list[int]:
+    """``ports`` in the order to try them, starting from index ``first``."""
+    return [ports[(first + k) % len(ports)] for k in range(len(ports))]
 
-    def __init__(self, tidb: TiDB, dm: DMCluster, status_every: float = 2.0) -> None:
+
+class Sampler(threading.Thread):
+    """Every second the heartbeat lag read downstream (on the first of ``ports`` that answers,
+    starting from the last one that did) and the load's counts so far; every ``status_every``
+    seconds DM's units (``query-status``), and when the sync unit first ran; with
+    ``count_rows``, every ``rows_every`` seconds until then the rows of ``tables`` downstream."""
+
+    def __init__(self, ports: list[int], dm: DMCluster, load: dm_load.ShopLoad | None = None, status_every: float = 2.0,
+                 count_rows: list[str] | None = None, rows_every: float = 3.0) -> None:  # fmt: skip
         super().__init__(daemon=True, name="sampler")
-        self.tidb, self.dm, self.status_every = tidb, dm, status_every
+        self.ports, self.dm, self.load, self.status_every = ports, dm, load, status_every
+        self.count_rows, self.rows_every = count_rows, rows_every
         self.stop_event = threading.Event()
         self.lag: list[tuple[float, float | None]] = []
+        self.progress: list[tuple[float, int, int]] = []  # (time, upstream transactions, statements) so far
+        self.rows: list[tuple[float, int]] = []  # (time, rows of count_rows downstream)
         self.units: list[tuple[float, list[tuple[str, str]]]] = []
         self.sync_running_at: float | None = None  # first query-status with every subtask Running in Sync
+        self._good = 0
 
     def run(self) -> None:
-        last_status = 0.0
+        last_status = last_rows = 0.0
         while not self.stop_event.wait(1.0):
-            self.lag.append((time.time(), dm_load.heartbeat_lag(self.tidb.port)))
+            self.lag.append((time.time(), self.read_lag()))
+            if self.load is not None:
+                self.progress.append((time.time(), self.load.stats.transactions, self.load.stats.statements))
             if time.monotonic() - last_status >= self.status_every:
                 last_status = time.monotonic()
                 self.poll_status()
+            if self.count_rows and self.sync_running_at is None and time.monotonic() - last_rows >= self.rows_every:
+                last_rows = time.monotonic()
+                n = count_rows(answering(self.ports, self._good), self.count_rows)
+                if n is not None:
+                    self.rows.append((time.time(), n))
+
+    def read_lag(self) -> float | None:
+        for k, port in enumerate(answering(self.ports, self._good)):
+            lag = dm_load.heartbeat_lag(port)
+            if lag is not None:
+                self._good = (self._good + k) % len(self.ports)
+                return lag
+        return None
 
     def poll_status(self) -> None:
         try:
@@ -166,6 +307,31 @@ class Sampler(threading.Thread):
 
     def in_sync(self) -> bool:
         return self.sync_running_at is not None
+
+
+def count_rows(ports: list[int], tables: list[str]) -> int | None:
+    """Rows of ``tables`` downstream in all (a table not there yet: 0), on the first port that
+    answers; None if none does."""
+    for port in ports:
+        try:
+            conn = pymysql.connect(host="127.0.0.1", port=port, user="root", password="", connect_timeout=2, read_timeout=30)
+        except pymysql.MySQLError:
+            continue
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (dm_load.SCHEMA,))
+                present = {row[0].lower() for row in cur.fetchall()}
+                total = 0
+                for table in tables:
+                    if table.lower() in present:
+                        cur.execute(f"SELECT COUNT(*) FROM `{dm_load.SCHEMA}`.`{table}`")
+                        total += int(cur.fetchone()[0])
+                return total
+        except pymysql.MySQLError:
+            continue
+        finally:
+            conn.close()
+    return None
 
 
 def task_yaml(path: Path, port: int, dump_dir: Path) -> Path:
@@ -217,23 +383,12 @@ from:
     return path
 
 
-def sidecar_overrides(tidb: TiDB) -> dict[str, Any]:
-    """configs/dm-sidecar.toml's settings, on the lab's ports."""
-    return {
-        "name": "dm-e2e",
-        "listen": {"max_connections": 256, "drain_timeout": "20s"},
-        "backend": {"status_port": tidb.status_port, "health_interval": "2s"},
-        "users": [{"name": DM_USER, "password": DM_PASSWORD}],
-        "recovery": {"buffer_window": "30s", "idempotent": "safe-mode", "commit_marker": True},
-        "log": {"level": "info"},
-    }
-
-
 def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dict[str, Any]:
     workdir.mkdir(parents=True)
     up = MariaDB(workdir / "upstream", extra_args=UPSTREAM_ARGS)
-    tidb = TiDB(workdir / "tidb", graceful_wait=args.graceful_waits[0], general_log=args.general_log)
-    proxy: ProxyProcess | None = None
+    cluster: Cluster | None = None
+    tidb: TiDB | None = None
+    middle = None
     dm: DMCluster | None = None
     restarter = sampler = load = None
     try:
@@ -241,22 +396,34 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
         t = time.time()
         rows = dm_load.create_and_preload(up.port, args.scale)
         log(f"  upstream preloaded in {time.time() - t:.0f} s: {rows}")
-        tidb.start()
-        tidb.create_user(DM_USER, DM_PASSWORD)
-        port = tidb.port
-        if target == "proxy":
-            proxy = ProxyProcess(workdir / "proxy", tidb.port, **sidecar_overrides(tidb))
-            proxy.start()
-            port = proxy.port
+        if args.cluster:
+            cluster = Cluster(workdir / "cluster", servers=args.servers, graceful_wait=args.graceful_wait)
+            for server in cluster.servers:
+                server.general_log = args.general_log  # read when each one writes its config
+            t = time.time()
+            cluster.start()
+            log(f"  cluster up in {time.time() - t:.0f} s: PD {cluster.pd.address}, tidb-servers on {cluster.ports}")
+            cluster.create_user(DM_USER, DM_PASSWORD)
+            servers = cluster.servers
+            event = cluster_event(cluster, SIGNALS.get(args.faults, _signal.SIGTERM))
+        else:
+            tidb = TiDB(workdir / "tidb", graceful_wait=args.graceful_waits[0], general_log=args.general_log)
+            tidb.start()
+            tidb.create_user(DM_USER, DM_PASSWORD)
+            servers = [tidb]
+            event = single_server_event(tidb, args.graceful_waits)
+        ports = [s.port for s in servers]
+        port, middle = start_middle(target, workdir, servers, cluster.pd.address if cluster else None, DM_USER, DM_PASSWORD)
         dm = DMCluster(workdir / "dm")
         dm.start()
         dm.create_source(source_yaml(workdir / "source.yaml", up.port))
         task = task_yaml(workdir / "task.yaml", port, workdir / "dumped")
         check = dm.ctl("check-task", str(task))
-        sampler = Sampler(tidb, dm)
-        ready = sampler.in_sync if args.chaos_from == "sync" else None
-        restarter = Restarter(tidb, args.interval, args.graceful_waits, log, args.restarts, ready)
         load = dm_load.ShopLoad(up.port, args.rate)
+        preloaded = list(rows)
+        sampler = Sampler(ports, dm, load, count_rows=preloaded if args.faults == "none" else None)
+        ready = sampler.in_sync if args.chaos_from == "sync" else None
+        restarter = Restarter(event, args.interval, log, args.restarts, ready, start_to_start=args.cluster)
         started = time.time()
         answer = dm.ctl("start-task", str(task))
         if not answer.get("result"):
@@ -264,36 +431,48 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
         load.start()
         sampler.start()
         restarter.start()
-        log(f"  task started; load at {args.rate:g} txn/s for at least {args.duration:g} s; {args.restarts} TiDB restarts "
-            f"{args.interval:g} s apart from {'the start' if args.chaos_from == 'start' else 'the sync unit on'}")  # fmt: skip
-        time.sleep(args.duration)
+        faults = describe_faults(args)
+        log(f"  task started; load at {args.rate:g} txn/s for at least {args.duration:g} s; {faults}")
+        backlog = None
+        if args.faults == "none":
+            backlog = measure_backlog(dm, sampler, load, args, log)
+        time.sleep(max(0.0, started + args.duration - time.time()))
         # Every target gets the same number of restarts: wait for the schedule (bounded), and
         # keep the load on for an interval after the last one.
         limit = time.time() + args.restarts * (args.interval + 180) + (args.sync_timeout if args.chaos_from == "sync" else 0)
         while restarter.is_alive() and time.time() < limit:
             restarter.join(1.0)
-        if len(restarter.restarts) == args.restarts:
-            time.sleep(max(0.0, restarter.restarts[-1]["up"] + args.interval - time.time()))
-        else:
-            log(f"  only {len(restarter.restarts)} of {args.restarts} restarts happened"
+        done = [x for x in restarter.restarts if x.get("up") is not None]
+        if args.restarts and len(done) == args.restarts:
+            time.sleep(max(0.0, done[-1]["up"] + args.interval - time.time()))
+        elif args.restarts:
+            log(f"  only {len(done)} of {args.restarts} restarts happened"
                 + (" (the sync unit never ran)" if args.chaos_from == "sync" and not sampler.in_sync() else ""))  # fmt: skip
         restarter.stop_event.set()
         restarter.join(120)
         stats = load.stop()
         ended = time.time()
         log(f"  load stopped: {stats.transactions} transactions upstream; waiting for DM to catch up")
-        caught_up = wait_caught_up(up, tidb, args.catch_up)
+        caught_up = wait_caught_up(up, ports, args.catch_up)
         sampler.stop_event.set()
         sampler.join(10)
-        upstream, downstream = dm_load.checksums(up.port), dm_load.checksums(tidb.port)
+        try:
+            numbers = middle_numbers(middle) or {}
+        except Exception as exc:  # noqa: BLE001 - the run's other results stand
+            log(f"  reading the middle's numbers failed: {exc}")
+            numbers = {"middle_numbers_error": f"{type(exc).__name__}: {exc}"}
+        upstream, downstream = dm_load.checksums(up.port), checksums_on(ports)
         if args.general_log:
-            corpus = dm_statements(tidb.error_log_text())
+            corpus = dm_statements((cluster or tidb).error_log_text())
             with open(workdir / "dm_statements.jsonl", "w") as f:
                 f.writelines(json.dumps(entry) + "\n" for entry in corpus)
             log(f"  {len(corpus)} statement shapes of DM in TiDB's general log: {workdir / 'dm_statements.jsonl'}")
-        events = dm_events(dm, started, sync_running_at=sampler.sync_running_at)
+        manual = [(backlog["paused_at"], backlog["resumed_at"])] if backlog and "resumed_at" in backlog else []
+        events = dm_events(dm, started, sync_running_at=sampler.sync_running_at, manual=manual)
         return {
             "target": target,
+            "downstream": f"cluster of {len(servers)} tidb-servers" if cluster else "tidb-server",
+            "faults": args.faults, "graceful_wait": args.graceful_wait if cluster else None,
             "check_task": check.get("result"),
             "started": started, "ended": ended, "caught_up_after": caught_up,
             "chaos_from": args.chaos_from, "restarts_planned": args.restarts, "restarts_began": restarter.began,
@@ -302,8 +481,10 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
             "load": {"transactions": stats.transactions, "statements": stats.statements, "errors": len(stats.errors)},
             "preloaded": rows,
             "lag": sampler.lag,
+            "rates": replication_rates(sampler.rows, events, backlog) if args.faults == "none" else None,
+            "rows_downstream": sampler.rows,
             "dm": events,
-            "proxy": proxy_numbers(proxy) if proxy is not None else None,
+            "proxy": None, "tiproxy": None, "haproxy": None, **numbers,
             "tables": {name: {"upstream": upstream[name], "downstream": downstream.get(name)} for name in upstream},
             "identical": upstream == downstream,
         }  # fmt: skip
@@ -311,9 +492,12 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
         for thread in (restarter, sampler):
             if thread is not None:
                 thread.stop_event.set()
+        if restarter is not None and restarter.is_alive():
+            restarter.join(120)  # a restart under way ends before its server is stopped
         if load is not None:
             load.stop()
-        for stop in (dm.stop if dm else None, proxy.stop if proxy else None, tidb.stop, up.stop):
+        for stop in (dm.stop if dm else None, middle.stop if middle else None, cluster.stop if cluster else None,
+                     tidb.stop if tidb else None, up.stop):  # fmt: skip
             if stop is not None:
                 try:
                     stop()
@@ -321,13 +505,100 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
                     log(f"  stopping: {exc}")
 
 
-def wait_caught_up(up: MariaDB, tidb: TiDB, timeout: float) -> float | None:
-    """Seconds until every table's checksum downstream equals upstream's (None: not within timeout)."""
+def describe_faults(args: argparse.Namespace) -> str:
+    if args.faults == "none":
+        return f"no faults: the task paused {args.backlog:g} s once the sync runs (DM's catch-up rate)"
+    when = "the start" if args.chaos_from == "start" else "the sync unit on"
+    if not args.cluster:
+        return f"{args.restarts} TiDB restarts {args.interval:g} s apart from {when}"
+    what = "rolling restart (SIGTERM)" if args.faults == "rolling" else "crashes (SIGKILL)"
+    wait = f", graceful wait {args.graceful_wait} s" if args.faults == "rolling" else ""
+    return f"{args.restarts} tidb-server {what}{wait}, one server at a time, every {args.interval:g} s from {when}"
+
+
+def measure_backlog(dm: DMCluster, sampler: Sampler, load: dm_load.ShopLoad, args: argparse.Namespace, log) -> dict[str, Any]:
+    """Once DM's sync unit runs (and 15 s more), pause the task for ``args.backlog`` seconds
+    while the load goes on, resume it, and time the catch-up: the first lag sample after the
+    resume within 1 s of the lag before the pause (at least 2 s). DM's rate: the upstream
+    transactions (statements) written from the pause to the catch-up over the catch-up's
+    seconds (written within the last lag's seconds count as applied: an overestimate of at most
+    that lag times the load's rate)."""
+    deadline = time.time() + args.sync_timeout
+    while not sampler.in_sync() and time.time() < deadline:
+        time.sleep(1)
+    if not sampler.in_sync():
+        log("  the sync unit never ran: no backlog measured")
+        return {"error": "the sync unit never ran"}
+    time.sleep(15)
+    before = [v for t, v in sampler.lag[-10:] if v is not None]
+    baseline = statistics.median(before) if before else 0.0
+    threshold = max(2.0, baseline + 1.0)
+    paused_at, p0 = time.time(), (load.stats.transactions, load.stats.statements)
+    answer = dm.ctl("pause-task", TASK)
+    if not answer.get("result"):
+        return {"error": f"pause-task: {json.dumps(answer)[:500]}"}
+    log(f"  task paused for {args.backlog:g} s (lag before: {baseline:.1f} s)")
+    time.sleep(args.backlog)
+    resumed_at = time.time()
+    answer = dm.ctl("resume-task", TASK)
+    if not answer.get("result"):
+        return {"error": f"resume-task: {json.dumps(answer)[:500]}", "paused_at": paused_at, "resumed_at": resumed_at}
+    behind = (load.stats.transactions - p0[0], load.stats.statements - p0[1])
+    caught = None
+    limit = resumed_at + args.catch_up
+    while time.time() < limit:
+        recent = [(t, v) for t, v in sampler.lag if t > resumed_at + 2 and v is not None]
+        if recent and recent[-1][1] <= threshold:
+            caught = recent[-1][0]
+            break
+        time.sleep(1)
+    out: dict[str, Any] = {"paused_at": paused_at, "resumed_at": resumed_at, "lag_before": baseline, "threshold": threshold,
+                           "behind_txns": behind[0], "behind_statements": behind[1], "caught_up_at": caught}  # fmt: skip
+    if caught is None:
+        log(f"  the backlog was not drained within {args.catch_up:g} s")
+        return out
+    done = [(t, txns, stmts) for t, txns, stmts in sampler.progress if t <= caught]
+    txns, stmts = (done[-1][1], done[-1][2]) if done else (load.stats.transactions, load.stats.statements)
+    seconds = caught - resumed_at
+    out.update(catch_up_s=seconds, txn_per_s=(txns - p0[0]) / seconds, statements_per_s=(stmts - p0[1]) / seconds)
+    log(f"  backlog of {behind[0]} transactions drained in {seconds:.0f} s: {out['txn_per_s']:.0f} txn/s, "
+        f"{out['statements_per_s']:.0f} statements/s")  # fmt: skip
+    return out
+
+
+def replication_rates(rows: list[tuple[float, int]], events: dict[str, Any], backlog: dict[str, Any] | None) -> dict[str, Any]:
+    """The full load's rate from the downstream row counts (first count above 0 to the last one
+    before the sync started: rows/s) and its length from dm-worker's log (the switch from the
+    Dump unit to the switch from the Load unit), and the backlog's catch-up."""
+    sync_at = events.get("sync_started")
+    loading = [(t, n) for t, n in rows if n > 0 and (sync_at is None or t <= sync_at)]
+    out: dict[str, Any] = {"load_rows_per_s": None, "load_rows": None, "load_s": events.get("load_unit_s")}
+    if len(loading) >= 2 and loading[-1][0] > loading[0][0]:
+        out["load_rows"] = loading[-1][1] - loading[0][1]
+        out["load_rows_per_s"] = out["load_rows"] / (loading[-1][0] - loading[0][0])
+    out["backlog"] = backlog
+    return out
+
+
+def checksums_on(ports: list[int]) -> dict[str, tuple[int, int]]:
+    """The downstream's checksums on the first server that answers."""
+    error: Exception | None = None
+    for port in ports:
+        try:
+            return dm_load.checksums(port)
+        except pymysql.MySQLError as exc:
+            error = exc
+    raise RuntimeError(f"no tidb-server answered the checksums: {error}")
+
+
+def wait_caught_up(up: MariaDB, ports: list[int], timeout: float) -> float | None:
+    """Seconds until every table's checksum downstream (on any server) equals upstream's (None:
+    not within timeout)."""
     began = time.monotonic()
     upstream = dm_load.checksums(up.port)
     while time.monotonic() - began < timeout:
         try:
-            if dm_load.checksums(tidb.port) == upstream:
+            if checksums_on(ports) == upstream:
                 return time.monotonic() - began
         except Exception:
             pass
@@ -367,17 +638,30 @@ def phase_at(at: float, sync_started: float | None) -> str:
     return "sync" if sync_started is not None and at >= sync_started else "load"
 
 
-def dm_events(dm: DMCluster, started: float, now: float | None = None, sync_running_at: float | None = None) -> dict[str, Any]:
+def dm_events(dm: DMCluster, started: float, now: float | None = None, sync_running_at: float | None = None,
+              manual: list[tuple[float, float]] = ()) -> dict[str, Any]:  # fmt: skip
     """What dm-worker's log says happened, per phase (``phase_at``: the sync phase starts at the
     log's switch from the Load unit, or at the first ``query-status`` that showed the Sync unit
     running, whichever came first). A pause with no resume after it (DM's ``task can't auto
-    resume``: a load-unit error is not retried) lasts until ``now``, when the log is read."""
+    resume``: a load-unit error is not retried) lasts until ``now``, when the log is read. A
+    pause that began within a second of a ``manual`` (pause-task .. resume-task) span is the
+    bench's own: counted apart (``manual_pauses``), not as DM's, and so are the failures logged
+    within it (the pause cancels the batch under way). ``load_unit_s``: from the log's
+    switch from the Dump unit to its switch from the Load unit (the full load's length)."""
     now = time.time() if now is None else now
-    pauses = dm.pauses()
+
+    def dm_own(events: list) -> list:
+        return [e for e in events if not any(a - 1 <= e.at <= b + 1 for a, b in manual)]
+
+    all_pauses = dm.pauses()
+    pauses = dm_own(all_pauses)
     resumes = dm.events("dispatch auto resume task")
-    failures = dm.events("unit process error")  # the errors a pause reports, one line each
-    retried, gave_up, statements = dm.events(*SYNC_RETRIED), dm.events(*SYNC_GAVE_UP), dm.events(*STATEMENT_FAILED)
-    switched = [e.at for e in dm.events("switching to next unit") if "unit=Load" in e.fields]
+    failures = dm_own(dm.events("unit process error"))  # the errors a pause reports, one line each
+    retried, gave_up = dm_own(dm.events(*SYNC_RETRIED)), dm_own(dm.events(*SYNC_GAVE_UP))
+    statements = dm_own(dm.events(*STATEMENT_FAILED))
+    switches = dm.events("switching to next unit")
+    switched = [e.at for e in switches if "unit=Load" in e.fields]
+    dumped = [e.at for e in switches if "unit=Dump" in e.fields]
     candidates = [t for t in (switched[-1] if switched else None, sync_running_at) if t is not None]
     sync_started = min(candidates) if candidates else None
     paused_for, spans, unresumed = 0.0, [], 0
@@ -401,7 +685,9 @@ def dm_events(dm: DMCluster, started: float, now: float | None = None, sync_runn
         counts["failed_txns"] = counts["retried_in_place"] + counts["gave_up"] if phase == "sync" else counts["failed_statements"]
     kinds = Counter(error_kind(e.fields) for e in failures)
     units = Counter(m.group(1) for e in pauses for m in [re.search(r"\[unit=\"?([^\]\"]+)", e.fields)] if m)
+    load_unit_s = switched[-1] - dumped[-1] if switched and dumped and switched[-1] >= dumped[-1] else None
     return {"pauses": len(pauses), "paused_s": paused_for, "never_resumed": unresumed, "sync_started": sync_started,
+            "manual_pauses": len(all_pauses) - len(pauses), "load_unit_s": load_unit_s,
             "pause_spans": spans, "paused_units": dict(units), "resumes": len(resumes), "by_phase": by_phase,
             "failed": dict(kinds.most_common()), "failed_total": sum(kinds.values()), "retried_in_place": len(retried),
             "failed_txns": sum(c["failed_txns"] for c in by_phase.values()),
@@ -495,26 +781,15 @@ def _first_rows(sql: str, tokens: list, max_rows: int) -> str:
     return sql
 
 
-def proxy_numbers(proxy: ProxyProcess) -> dict[str, Any]:
-    """Recoveries by outcome and replayed statements, from the proxy's /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{proxy.admin_port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    outcomes: dict[str, float] = {}
-    for m in re.finditer(r'^replay_proxy_recoveries_total\{[^}]*outcome="([^"]+)"[^}]*\} ([0-9.e+]+)$', text, re.M):
-        outcomes[m.group(1)] = outcomes.get(m.group(1), 0) + float(m.group(2))
-    replayed = sum(
-        float(m.group(1)) for m in re.finditer(r"^replay_proxy_replayed_statements_total(?:\{[^}]*\})? ([0-9.e+]+)$", text, re.M)
-    )
-    log_text = proxy.log_text()
-    return {"recoveries": outcomes, "replayed_statements": replayed,
-            "refused_1158": outcomes.get("aborted_1158", 0),
-            "tracebacks": log_text.count("Traceback")}  # fmt: skip
+def column_label(r: dict[str, Any]) -> str:
+    if r["target"] == "direct" and str(r.get("downstream", "")).startswith("cluster"):
+        return "one server"
+    return LABELS.get(r["target"], r["target"])
 
 
 def render(results: dict[str, Any]) -> str:
     runs = results["runs"]
-    names = [r["target"] for r in runs]
-    head = f"{'':48}" + "".join(f"{('directly' if n == 'direct' else 'through proxy'):>16}" for n in names)
+    head = f"{'':48}" + "".join(f"{column_label(r):>16}" for r in runs)
     lines = [head]
 
     def row(label: str, fn) -> None:
@@ -534,11 +809,29 @@ def render(results: dict[str, Any]) -> str:
         at = r["dm"].get("sync_started")
         return "no" if at is None else f"at +{at - r['started']:.0f} s"
 
-    row("run (s) / TiDB restarts (SIGTERM)", lambda r: f"{r['ended'] - r['started']:.0f} / {len(r['restarts'])}")
+    def signals(r) -> str:
+        return "/".join(sorted({x.get("signal", "SIGTERM") for x in r["restarts"]})) or "-"
+
+    def median_of(key_from: str, key_to: str):
+        def fn(r) -> str:
+            spans = [x[key_to] - x[key_from] for x in r["restarts"] if x.get(key_to) is not None and x.get(key_from) is not None]
+            return f"{statistics.median(spans):.1f}" if spans else "-"
+
+        return fn
+
+    def has(key: str) -> bool:
+        return any(r.get(key) for r in runs)
+
+    row("downstream", lambda r: "cluster" if str(r.get("downstream", "")).startswith("cluster") else "one server")
+    row("run (s) / TiDB restarts", lambda r: f"{r['ended'] - r['started']:.0f} / {len(r['restarts'])}")
+    row("  signal", signals)
     row("  restarts planned / from", lambda r: f"{r.get('restarts_planned', '-')} / {r.get('chaos_from', 'start')}")
     row("  restarts during the full load (dump + load)", restarts_in("load"))
     row("  restarts during the sync", restarts_in("sync"))
+    row("  restarts that failed", lambda r: str(sum(1 for x in r["restarts"] if "error" in x)))
     row("graceful waits (s)", lambda r: ",".join(sorted({str(x["graceful_wait"]) for x in r["restarts"]})) or "-")
+    row("  server down after the signal, median (s)", median_of("stop", "down"))
+    row("  serving again after that, median (s)", median_of("down", "up"))
     row("DM reached the sync unit", sync_reached)
     row("upstream transactions", lambda r: str(r["load"]["transactions"]))
     for name, label in (("load", "full load"), ("sync", "sync")):
@@ -558,7 +851,24 @@ def render(results: dict[str, Any]) -> str:
     row("proxy recoveries: resumed", lambda r: _outcome(r, "resumed"))
     row("proxy: 1213 (DM retries)", lambda r: _outcome(r, "aborted_1213"))
     row("proxy: refused, 1158", lambda r: _outcome(r, "aborted_1158"))
-    row("proxy: replayed statements", lambda r: "-" if r["proxy"] is None else f"{r['proxy']['replayed_statements']:.0f}")
+    row("proxy: sessions moved off a draining server", lambda r: "-" if not r.get("proxy") else str(r["proxy"].get("moved", "-")))
+    row("proxy: replayed statements", lambda r: "-" if not r.get("proxy") else f"{r['proxy']['replayed_statements']:.0f}")
+    if has("tiproxy"):
+        row("TiProxy: sessions migrated (ok / failed)", _tiproxy(lambda t: f"{t['migrated']:.0f} / {t['migrate_failed']:.0f}"))
+        row("  migrated for health (draining server)", _tiproxy(lambda t: f"{t['migrated_by_reason'].get('status', 0):.0f}"))
+        row("  migrated to rebalance", _tiproxy(lambda t: f"{sum(v for k, v in t['migrated_by_reason'].items() if k != 'status'):.0f}"))
+        row("TiProxy: client connections closed by it", _tiproxy(lambda t: f"{sum(t['disconnections'].values()):.0f}"))
+        row("TiProxy: log lines on migrations / redirects", _tiproxy(lambda t: str(t["log_migration_lines"])))
+    if has("haproxy"):
+        row("HAProxy: servers marked down / up", lambda r: "-" if not r.get("haproxy") else
+            f"{r['haproxy']['marked_down']} / {r['haproxy']['marked_up']}")  # fmt: skip
+    if has("rates"):
+        row("full load: rows/s (row counts downstream)", _rate(lambda x: x.get("load_rows_per_s"), "{:.0f}"))
+        row("full load: Load unit (s, dm-worker log)", _rate(lambda x: x.get("load_s"), "{:.0f}"))
+        row("backlog: transactions behind after pause", _rate(lambda x: (x.get("backlog") or {}).get("behind_txns"), "{}"))
+        row("backlog: drained in (s)", _rate(lambda x: (x.get("backlog") or {}).get("catch_up_s"), "{:.0f}"))
+        row("sync rate draining it: txn/s", _rate(lambda x: (x.get("backlog") or {}).get("txn_per_s"), "{:.0f}"))
+        row("sync rate draining it: statements/s", _rate(lambda x: (x.get("backlog") or {}).get("statements_per_s"), "{:.0f}"))
     row("caught up after the load (s)", lambda r: "no" if r["caught_up_after"] is None else f"{r['caught_up_after']:.0f}")
     row("tables identical (count + checksum)", lambda r: "yes" if r["identical"] else "NO")
     row("rows compared (this run, upstream)", lambda r: str(sum(v["upstream"][0] for v in r["tables"].values())))
@@ -568,15 +878,39 @@ def render(results: dict[str, Any]) -> str:
         "  retried it in place or gave up on it; in the full load, every statement of a chunk that failed. The phases",
         "  split where DM's Sync unit starts (its log's switch from the Load unit, or the first query-status showing it).",
         "  Checksum: every column of every row, NULL-safe (bench/dm_load.py), the same SQL upstream (MariaDB) and",
-        "  downstream (TiDB).",
+        "  downstream (TiDB, any server of a cluster). Proxy recoveries and 1158 from its /metrics, moves from its log;",
+        "  TiProxy's migrations from its /metrics (tiproxy_balance_migrate_total), closed connections",
+        "  (tiproxy_server_disconnection_total); HAProxy's verdicts from its log (health checks: inter 2 s, fall 3, rise 2).",
     ]
+    if has("rates"):
+        lines += [
+            "  --no-faults: the task paused while the load ran on, then resumed; the sync rate is the upstream work written",
+            "  from the pause to the catch-up (lag back within 1 s of its level before) over the catch-up's seconds.",
+        ]
     return "\n".join(lines)
 
 
 def _outcome(r: dict[str, Any], name: str) -> str:
-    if r["proxy"] is None:
+    if not r.get("proxy"):
         return "-"
     return f"{r['proxy']['recoveries'].get(name, 0):.0f}"
+
+
+def _tiproxy(fn):
+    return lambda r: "-" if not r.get("tiproxy") else fn(r["tiproxy"])
+
+
+def _rate(fn, fmt: str):
+    def cell(r) -> str:
+        value = fn(r["rates"]) if r.get("rates") else None
+        return "-" if value is None else fmt.format(value)
+
+    return cell
+
+
+COLORS = {"direct": "#555555", "proxy": "#dd8452", "haproxy": "#4c72b0", "tiproxy": "#55a868"}
+TITLES = {"direct": "DM -> TiDB directly", "proxy": "DM -> replay-proxy -> TiDB", "haproxy": "DM -> HAProxy -> TiDB",
+          "tiproxy": "DM -> TiProxy -> TiDB"}  # fmt: skip
 
 
 def write_chart(results: dict[str, Any], path: Path) -> str | None:
@@ -593,30 +927,61 @@ def write_chart(results: dict[str, Any], path: Path) -> str | None:
         t0 = r["started"]
         xs = [t - t0 for t, v in r["lag"] if v is not None]
         ys = [v for _, v in r["lag"] if v is not None]
-        ax.plot(xs, ys, color="#dd8452" if r["target"] == "proxy" else "#555555", lw=1.2, label="lag (s)")
-        for i, x in enumerate(r["restarts"]):
-            ax.axvspan(x["stop"] - t0, x["up"] - t0, color="#4c72b0", alpha=0.15, lw=0, label="TiDB down" if i == 0 else None)
+        ax.plot(xs, ys, color=COLORS.get(r["target"], "#555555"), lw=1.2, label="lag (s)")
+        term = kill = 0
+        for x in r["restarts"]:
+            end = x.get("up") or x.get("down") or x["stop"]
+            if x.get("signal") == "SIGKILL":
+                ax.axvline(x["stop"] - t0, color="#c44e52", lw=1.2, label="SIGKILL" if kill == 0 else None)
+                ax.axvspan(x["stop"] - t0, end - t0, color="#c44e52", alpha=0.12, lw=0)
+                kill += 1
+            else:
+                ax.axvspan(x["stop"] - t0, end - t0, color="#4c72b0", alpha=0.15, lw=0,
+                           label="SIGTERM .. serving again" if term == 0 else None)  # fmt: skip
+                term += 1
+            if "index" in x and len({y.get("index") for y in r["restarts"]}) > 1:
+                ax.annotate(str(x["index"]), (x["stop"] - t0, 1), xycoords=("data", "axes fraction"), fontsize=6,
+                            va="top", ha="left", color="#333333")  # fmt: skip
         for i, (a, _b) in enumerate(r["dm"]["pause_spans"]):
-            ax.axvline(a, color="#c44e52", lw=1, ls="--", label="DM paused" if i == 0 else None)
+            ax.axvline(a, color="#8172b3", lw=1, ls="--", label="DM paused" if i == 0 else None)
+        backlog = (r.get("rates") or {}).get("backlog") or {}
+        if backlog.get("paused_at") and backlog.get("resumed_at"):
+            ax.axvspan(backlog["paused_at"] - t0, backlog["resumed_at"] - t0, color="#999999", alpha=0.2, lw=0, label="task paused (bench)")
         ax.set_ylabel("lag (s)")
-        title = "DM -> TiDB directly" if r["target"] == "direct" else "DM -> replay-proxy -> TiDB"
+        title = TITLES.get(r["target"], r["target"])
+        if str(r.get("downstream", "")).startswith("cluster"):
+            title += f" ({r['downstream']})"
         ax.set_title(f"{title}: {r['dm']['pauses']} pauses, max lag {max(ys) if ys else 0:.0f} s, "
                      f"{len(r['restarts'])} restarts", fontsize=10)  # fmt: skip
         ax.legend(loc="upper left", fontsize=8)
-    axes[-1, 0].set_xlabel("seconds since start-task")
+    axes[-1, 0].set_xlabel("seconds since start-task (restarts numbered by server)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
 
 
+def unavailable(args: argparse.Namespace) -> list[str]:
+    """Why this run cannot happen here (missing binaries), one line each."""
+    reasons = [tidb_unavailable_reason(), dm_unavailable_reason()]
+    if args.cluster:
+        reasons.append(cluster_unavailable_reason())
+    if "tiproxy" in args.targets:
+        reasons.append(tiproxy_unavailable_reason())
+    if "haproxy" in args.targets:
+        from bench.haproxy import haproxy_unavailable_reason
+
+        reasons.append(haproxy_unavailable_reason())
+    return [r for r in reasons if r]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sigterm_as_interrupt()
-    for reason in (tidb_unavailable_reason(), dm_unavailable_reason()):
-        if reason:
-            print(f"bench.dm_e2e: {reason}", file=sys.stderr)
-            return 2
+    for reason in unavailable(args):
+        print(f"bench.dm_e2e: {reason}", file=sys.stderr)
+    if unavailable(args):
+        return 2
     now = _dt.datetime.now()
     out = args.out or REPO / "bench" / "results" / f"{now:%Y%m%d-%H%M%S}-dm_e2e"
     out.mkdir(parents=True, exist_ok=True)

@@ -12,12 +12,13 @@ import os
 import shutil
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pymysql
 
 from tests.lab.mariadb import HOST, free_port
-from tests.lab.procs import ListeningChild
+from tests.lab.procs import ListeningChild, read_log
 
 ENV_BINARY = "REPLAY_PROXY_TIPROXY"
 CACHE_BIN = Path.home() / ".cache" / "replay-proxy" / "bin"
@@ -41,20 +42,38 @@ def tiproxy_unavailable_reason() -> str | None:
 
 
 class TiProxy(ListeningChild):
-    def __init__(self, workdir: Path, pd_address: str, graceful_wait: int = 0) -> None:
+    """TiProxy v1.3's config (lib/config/proxy.go): ``[proxy] addr``, ``pd-addrs`` (it watches
+    PD's topology for tidb-servers and health-checks each one's status port every 3 s),
+    ``graceful-wait-before-shutdown`` (its own, on its SIGTERM), ``[api] addr`` (HTTP: /metrics,
+    /api/...), ``[log]``. Its migrations are counted in /metrics
+    (``tiproxy_balance_migrate_total``); its log says ``redirect connection succeeds`` only at
+    ``log_level = "debug"``, a failed one at any level."""
+
+    def __init__(self, workdir: Path, pd_address: str, graceful_wait: int = 0, log_level: str = "info") -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.api_port = free_port()
         self.log_path = self.workdir / "tiproxy.out"
+        self.file_log_path = self.workdir / "tiproxy.log"
         self.config_path = self.workdir / "tiproxy.toml"
         self.config_path.write_text(
+            f'workdir = "{self.workdir / "work"}"\n'
             f'[proxy]\naddr = "{HOST}:{self.port}"\npd-addrs = "{pd_address}"\n'
             f"graceful-wait-before-shutdown = {graceful_wait}\n"
             f'[api]\naddr = "{HOST}:{self.api_port}"\n'
-            f'[log]\nlevel = "info"\n[log.log-file]\nfilename = "{self.workdir / "tiproxy.log"}"\n'
+            f'[log]\nlevel = "{log_level}"\n[log.log-file]\nfilename = "{self.file_log_path}"\n'
         )
         self.proc: subprocess.Popen | None = None
+
+    def log_text(self) -> str:
+        """Its log file, then what it wrote to stdout and stderr (startup errors, panics)."""
+        return read_log(self.file_log_path) + read_log(self.log_path)
+
+    def metrics_text(self, timeout: float = 5) -> str:
+        """Its Prometheus metrics (the API's /metrics)."""
+        with urllib.request.urlopen(f"http://{HOST}:{self.api_port}/metrics", timeout=timeout) as resp:
+            return resp.read().decode()
 
     def start(self, timeout: float = 60) -> TiProxy:
         program = tiproxy_path()

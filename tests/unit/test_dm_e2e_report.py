@@ -97,3 +97,199 @@ def test_table_has_restarts_per_phase_and_rows_per_run():
     assert lines["rows compared (this run, upstream)"] == ["7", "9"]
     assert lines["sync: failed transactions as DM sees them*"] == ["3", "3"]
     assert lines["ERROR lines in dm-worker's log (raw)"] == ["5", "5"]
+
+
+# --- the cluster's accounting: the middles' numbers, the restart log, --no-faults' rates ---------
+
+TIPROXY_METRICS = """\
+# HELP tiproxy_balance_migrate_total Number and result of session migration.
+# TYPE tiproxy_balance_migrate_total counter
+tiproxy_balance_migrate_total{from="127.0.0.1:4001",migrate_res="succeed",reason="status",to="127.0.0.1:4002"} 14
+tiproxy_balance_migrate_total{from="127.0.0.1:4001",migrate_res="fail",reason="status",to="127.0.0.1:4003"} 2
+tiproxy_balance_migrate_total{from="127.0.0.1:4002",migrate_res="succeed",reason="conn",to="127.0.0.1:4001"} 5
+tiproxy_server_create_connection_total 40
+tiproxy_server_disconnection_total{type="ok"} 3
+tiproxy_server_disconnection_total{type="backend network error"} 6
+"""
+TIPROXY_LOG = """\
+[2025/11/24 16:00:01.000 +00:00] [WARN] [backend/backend_conn_mgr.go:642] [redirect connection failed] [from=127.0.0.1:4001]
+[2025/11/24 16:00:02.000 +00:00] [INFO] [backend/backend_conn_mgr.go:686] [backend connection is closed, close client connection]
+[2025/11/24 16:00:03.000 +00:00] [INFO] [server/server.go:1] [health check] [addr=127.0.0.1:4001]
+"""
+
+
+def test_tiproxy_numbers_from_its_metrics_and_log():
+    from bench.dm_middles import tiproxy_numbers
+
+    t = tiproxy_numbers(TIPROXY_METRICS, TIPROXY_LOG)
+    assert (t["migrated"], t["migrate_failed"]) == (19, 2)
+    assert t["migrated_by_reason"] == {"status": 14, "conn": 5}  # successful ones only
+    assert t["disconnections"] == {"ok": 3, "backend network error": 6} and t["connections_created"] == 40
+    assert (t["log_migration_lines"], t["log_redirect_failed"], t["log_closed_with_backend"]) == (1, 1, 1)
+
+
+def test_proxy_numbers_count_moves_from_the_log_and_outcomes_from_metrics():
+    from bench.dm_middles import haproxy_numbers, proxy_numbers_from
+
+    metrics = (
+        'replay_proxy_recoveries_total{target="dm-e2e",outcome="resumed"} 7.0\n'
+        'replay_proxy_recoveries_total{target="dm-e2e",outcome="aborted_1158"} 1.0\n'
+        'replay_proxy_replayed_statements_total{target="dm-e2e"} 30.0\n'
+    )
+    log = "\n".join(
+        ["session 3: moved from 127.0.0.1:4001 to 127.0.0.1:4002 (connection 9) in 4 ms, between transactions"] * 4
+        + ["session 4: could not move off draining backend 127.0.0.1:4001: refused", "session 5: recovered on 127.0.0.1:4003"]
+    )
+    n = proxy_numbers_from(metrics, log)
+    assert n["recoveries"] == {"resumed": 7, "aborted_1158": 1} and n["refused_1158"] == 1 and n["replayed_statements"] == 30
+    assert (n["moved"], n["move_failed"], n["recovered_lines"], n["tracebacks"]) == (4, 1, 1, 0)
+    hap = "[WARNING]  (1) : Server tidb/tidb0 is DOWN, reason: Layer4\n[WARNING]  (1) : Server tidb/tidb0 is UP, reason: Layer7\n"
+    assert haproxy_numbers(hap) == {"marked_down": 1, "marked_up": 1}
+
+
+def test_the_bench_own_pause_is_not_dms_and_the_load_unit_is_timed():
+    lines = [
+        _line(T0 + 2, "INFO", "switching to next unit", " [subtask=shop] [unit=Dump]"),
+        *LOG,
+        _line(T0 + 50, "ERROR", "unit process error", ' [unit=Sync] [error="context canceled"]'),
+        _line(T0 + 50, "INFO", "paused", " [task=shop] [unit=Sync]"),  # pause-task at T0 + 50 .. resume-task at T0 + 60
+    ]
+    with_it = dm_events(FakeDM(lines), started=T0, now=T0 + 70)
+    ev = dm_events(FakeDM(lines), started=T0, now=T0 + 70, manual=[(T0 + 50, T0 + 60)])
+    assert with_it["pauses"] == 3 and with_it["failed_total"] == 2
+    assert ev["pauses"] == 2 and ev["manual_pauses"] == 1 and ev["failed_total"] == 1
+    assert ev["load_unit_s"] == 18  # Dump done at +2, Load done at +20
+
+
+def test_replication_rates_from_row_counts_and_the_backlog():
+    from bench.dm_e2e import replication_rates
+
+    rows = [(T0 + 1, 0), (T0 + 4, 3000), (T0 + 7, 9000), (T0 + 10, 15000), (T0 + 25, 15100)]
+    backlog = {"behind_txns": 800, "catch_up_s": 10.0, "txn_per_s": 95.0}
+    rates = replication_rates(rows, {"sync_started": T0 + 12, "load_unit_s": 9.5}, backlog)
+    assert rates["load_rows"] == 12000 and rates["load_rows_per_s"] == 2000  # +4 .. +10; the sync's rows left out
+    assert rates["load_s"] == 9.5 and rates["backlog"] is backlog
+    assert replication_rates([(T0, 5)], {"sync_started": None}, None)["load_rows_per_s"] is None
+
+
+def _cluster_run(target: str, signal: str, extra: dict) -> dict:
+    ev = dm_events(FakeDM(LOG), started=T0, now=T0 + 40)
+    restarts = [
+        {"server": f"tidb{i % 3}", "index": i % 3, "signal": signal, "stop": T0 + 10 * i, "down": T0 + 10 * i + 3,
+         "up": T0 + 10 * i + 5, "graceful_wait": 3 if signal == "SIGTERM" else 0, "phase": "sync"}
+        for i in range(1, 4)
+    ]  # fmt: skip
+    return {
+        "target": target, "downstream": "cluster of 3 tidb-servers", "started": T0, "ended": T0 + 40, "caught_up_after": 3.0,
+        "restarts": restarts, "load": {"transactions": 10}, "lag": [(T0, 0.5)], "dm": ev, "identical": True,
+        "tables": {"orders": {"upstream": (5, 1), "downstream": (5, 1)}}, "proxy": None, "tiproxy": None, "haproxy": None,
+        **extra,
+    }  # fmt: skip
+
+
+def test_cluster_table_has_a_column_per_middle_and_their_numbers():
+    from bench.dm_middles import tiproxy_numbers
+
+    proxy = {"recoveries": {"resumed": 2}, "replayed_statements": 3, "refused_1158": 0, "moved": 11}
+    runs = [
+        _cluster_run("direct", "SIGTERM", {}),
+        _cluster_run("haproxy", "SIGTERM", {"haproxy": {"marked_down": 0, "marked_up": 0}}),
+        _cluster_run("tiproxy", "SIGTERM", {"tiproxy": tiproxy_numbers(TIPROXY_METRICS, TIPROXY_LOG)}),
+        _cluster_run("proxy", "SIGKILL", {"proxy": proxy}),
+    ]
+    table = render({"runs": runs})
+    assert table.splitlines()[0].split() == ["one", "server", "HAProxy", "TiProxy", "through", "proxy"]
+    lines = {line[:48].strip(): line[48:].split() for line in table.splitlines()}
+    assert lines["downstream"] == ["cluster"] * 4
+    assert lines["signal"] == ["SIGTERM", "SIGTERM", "SIGTERM", "SIGKILL"]
+    assert lines["server down after the signal, median (s)"] == ["3.0"] * 4
+    assert lines["serving again after that, median (s)"] == ["2.0"] * 4
+    assert lines["TiProxy: sessions migrated (ok / failed)"] == ["-", "-", "19", "/", "2", "-"]
+    assert lines["migrated for health (draining server)"] == ["-", "-", "14", "-"]
+    assert lines["migrated to rebalance"] == ["-", "-", "5", "-"]
+    assert lines["TiProxy: client connections closed by it"] == ["-", "-", "9", "-"]
+    assert lines["HAProxy: servers marked down / up"] == ["-", "0", "/", "0", "-", "-"]
+    assert lines["proxy: sessions moved off a draining server"] == ["-", "-", "-", "11"]
+    assert lines["proxy recoveries: resumed"] == ["-", "-", "-", "2"]
+    assert "full load: rows/s (row counts downstream)" not in lines  # only with --no-faults
+
+
+def test_rolling_restarts_go_round_the_servers_start_to_start():
+    """Event n restarts server (n - 1) mod N; with start_to_start an event that overruns the
+    interval delays the next, the others keep the interval from start to start."""
+    import threading
+    import time as _time
+
+    from bench.dm_e2e import Restarter, cluster_event
+
+    class Server:
+        def __init__(self, i: int) -> None:
+            from pathlib import Path
+
+            self.basedir, self.graceful_wait, self.running, self.calls = Path(f"/x/tidb{i}"), 3, True, []
+
+        def stop(self, sig):
+            self.calls.append(("stop", sig))
+            self.running = False
+
+        def start(self):
+            self.calls.append(("start",))
+            self.running = True
+
+        def is_running(self):
+            return self.running
+
+    class FakeCluster:
+        servers = [Server(0), Server(1), Server(2)]
+
+    import signal
+
+    record = cluster_event(FakeCluster, signal.SIGKILL)(5)
+    assert (record["server"], record["index"], record["signal"], record["graceful_wait"]) == ("tidb1", 1, "SIGKILL", 0)
+    assert FakeCluster.servers[1].calls == [("stop", signal.SIGKILL), ("start",)]
+    assert record["stop"] <= record["down"] <= record["up"] and "error" not in record
+
+    starts: list[float] = []
+    lock = threading.Lock()
+
+    def event(n: int) -> dict:
+        with lock:
+            starts.append(_time.monotonic())
+        _time.sleep(0.35 if n == 2 else 0.05)  # the second overruns the 0.2 s interval
+        now = _time.time()
+        return {"server": f"tidb{(n - 1) % 3}", "signal": "SIGTERM", "graceful_wait": 0, "stop": now, "down": now, "up": now}
+
+    r = Restarter(event, 0.2, lambda _msg: None, 4, start_to_start=True)
+    r.start()
+    r.join(10)
+    assert len(r.restarts) == 4 and [x["server"] for x in r.restarts] == ["tidb0", "tidb1", "tidb2", "tidb0"]
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert 0.17 < gaps[0] < 0.3 and gaps[1] >= 0.34 and 0.17 < gaps[2] < 0.3, gaps
+
+
+def test_a_server_that_does_not_come_back_ends_the_schedule():
+    import signal
+
+    from bench.dm_e2e import Restarter, cluster_event
+
+    class Broken:
+        from pathlib import Path
+
+        basedir, graceful_wait = Path("/x/tidb0"), 0
+
+        def stop(self, sig):
+            pass
+
+        def start(self):
+            raise RuntimeError("tidb-server exited with status 1 during startup")
+
+        def is_running(self):
+            return False
+
+    class FakeCluster:
+        servers = [Broken()]
+
+    r = Restarter(cluster_event(FakeCluster, signal.SIGTERM), 0.01, lambda _msg: None, 3, start_to_start=True)
+    r.start()
+    r.join(10)
+    assert len(r.restarts) == 1 and r.restarts[0]["up"] is None and "exited with status 1" in r.restarts[0]["error"]
