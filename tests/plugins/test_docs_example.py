@@ -1,4 +1,4 @@
-"""The README's "Writing a plugin" example runs as written: its
+"""docs/plugins.md's "Writing a plugin" example runs as written: its
 module, its TOML chain and its tests."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from proxy import plugintest as pt
 from proxy.config import parse_config
 from proxy.plugin_loader import load_chain
 
-DOC = Path(__file__).resolve().parents[2] / "README.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
 
 
 def example_blocks() -> dict[str, list[str]]:
