@@ -123,7 +123,7 @@ class ListenConfig:
     # [listen.tls]: TLS for clients; without it an SSLRequest is refused.
     tls: ListenTLSConfig | None = None
     # Processes sharing the listen port (SO_REUSEPORT), one trio loop each: 1 for a sidecar;
-    # up to the cores the proxy may use when it is the bottleneck (see README "Sizing").
+    # up to the cores the proxy may use when it is the bottleneck (see README "Sizing workers").
     workers: int = attrs.field(default=1, validator=attrs.validators.and_(attrs.validators.ge(1), attrs.validators.le(64)))
     # Close a session idle (no command) this long; 0: never (replicators keep idle pinned
     # connections for hours, and the proxy keeps their backend connections alive).

@@ -3,7 +3,7 @@
 A plugin is a plain class. It may define any of the hook methods below, each plain or
 ``async``; hooks it does not define cost nothing, because the chain is resolved into per-hook
 lists once, at start-up (an instance attribute set to None also switches a hook off). Plugins
-run in the order of the target's ``[plugins] chain``. See the README ("Writing a plugin") and plugins/README.md.
+run in the order of the target's ``[plugins] chain``. See docs/plugins.md ("Writing a plugin") and plugins/README.md.
 
 Hooks (``session`` is a ``SessionInfo``, ``command`` a ``CommandInfo``):
 
