@@ -121,10 +121,16 @@ def _samples(metrics: str, name: str) -> list[tuple[dict[str, str], float]]:
     return out
 
 
+# TiProxy's disconnections (pkg/proxy/backend/error.go) that end a session the client did not end:
+# its backend connection broke, or no backend could be had.
+TIPROXY_LOST = ("backend network break", "backend handshake fail", "get backend fail", "proxy error")
+
+
 def tiproxy_numbers(metrics: str, log_text: str) -> dict[str, Any]:
     """TiProxy's session migrations by result (``succeed`` / ``fail``) and by reason (``status``:
     the server's health; ``conn``, ``cpu``, ``memory``, ...: rebalancing), its disconnections by
-    side, and how many lines of its log speak of a migration or a redirect."""
+    kind (``lost``: those of ``TIPROXY_LOST``, the client's session ended under it), and how many
+    lines of its log speak of a migration or a redirect (at info level only a failed redirect)."""
     by_result: dict[str, float] = {}
     by_reason: dict[str, float] = {}
     for labels, value in _samples(metrics, "tiproxy_balance_migrate_total"):
@@ -132,11 +138,12 @@ def tiproxy_numbers(metrics: str, log_text: str) -> dict[str, Any]:
         if labels.get("migrate_res") == "succeed":
             by_reason[labels.get("reason", "?")] = by_reason.get(labels.get("reason", "?"), 0) + value
     disconnections = {labels.get("type", "?"): value for labels, value in _samples(metrics, "tiproxy_server_disconnection_total")}
+    lost = sum(v for kind, v in disconnections.items() if kind in TIPROXY_LOST)
     created = sum(v for _, v in _samples(metrics, "tiproxy_server_create_connection_total"))
     lines = log_text.splitlines()
     return {
         "migrated": by_result.get("succeed", 0), "migrate_failed": by_result.get("fail", 0), "migrated_by_reason": by_reason,
-        "connections_created": created, "disconnections": disconnections,
+        "connections_created": created, "disconnections": disconnections, "lost": lost,
         "log_migration_lines": sum(1 for line in lines if re.search(r"migrat|redirect", line, re.I)),
         "log_redirect_failed": sum(1 for line in lines if "redirect connection failed" in line),
         "log_closed_with_backend": sum(1 for line in lines if "backend connection is closed, close client connection" in line),

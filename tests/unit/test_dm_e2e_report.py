@@ -108,8 +108,10 @@ tiproxy_balance_migrate_total{from="127.0.0.1:4001",migrate_res="succeed",reason
 tiproxy_balance_migrate_total{from="127.0.0.1:4001",migrate_res="fail",reason="status",to="127.0.0.1:4003"} 2
 tiproxy_balance_migrate_total{from="127.0.0.1:4002",migrate_res="succeed",reason="conn",to="127.0.0.1:4001"} 5
 tiproxy_server_create_connection_total 40
-tiproxy_server_disconnection_total{type="ok"} 3
-tiproxy_server_disconnection_total{type="backend network error"} 6
+tiproxy_server_disconnection_total{type="success"} 3
+tiproxy_server_disconnection_total{type="client network break"} 1
+tiproxy_server_disconnection_total{type="backend network break"} 6
+tiproxy_server_disconnection_total{type="get backend fail"} 2
 """
 TIPROXY_LOG = """\
 [2025/11/24 16:00:01.000 +00:00] [WARN] [backend/backend_conn_mgr.go:642] [redirect connection failed] [from=127.0.0.1:4001]
@@ -124,7 +126,8 @@ def test_tiproxy_numbers_from_its_metrics_and_log():
     t = tiproxy_numbers(TIPROXY_METRICS, TIPROXY_LOG)
     assert (t["migrated"], t["migrate_failed"]) == (19, 2)
     assert t["migrated_by_reason"] == {"status": 14, "conn": 5}  # successful ones only
-    assert t["disconnections"] == {"ok": 3, "backend network error": 6} and t["connections_created"] == 40
+    assert t["disconnections"]["backend network break"] == 6 and t["connections_created"] == 40
+    assert t["lost"] == 8  # backend network break + get backend fail, not the client's own ends
     assert (t["log_migration_lines"], t["log_redirect_failed"], t["log_closed_with_backend"]) == (1, 1, 1)
 
 
@@ -207,7 +210,7 @@ def test_cluster_table_has_a_column_per_middle_and_their_numbers():
     assert lines["TiProxy: sessions migrated (ok / failed)"] == ["-", "-", "19", "/", "2", "-"]
     assert lines["migrated for health (draining server)"] == ["-", "-", "14", "-"]
     assert lines["migrated to rebalance"] == ["-", "-", "5", "-"]
-    assert lines["TiProxy: client connections closed by it"] == ["-", "-", "9", "-"]
+    assert lines["TiProxy: sessions lost (no backend)"] == ["-", "-", "8", "-"]
     assert lines["HAProxy: servers marked down / up"] == ["-", "0", "/", "0", "-", "-"]
     assert lines["proxy: sessions moved off a draining server"] == ["-", "-", "-", "11"]
     assert lines["proxy recoveries: resumed"] == ["-", "-", "-", "2"]
