@@ -22,8 +22,6 @@ tidb-server as tests/lab/tidb.py finds it. Suites that need them skip with one l
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal as _signal
 import subprocess
 import time
@@ -31,37 +29,24 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tests.lab import binaries
 from tests.lab.certs import make_certs
 from tests.lab.mariadb import HOST, free_port
 from tests.lab.procs import kill_at_exit, read_log, terminate, wait_listening
 from tests.lab.tidb import TiDB, tidb_unavailable_reason
 
 ENV_BIN = "REPLAY_PROXY_CLUSTER_BIN"
-CACHE_BIN = Path.home() / ".cache" / "replay-proxy" / "bin"
 PROGRAMS = ("pd-server", "unistore-server")
 
 
 def cluster_program(name: str) -> str | None:
     """``name`` from $REPLAY_PROXY_CLUSTER_BIN, else the cache folder, else PATH."""
-    if os.environ.get(ENV_BIN):
-        candidate = Path(os.environ[ENV_BIN]) / name
-        return str(candidate) if candidate.is_file() and os.access(candidate, os.X_OK) else None
-    candidate = CACHE_BIN / name
-    if candidate.is_file() and os.access(candidate, os.X_OK):
-        return str(candidate)
-    return shutil.which(name)
+    return binaries.find(name, ENV_BIN, folder=True)
 
 
 def cluster_unavailable_reason() -> str | None:
     """None when PD, the store and tidb-server are at hand, else the one line a skip shows."""
-    tidb = tidb_unavailable_reason()
-    if tidb is not None:
-        return tidb
-    missing = [name for name in PROGRAMS if cluster_program(name) is None]
-    if not missing:
-        return None
-    where = f"${ENV_BIN}={os.environ[ENV_BIN]}" if os.environ.get(ENV_BIN) else f"${ENV_BIN}, {CACHE_BIN} or PATH"
-    return f"no {', '.join(missing)} in {where} (see README, 'Testing on TiDB')"
+    return tidb_unavailable_reason() or binaries.missing_reason(PROGRAMS, ENV_BIN, folder=True)
 
 
 class ClusterError(RuntimeError):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -28,29 +27,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.lab import binaries
 from tests.lab.mariadb import HOST, free_port
 from tests.lab.procs import kill_at_exit, read_log, terminate, wait_listening
 
 ENV_BIN = "REPLAY_PROXY_DM_BIN"
-CACHE_BIN = Path.home() / ".cache" / "replay-proxy" / "bin"
 PROGRAMS = ("dm-master", "dm-worker", "dm-ctl")
 
 
 def dm_program(name: str) -> str | None:
-    folders = [Path(os.environ[ENV_BIN])] if os.environ.get(ENV_BIN) else [CACHE_BIN]
-    for folder in folders:
-        candidate = folder / name
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return None if os.environ.get(ENV_BIN) else shutil.which(name)
+    return binaries.find(name, ENV_BIN, folder=True)
 
 
 def dm_unavailable_reason() -> str | None:
-    missing = [name for name in PROGRAMS if dm_program(name) is None]
-    if not missing:
-        return None
-    where = f"${ENV_BIN}={os.environ[ENV_BIN]}" if os.environ.get(ENV_BIN) else f"${ENV_BIN}, {CACHE_BIN} or PATH"
-    return f"no {', '.join(missing)} in {where} (see README, 'Testing on TiDB')"
+    return binaries.missing_reason(PROGRAMS, ENV_BIN, folder=True)
 
 
 class DMError(RuntimeError):

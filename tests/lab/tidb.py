@@ -19,7 +19,6 @@ exact data after SIGTERM only, and crash TiDB's SQL layer with the fault shim in
 from __future__ import annotations
 
 import os
-import shutil
 import signal as _signal
 import subprocess
 import time
@@ -32,6 +31,7 @@ from typing import Any
 
 import pymysql
 
+from tests.lab import binaries
 from tests.lab.mariadb import (
     _CLIENT_DEFAULTS,
     HOST,
@@ -46,7 +46,6 @@ from tests.lab.mariadb import (
 from tests.lab.procs import read_log
 
 ENV_BINARY = "REPLAY_PROXY_TIDB_SERVER"
-CACHE_BIN = Path.home() / ".cache" / "replay-proxy" / "bin"
 
 
 class TiDBError(RuntimeError):
@@ -54,21 +53,12 @@ class TiDBError(RuntimeError):
 
 
 def tidb_server_path() -> str | None:
-    env = os.environ.get(ENV_BINARY)
-    if env:
-        return env if os.path.isfile(env) and os.access(env, os.X_OK) else None
-    cached = CACHE_BIN / "tidb-server"
-    if cached.is_file() and os.access(cached, os.X_OK):
-        return str(cached)
-    return shutil.which("tidb-server")
+    return binaries.find("tidb-server", ENV_BINARY)
 
 
 def tidb_unavailable_reason() -> str | None:
     """None when a tidb-server binary is at hand, else the one line a skipped suite shows."""
-    if tidb_server_path() is not None:
-        return None
-    where = f"${ENV_BINARY}={os.environ[ENV_BINARY]}" if os.environ.get(ENV_BINARY) else f"${ENV_BINARY}, {CACHE_BIN} or PATH"
-    return f"no tidb-server in {where} (see README, 'Testing on TiDB')"
+    return binaries.missing_reason(("tidb-server",), ENV_BINARY)
 
 
 def _size(value: str) -> int:
