@@ -15,8 +15,10 @@ by asking that worker (``/session?id=``). Commit-marker slots are random per ses
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
+import os
 import re
 import signal
 import socket
@@ -48,6 +50,18 @@ def _free_loopback_ports(n: int) -> list[int]:
             s.close()
 
 
+def _die_with_supervisor() -> None:
+    """In a new worker, before it execs: SIGTERM (its drain) when the supervisor dies, even by
+    SIGKILL. A worker left behind would go on serving the shared port (SO_REUSEPORT) beside the
+    next supervisor's, under a config nobody reloads."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:  # the supervisor died before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
 class Supervisor:
     def __init__(self, config: Config, path: str, count: int) -> None:
         self.config = config
@@ -61,7 +75,7 @@ class Supervisor:
     def _spawn(self, index: int) -> None:
         args = [sys.executable, "-m", "proxy", "--config", self.path, "--worker", f"{index}/{self.count}",
                 "--worker-admin", ",".join(map(str, self.ports))]  # fmt: skip
-        self.procs[index] = subprocess.Popen(args, stdin=subprocess.DEVNULL)
+        self.procs[index] = subprocess.Popen(args, stdin=subprocess.DEVNULL, preexec_fn=_die_with_supervisor)
         log.info("worker %d/%d started (pid %d)", index, self.count, self.procs[index].pid)
 
     def signal_all(self, signum: int) -> None:

@@ -83,3 +83,35 @@ def test_workers_share_the_port_and_one_admin_endpoint(db, tmp_path):
     assert "exited with code -9; restarting it" in text
     assert "stopping 2 workers" in text and text.count("replay_proxy: received SIGTERM") == 2  # forwarded to each
     assert "Traceback" not in text
+
+
+def test_workers_do_not_outlive_a_killed_supervisor(mariadb, tmp_path):
+    """SIGKILL of the supervisor: its workers drain and exit instead of serving on (each was left
+    behind before, listening on the shared port)."""
+    port = free_port()
+    config = write_config(tmp_path / "proxy.toml", {
+        "name": "w", "listen": {"address": f"127.0.0.1:{port}", "workers": 2, "drain_timeout": "2s"},
+        "backend": {"addresses": [f"127.0.0.1:{mariadb.port}"]},
+        "users": [{"name": APP_USER, "password": APP_PASSWORD}], "admin": {"enabled": False},
+    })  # fmt: skip
+    log = open(tmp_path / "proxy.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "proxy", "--config", str(config)], cwd=REPO, stdout=log, stderr=log)
+    kill_at_exit(proc)
+    try:
+        wait_listening(proc, port, 30, "proxy", lambda: (tmp_path / "proxy.log").read_text())
+        deadline = time.monotonic() + 30
+        while (tmp_path / "proxy.log").read_text().count("target w: listening on") < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        workers = [int(p) for p in subprocess.check_output(["pgrep", "-P", str(proc.pid)]).split()]
+        assert len(workers) == 2
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 20
+        while any(os.path.exists(f"/proc/{pid}") and b"(python" in open(f"/proc/{pid}/stat", "rb").read() for pid in workers):
+            assert time.monotonic() < deadline, "a worker outlived its supervisor"
+            time.sleep(0.2)
+    finally:
+        for pid in [int(p) for p in subprocess.run(["pgrep", "-f", str(config)], capture_output=True).stdout.split()]:
+            os.kill(pid, signal.SIGKILL)
+        log.close()
+    assert (tmp_path / "proxy.log").read_text().count("received SIGTERM") == 2  # each drained
