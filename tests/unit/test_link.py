@@ -145,7 +145,21 @@ def loss(t: SessionTracker, inflight: Inflight | None = None, config=CONFIG, hoo
     old = link.lost()
     stats = types.SimpleNamespace(recovered=lambda *a: None)
     target = types.SimpleNamespace(stats=stats)
-    return reconnect.Loss(t.info.logger(logging.getLogger("test")), "127.0.0.1:1", config, link, t, target, hooks or Hooks([]), t.info, None, "test", old, inflight, False)
+    return reconnect.Loss(
+        t.info.logger(logging.getLogger("test")),
+        "127.0.0.1:1",
+        config,
+        link,
+        t,
+        target,
+        hooks or Hooks([]),
+        t.info,
+        None,
+        "test",
+        old,
+        inflight,
+        False,
+    )
 
 
 def in_flight(t: SessionTracker, sql: str, state: int = SENT) -> Inflight:
