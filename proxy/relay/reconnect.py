@@ -51,19 +51,8 @@ if TYPE_CHECKING:
     from proxy.target import Target
     from proxy.tracking import SessionTracker
 
-__all__ = [
-    "Loss",
-    "Waited",
-    "decide",
-    "reestablish",
-    "resolve_marker",
-    "run_plan",
-    "finish",
-    "failure",
-    "connection_error",
-    "lost_transaction",
-    "move",
-]
+__all__ = ["Loss", "Waited", "decide", "reestablish", "resolve_marker", "run_plan", "finish", "failure",
+           "connection_error", "lost_transaction", "move"]  # fmt: skip
 
 
 @attrs.define(eq=False)
