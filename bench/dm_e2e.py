@@ -496,13 +496,21 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
             restarter.join(120)  # a restart under way ends before its server is stopped
         if load is not None:
             load.stop()
-        for stop in (dm.stop if dm else None, middle.stop if middle else None, cluster.stop if cluster else None,
+        for stop in (dm.stop if dm else None, middle.stop if middle else None, (lambda: teardown(cluster)) if cluster else None,
                      tidb.stop if tidb else None, up.stop):  # fmt: skip
             if stop is not None:
                 try:
                     stop()
                 except Exception as exc:  # the others are stopped anyway
                     log(f"  stopping: {exc}")
+
+
+def teardown(cluster: Cluster) -> None:
+    """The run is read: the tidb-servers SIGKILLed, then the store and PD stopped (a graceful
+    shutdown after the run was seen to hang 60 s on TiDB's stats dump, a lock wait)."""
+    for server in cluster.servers:
+        server.kill()
+    cluster.stop()
 
 
 def describe_faults(args: argparse.Namespace) -> str:
@@ -799,6 +807,11 @@ def render(results: dict[str, Any]) -> str:
         values = [v for t, v in r["lag"] if v is not None and t <= r["ended"]]
         return f"{max(values):.1f}" if values else "-"
 
+    def lag_in_sync(r) -> str:  # the sync phase, while the load wrote: the full load's own lag left out
+        at = r["dm"].get("sync_started")
+        values = [v for t, v in r["lag"] if v is not None and at is not None and at <= t <= r["ended"]]
+        return f"{max(values):.1f} / {statistics.median(values):.1f}" if values else "-"
+
     def restarts_in(phase: str):
         return lambda r: str(sum(1 for x in r["restarts"] if x.get("phase", phase_at(x["stop"], r["dm"].get("sync_started"))) == phase))
 
@@ -848,6 +861,7 @@ def render(results: dict[str, Any]) -> str:
         row(f"  {kind[:46]}", lambda r, k=kind: str(r["dm"]["failed"].get(k, 0)))
     row("ERROR lines in dm-worker's log (raw)", lambda r: str(r["dm"].get("error_lines", "-")))
     row("max lag while the load ran (s, heartbeat)", lag_max)
+    row("  in the sync: max / median (s)", lag_in_sync)
     row("proxy recoveries: resumed", lambda r: _outcome(r, "resumed"))
     row("proxy: 1213 (DM retries)", lambda r: _outcome(r, "aborted_1213"))
     row("proxy: refused, 1158", lambda r: _outcome(r, "aborted_1158"))
@@ -983,7 +997,7 @@ def main(argv: list[str] | None = None) -> int:
     if unavailable(args):
         return 2
     now = _dt.datetime.now()
-    out = args.out or REPO / "bench" / "results" / f"{now:%Y%m%d-%H%M%S}-dm_e2e"
+    out = (args.out or REPO / "bench" / "results" / f"{now:%Y%m%d-%H%M%S}-dm_e2e").resolve()
     out.mkdir(parents=True, exist_ok=True)
 
     def log(msg: str) -> None:

@@ -50,7 +50,7 @@ class TiProxy(ListeningChild):
     ``log_level = "debug"``, a failed one at any level."""
 
     def __init__(self, workdir: Path, pd_address: str, graceful_wait: int = 0, log_level: str = "info") -> None:
-        self.workdir = Path(workdir)
+        self.workdir = Path(workdir).resolve()  # it runs in there: every path it is given is absolute
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.api_port = free_port()

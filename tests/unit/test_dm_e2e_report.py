@@ -215,6 +215,12 @@ def test_cluster_table_has_a_column_per_middle_and_their_numbers():
     assert lines["proxy: sessions moved off a draining server"] == ["-", "-", "-", "11"]
     assert lines["proxy recoveries: resumed"] == ["-", "-", "-", "2"]
     assert "full load: rows/s (row counts downstream)" not in lines  # only with --no-faults
+    # the lag: max while the load ran, and in the sync alone (the full load's lag, and the
+    # heartbeat's standstill after the load, left out)
+    runs[0]["lag"] = [(T0 + 5, 30.0), (T0 + 21, 9.0), (T0 + 30, 1.0), (T0 + 35, 2.0), (T0 + 60, 80.0)]
+    lines = {line[:48].strip(): line[48:].split() for line in render({"runs": runs}).splitlines()}
+    assert lines["max lag while the load ran (s, heartbeat)"][0] == "30.0"
+    assert lines["in the sync: max / median (s)"][:3] == ["9.0", "/", "2.0"]
 
 
 def test_rolling_restarts_go_round_the_servers_start_to_start():
