@@ -30,9 +30,11 @@ A load writes upstream (bench/dm_load.py) from the moment the task starts. The f
   server started again at once);
 - ``--no-faults`` (``--faults none``): no restart; instead, once DM's sync unit runs, the task
   is paused for ``--backlog`` seconds while the load goes on and resumed: how fast DM drains
-  the backlog through each middle (upstream transactions and statements per second, from the
-  load's counts) is its replication rate; the full load's rate is the downstream row count over
-  time during the Load unit (rows/s).
+  the backlog through each middle is its replication rate (upstream transactions and
+  statements applied per second: written upstream before the heartbeat DM has applied, read
+  downstream every second); the full load's rate is the downstream row count over time during
+  the Load unit (rows/s). Run it with a --duration long enough for the drain (the load stops
+  at --duration; the final catch-up then ends the drain).
 
 With ``--chaos-from start`` the faults begin at the task's start (they hit the full load, then
 the sync), with ``--chaos-from sync`` only once DM's task runs its sync unit (``dmctl
@@ -63,6 +65,7 @@ Needs the DM and tidb-server binaries (tests/lab/dm.py, tests/lab/tidb.py say wh
 from __future__ import annotations
 
 import argparse
+import bisect
 import datetime as _dt
 import json
 import re
@@ -435,7 +438,7 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
         log(f"  task started; load at {args.rate:g} txn/s for at least {args.duration:g} s; {faults}")
         backlog = None
         if args.faults == "none":
-            backlog = measure_backlog(dm, sampler, load, args, log)
+            backlog = measure_backlog(dm, sampler, load, args, started + args.duration, log)
         time.sleep(max(0.0, started + args.duration - time.time()))
         # Every target gets the same number of restarts: wait for the schedule (bounded), and
         # keep the load on for an interval after the last one.
@@ -481,7 +484,8 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
             "load": {"transactions": stats.transactions, "statements": stats.statements, "errors": len(stats.errors)},
             "preloaded": rows,
             "lag": sampler.lag,
-            "rates": replication_rates(sampler.rows, events, backlog) if args.faults == "none" else None,
+            "rates": replication_rates(sampler.rows, events, backlog, sampler.lag, sampler.progress,
+                                       None if caught_up is None else ended + caught_up) if args.faults == "none" else None,
             "rows_downstream": sampler.rows,
             "dm": events,
             "proxy": None, "tiproxy": None, "haproxy": None, **numbers,
@@ -524,13 +528,14 @@ def describe_faults(args: argparse.Namespace) -> str:
     return f"{args.restarts} tidb-server {what}{wait}, one server at a time, every {args.interval:g} s from {when}"
 
 
-def measure_backlog(dm: DMCluster, sampler: Sampler, load: dm_load.ShopLoad, args: argparse.Namespace, log) -> dict[str, Any]:
+def measure_backlog(dm: DMCluster, sampler: Sampler, load: dm_load.ShopLoad, args: argparse.Namespace, stop_by: float,
+                    log) -> dict[str, Any]:  # fmt: skip
     """Once DM's sync unit runs (and 15 s more), pause the task for ``args.backlog`` seconds
-    while the load goes on, resume it, and time the catch-up: the first lag sample after the
-    resume within 1 s of the lag before the pause (at least 2 s). DM's rate: the upstream
-    transactions (statements) written from the pause to the catch-up over the catch-up's
-    seconds (written within the last lag's seconds count as applied: an overestimate of at most
-    that lag times the load's rate)."""
+    while the load goes on, then resume it: a backlog DM drains at its own pace through the
+    middle (``replication_rates`` reads the pace off the lag). Caught up: the first lag sample
+    after the resume within 1 s of the lag before the pause (at least 2 s); DM may also never
+    get there before the load is due to stop (``stop_by``; a machine too busy for the offered
+    rate): then the run's final catch-up ends it."""
     deadline = time.time() + args.sync_timeout
     while not sampler.in_sync() and time.time() < deadline:
         time.sleep(1)
@@ -541,7 +546,7 @@ def measure_backlog(dm: DMCluster, sampler: Sampler, load: dm_load.ShopLoad, arg
     before = [v for t, v in sampler.lag[-10:] if v is not None]
     baseline = statistics.median(before) if before else 0.0
     threshold = max(2.0, baseline + 1.0)
-    paused_at, p0 = time.time(), (load.stats.transactions, load.stats.statements)
+    paused_at, txns0 = time.time(), load.stats.transactions
     answer = dm.ctl("pause-task", TASK)
     if not answer.get("result"):
         return {"error": f"pause-task: {json.dumps(answer)[:500]}"}
@@ -549,35 +554,56 @@ def measure_backlog(dm: DMCluster, sampler: Sampler, load: dm_load.ShopLoad, arg
     time.sleep(args.backlog)
     resumed_at = time.time()
     answer = dm.ctl("resume-task", TASK)
+    out: dict[str, Any] = {"paused_at": paused_at, "resumed_at": resumed_at, "lag_before": baseline, "threshold": threshold,
+                           "behind_txns": load.stats.transactions - txns0, "caught_up_at": None}  # fmt: skip
     if not answer.get("result"):
-        return {"error": f"resume-task: {json.dumps(answer)[:500]}", "paused_at": paused_at, "resumed_at": resumed_at}
-    behind = (load.stats.transactions - p0[0], load.stats.statements - p0[1])
-    caught = None
+        out["error"] = f"resume-task: {json.dumps(answer)[:500]}"
+        return out
     limit = resumed_at + args.catch_up
-    while time.time() < limit:
+    while time.time() < min(limit, stop_by):
         recent = [(t, v) for t, v in sampler.lag if t > resumed_at + 2 and v is not None]
         if recent and recent[-1][1] <= threshold:
-            caught = recent[-1][0]
+            out["caught_up_at"] = recent[-1][0]
             break
         time.sleep(1)
-    out: dict[str, Any] = {"paused_at": paused_at, "resumed_at": resumed_at, "lag_before": baseline, "threshold": threshold,
-                           "behind_txns": behind[0], "behind_statements": behind[1], "caught_up_at": caught}  # fmt: skip
-    if caught is None:
-        log(f"  the backlog was not drained within {args.catch_up:g} s")
-        return out
-    done = [(t, txns, stmts) for t, txns, stmts in sampler.progress if t <= caught]
-    txns, stmts = (done[-1][1], done[-1][2]) if done else (load.stats.transactions, load.stats.statements)
-    seconds = caught - resumed_at
-    out.update(catch_up_s=seconds, txn_per_s=(txns - p0[0]) / seconds, statements_per_s=(stmts - p0[1]) / seconds)
-    log(f"  backlog of {behind[0]} transactions drained in {seconds:.0f} s: {out['txn_per_s']:.0f} txn/s, "
-        f"{out['statements_per_s']:.0f} statements/s")  # fmt: skip
+    if out["caught_up_at"] is None:
+        log("  the backlog was not drained while the load ran: the final catch-up ends it")
+    else:
+        log(f"  backlog of {out['behind_txns']} transactions drained in {out['caught_up_at'] - resumed_at:.0f} s")
     return out
 
 
-def replication_rates(rows: list[tuple[float, int]], events: dict[str, Any], backlog: dict[str, Any] | None) -> dict[str, Any]:
+def applied(lag: list[tuple[float, float | None]], progress: list[tuple[float, int, int]]) -> list[tuple[float, float, float]]:
+    """(t, upstream transactions, statements) DM had applied downstream at t: the heartbeat read
+    at t is the upstream clock of the last applied heartbeat (t - lag); what the load had written
+    by then (``progress``, interpolated) is applied."""
+    out = []
+    times = [p[0] for p in progress]
+    for t, v in lag:
+        if v is None or not progress:
+            continue
+        at = t - v
+        i = bisect.bisect_right(times, at)
+        if i == 0:
+            txns, stmts = 0.0, 0.0
+        elif i == len(times):
+            txns, stmts = float(progress[-1][1]), float(progress[-1][2])
+        else:
+            (t0, a0, b0), (t1, a1, b1) = progress[i - 1], progress[i]
+            f = (at - t0) / (t1 - t0) if t1 > t0 else 0.0
+            txns, stmts = a0 + f * (a1 - a0), b0 + f * (b1 - b0)
+        out.append((t, txns, stmts))
+    return out
+
+
+def replication_rates(rows: list[tuple[float, int]], events: dict[str, Any], backlog: dict[str, Any] | None,
+                      lag: list = (), progress: list = (), drained_at: float | None = None) -> dict[str, Any]:  # fmt: skip
     """The full load's rate from the downstream row counts (first count above 0 to the last one
     before the sync started: rows/s) and its length from dm-worker's log (the switch from the
-    Dump unit to the switch from the Load unit), and the backlog's catch-up."""
+    Dump unit to the switch from the Load unit); the sync's rate while DM drained the backlog:
+    upstream transactions and statements applied (``applied``) from 5 s after the resume (the
+    syncer restarted) to the catch-up (the backlog's, or else ``drained_at``, the run's), per
+    second."""
     sync_at = events.get("sync_started")
     loading = [(t, n) for t, n in rows if n > 0 and (sync_at is None or t <= sync_at)]
     out: dict[str, Any] = {"load_rows_per_s": None, "load_rows": None, "load_s": events.get("load_unit_s")}
@@ -585,6 +611,14 @@ def replication_rates(rows: list[tuple[float, int]], events: dict[str, Any], bac
         out["load_rows"] = loading[-1][1] - loading[0][1]
         out["load_rows_per_s"] = out["load_rows"] / (loading[-1][0] - loading[0][0])
     out["backlog"] = backlog
+    if backlog and backlog.get("resumed_at"):
+        end = backlog.get("caught_up_at") or drained_at
+        series = [x for x in applied(list(lag), list(progress)) if backlog["resumed_at"] + 5 <= x[0] <= (end or 0)]
+        if end is not None:
+            out["catch_up_s"] = end - backlog["resumed_at"]
+        if len(series) >= 2 and series[-1][0] > series[0][0]:
+            (a, txns_a, stmts_a), (b, txns_b, stmts_b) = series[0], series[-1]
+            out.update(sync_window_s=b - a, txn_per_s=(txns_b - txns_a) / (b - a), statements_per_s=(stmts_b - stmts_a) / (b - a))
     return out
 
 
@@ -880,9 +914,9 @@ def render(results: dict[str, Any]) -> str:
         row("full load: rows/s (row counts downstream)", _rate(lambda x: x.get("load_rows_per_s"), "{:.0f}"))
         row("full load: Load unit (s, dm-worker log)", _rate(lambda x: x.get("load_s"), "{:.0f}"))
         row("backlog: transactions behind after pause", _rate(lambda x: (x.get("backlog") or {}).get("behind_txns"), "{}"))
-        row("backlog: drained in (s)", _rate(lambda x: (x.get("backlog") or {}).get("catch_up_s"), "{:.0f}"))
-        row("sync rate draining it: txn/s", _rate(lambda x: (x.get("backlog") or {}).get("txn_per_s"), "{:.0f}"))
-        row("sync rate draining it: statements/s", _rate(lambda x: (x.get("backlog") or {}).get("statements_per_s"), "{:.0f}"))
+        row("backlog: drained in (s)", _rate(lambda x: x.get("catch_up_s"), "{:.0f}"))
+        row("sync rate draining it: txn/s", _rate(lambda x: x.get("txn_per_s"), "{:.0f}"))
+        row("sync rate draining it: statements/s", _rate(lambda x: x.get("statements_per_s"), "{:.0f}"))
     row("caught up after the load (s)", lambda r: "no" if r["caught_up_after"] is None else f"{r['caught_up_after']:.0f}")
     row("tables identical (count + checksum)", lambda r: "yes" if r["identical"] else "NO")
     row("rows compared (this run, upstream)", lambda r: str(sum(v["upstream"][0] for v in r["tables"].values())))
@@ -898,8 +932,9 @@ def render(results: dict[str, Any]) -> str:
     ]
     if has("rates"):
         lines += [
-            "  --no-faults: the task paused while the load ran on, then resumed; the sync rate is the upstream work written",
-            "  from the pause to the catch-up (lag back within 1 s of its level before) over the catch-up's seconds.",
+            "  --no-faults: the task paused while the load ran on, then resumed; the sync rate: upstream transactions",
+            "  (statements) applied per second from 5 s after the resume to the catch-up, 'applied' meaning written",
+            "  upstream before the heartbeat DM had applied (the lag read downstream). Full load: downstream row counts.",
         ]
     return "\n".join(lines)
 

@@ -165,13 +165,27 @@ def test_the_bench_own_pause_is_not_dms_and_the_load_unit_is_timed():
 
 
 def test_replication_rates_from_row_counts_and_the_backlog():
-    from bench.dm_e2e import replication_rates
+    from bench.dm_e2e import applied, replication_rates
 
     rows = [(T0 + 1, 0), (T0 + 4, 3000), (T0 + 7, 9000), (T0 + 10, 15000), (T0 + 25, 15100)]
-    backlog = {"behind_txns": 800, "catch_up_s": 10.0, "txn_per_s": 95.0}
-    rates = replication_rates(rows, {"sync_started": T0 + 12, "load_unit_s": 9.5}, backlog)
+    # the load: 100 txn/s (5 statements each) from T0 on; the task paused at +40, resumed at +100
+    progress = [(T0 + t, 100 * t, 500 * t) for t in range(0, 201)]
+    # after the resume DM applies 3 upstream seconds of load per second (300 txn/s):
+    # the heartbeat it has applied is 40 + 3 * (t - 100) upstream, until it catches up at +130
+    lag = [(T0 + t, None if t == 104 else (t - (40 + 3 * (t - 100)) if t < 130 else 0.0)) for t in range(100, 141)]
+    series = applied(lag, progress)
+    assert series[0] == (T0 + 100, 4000, 20000)  # applied at the resume: what was written by +40
+    assert (T0 + 104) not in [x[0] for x in series]  # an unreadable lag sample is no point
+    backlog = {"paused_at": T0 + 40, "resumed_at": T0 + 100, "behind_txns": 6000, "caught_up_at": T0 + 130}
+    rates = replication_rates(rows, {"sync_started": T0 + 12, "load_unit_s": 9.5}, backlog, lag, progress)
     assert rates["load_rows"] == 12000 and rates["load_rows_per_s"] == 2000  # +4 .. +10; the sync's rows left out
-    assert rates["load_s"] == 9.5 and rates["backlog"] is backlog
+    assert rates["load_s"] == 9.5 and rates["backlog"] is backlog and rates["catch_up_s"] == 30
+    assert round(rates["txn_per_s"]) == 300 and round(rates["statements_per_s"]) == 1500  # +105 .. +130
+    # not drained while the load ran: the run's final catch-up ends the window
+    backlog = dict(backlog, caught_up_at=None)
+    late = replication_rates(rows, {"sync_started": T0 + 12}, backlog, lag, progress, drained_at=T0 + 120)
+    assert late["catch_up_s"] == 20 and round(late["txn_per_s"]) == 300
+    assert "txn_per_s" not in replication_rates(rows, {}, backlog, lag, progress)  # no end: no rate
     assert replication_rates([(T0, 5)], {"sync_started": None}, None)["load_rows_per_s"] is None
 
 
