@@ -996,11 +996,13 @@ def write_chart(results: dict[str, Any], path: Path) -> str | None:
         backlog = (r.get("rates") or {}).get("backlog") or {}
         if backlog.get("paused_at") and backlog.get("resumed_at"):
             ax.axvspan(backlog["paused_at"] - t0, backlog["resumed_at"] - t0, color="#999999", alpha=0.2, lw=0, label="task paused (bench)")
+        ax.axvline(r["ended"] - t0, color="#333333", lw=1, ls=":", label="load stopped (then the heartbeat stands still)")
         ax.set_ylabel("lag (s)")
+        loaded = [v for t, v in r["lag"] if v is not None and t <= r["ended"]]
         title = TITLES.get(r["target"], r["target"])
         if str(r.get("downstream", "")).startswith("cluster"):
             title += f" ({r['downstream']})"
-        ax.set_title(f"{title}: {r['dm']['pauses']} pauses, max lag {max(ys) if ys else 0:.0f} s, "
+        ax.set_title(f"{title}: {r['dm']['pauses']} pauses, max lag {max(loaded) if loaded else 0:.0f} s while the load ran, "
                      f"{len(r['restarts'])} restarts", fontsize=10)  # fmt: skip
         ax.legend(loc="upper left", fontsize=8)
     axes[-1, 0].set_xlabel("seconds since start-task (restarts numbered by server)")
