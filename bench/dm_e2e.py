@@ -69,6 +69,7 @@ import bisect
 import datetime as _dt
 import json
 import re
+import shutil
 import signal as _signal
 import statistics
 import sys
@@ -125,6 +126,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--catch-up", type=float, default=600, help="seconds DM may take to catch up at the end")
     p.add_argument("--general-log", action="store_true", help="turn on TiDB's general log (the SQL corpus)")
     p.add_argument("--out", type=Path, help="results folder (default bench/results/<timestamp>-dm_e2e)")
+    p.add_argument("--keep-data", action="store_true",
+                   help="keep the databases' data, the dump and DM's relay log in the results folder (GBs; default: logs only)")  # fmt: skip
     args = p.parse_args(argv)
     if args.no_faults:
         args.faults = "none"
@@ -507,6 +510,18 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
                     stop()
                 except Exception as exc:  # the others are stopped anyway
                     log(f"  stopping: {exc}")
+        if not args.keep_data:
+            drop_data(workdir)
+
+
+# What a run leaves that is data, not evidence (2-3 GB a run at --scale 60000): the logs stay.
+DATA_DIRS = ("upstream/data", "cluster/store/data", "cluster/pd/data", "tidb/store", "dumped", "dm/relay", "dm/master-data",
+             "tiproxy/work")  # fmt: skip
+
+
+def drop_data(workdir: Path) -> None:
+    for name in DATA_DIRS:
+        shutil.rmtree(workdir / name, ignore_errors=True)
 
 
 def teardown(cluster: Cluster) -> None:

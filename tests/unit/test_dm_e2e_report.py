@@ -316,3 +316,15 @@ def test_a_server_that_does_not_come_back_ends_the_schedule():
     r.start()
     r.join(10)
     assert len(r.restarts) == 1 and r.restarts[0]["up"] is None and "exited with status 1" in r.restarts[0]["error"]
+
+
+def test_the_results_folder_keeps_the_logs_not_the_data(tmp_path):
+    from bench.dm_e2e import DATA_DIRS, drop_data
+
+    for name in (*DATA_DIRS, "dm", "cluster/tidb0"):
+        (tmp_path / name).mkdir(parents=True, exist_ok=True)
+        (tmp_path / name / "f").write_text("x")
+    (tmp_path / "dm" / "dm-worker.log").write_text("log")
+    drop_data(tmp_path)
+    assert not any((tmp_path / name).exists() for name in DATA_DIRS)
+    assert (tmp_path / "dm" / "dm-worker.log").read_text() == "log" and (tmp_path / "cluster" / "tidb0" / "f").exists()
