@@ -17,7 +17,7 @@ Hooks (``session`` is a ``SessionInfo``, ``command`` a ``CommandInfo``):
   or ERR 1105 after a plugin failure): then ``result.answered_by`` names that plugin.
 - ``backend_lost(session, reason)``: observe; the backend connection went away.
 - ``replay_decided(session, plan)``: the proxy is about to restore the session and replay or
-  resend (``plan`` is a ``proxy.recovery.Plan``); return ``Veto(reason)`` to forbid it (the
+  resend (``plan`` is a ``proxy.recovery.plan.Plan``); return ``Veto(reason)`` to forbid it (the
   client then gets 1213 or 1158 instead).
 - ``backend_recovered(session, info)``: observe; ``info`` is a dict with ``reason`` (why it was
   lost), ``plan`` (the outcome: "resume", "fail-retryable", "fail-connection"), ``replayed``
@@ -48,7 +48,7 @@ from typing import Any
 import attrs
 import trio
 
-from proxy.info import COM_QUERY, COM_STMT_PREPARE, CommandInfo, ResultInfo, Rewrite, SessionInfo
+from proxy.session.info import COM_QUERY, COM_STMT_PREPARE, CommandInfo, ResultInfo, Rewrite, SessionInfo
 
 __all__ = [
     "HOOK_NAMES",

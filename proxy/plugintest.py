@@ -39,7 +39,7 @@ import trio.testing
 from proxy.config import Config, parse_config
 from proxy.hooks import AnswerOk, CommandInfo, Hooks, Reject, ResultInfo, Rewrite, SessionInfo, Veto
 from proxy.plugin_loader import PluginContext, instantiate, load_chain
-from proxy.recovery import Outcome, Plan
+from proxy.recovery.plan import Outcome, Plan
 from proxy.sqltext import MARIADB, Dialect, ServerReading
 
 __all__ = [

@@ -10,9 +10,9 @@ import trio
 from proxy.backend import Backend, BackendError, Login, connect_backend, open_backend_socket, read_greeting
 from proxy.config import Address, Config
 from proxy.health import AddressHealth
-from proxy.markers import MarkerTable
+from proxy.recovery.markers import MarkerTable
+from proxy.recovery.tablekeys import KeyCache
 from proxy.stats import Stats
-from proxy.tablekeys import KeyCache
 from proxy.tls import backend_tls
 
 __all__ = ["Target", "BackendProfile"]

@@ -5,23 +5,20 @@
   moving, swapping; ``replace(new)`` for the login, COM_CHANGE_USER, recovery and moves);
 - ``responses``: the backend task (stream each response, complete it, notice a closing
   server) and ``on_lost``, which runs recovery's steps and answers the client;
-- ``reconnect``: recovery's steps (decide, reestablish, resolve the marker, run the plan,
-  finish), each reading a ``Loss`` and returning what it found; moves off a draining backend;
 - ``inflight``: the command in flight and the exceptions that end a session;
 - ``answers``: what the client's next command gets first (one slot: a lost transaction's
   1213, a connection error, a split statement's warnings);
 - ``login``: greeting, authentication, backend login, COM_CHANGE_USER;
 - ``oversize``: commands over max_allowed_packet (refuse with 1153, or split);
-- ``kills``: an operator's KILL told from a server going away; the proxy's own KILLs;
-- ``proofs``: what information_schema proves: a table's keys (safe mode, LAST_INSERT_ID after
-  a reconnect), the views a statement reads (stored code hidden in them).
+
+Recovery's steps and proofs are in ``proxy.recovery``; the session model in ``proxy.session``.
 
 "Session" names four things, each of its own: ``relay.tasks.Session``, one client's relay;
-``proxy.tracking.SessionTracker``, what the server's side of it looks like (transaction,
-journal, prepared statements: the only writer of that state); ``proxy.sessionstate``, the
+``proxy.session.tracker.SessionTracker``, what the server's side of it looks like (transaction,
+journal, prepared statements: the only writer of that state); ``proxy.session.state``, the
 part a new backend connection is given again (``SessionState``, ``PreparedStatement``);
-``proxy.info.SessionInfo``, the read-only view plugins get. Below the relay:
-``proxy.markers`` (commit markers that resolve an in-doubt COMMIT), ``proxy.tablekeys``
+``proxy.session.info.SessionInfo``, the read-only view plugins get. Below the relay:
+``proxy.recovery.markers`` (commit markers that resolve an in-doubt COMMIT), ``proxy.recovery.tablekeys``
 (safe mode's table keys, cached per target), ``proxy.worker_identity`` (this worker's session
 ids, asking a peer worker).
 """

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
-from proxy.intake import Command
 from proxy.protocol.constants import Commands
 from proxy.protocol.packets import make_ok, parse_err
 from proxy.relay.inflight import SessionClosed
+from proxy.session.intake import Command
 from proxy.sqltext import Kind
 
 if TYPE_CHECKING:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import attrs
 import trio
 
-from proxy.intake import Command
-from proxy.longdata import Piece
 from proxy.protocol.response import ResponseTracker
-from proxy.sessionstate import PreparedStatement
+from proxy.session.intake import Command
+from proxy.session.longdata import Piece
+from proxy.session.state import PreparedStatement
+from proxy.session.transaction import judged
 from proxy.sqltext import Analysis, ServerReading
-from proxy.transaction import judged
 
 __all__ = ["Inflight", "NOT_SENT", "SENDING", "SENT", "SEND_FAILED", "SessionClosed", "ConnectionFailed"]
 

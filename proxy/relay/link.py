@@ -44,7 +44,7 @@ def effective_limit(configured: int, backend: Backend | None) -> int:
 
 class BackendLink:
     def __init__(self, tracking, configured_limit: int) -> None:
-        self.tracking = tracking  # proxy.tracking.SessionTracker: told of every new connection
+        self.tracking = tracking  # proxy.session.tracker.SessionTracker: told of every new connection
         self.state = LinkState.DOWN
         self.backend: Backend | None = None
         self.login: Login | None = None  # how the session logs in (set at the client's login)

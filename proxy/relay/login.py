@@ -9,7 +9,6 @@ import trio
 
 from proxy.admission import MAX_LOGIN_PACKET
 from proxy.backend import Backend, BackendError, Login, backoff_delays
-from proxy.intake import Command
 from proxy.netio import PeerClosed
 from proxy.protocol.auth import NATIVE, ServerAuth, new_scramble
 from proxy.protocol.constants import PROXY_CAPABILITIES, Capabilities, Err
@@ -23,10 +22,11 @@ from proxy.protocol.packets import (
     parse_handshake_response,
 )
 from proxy.relay.inflight import SessionClosed
+from proxy.session.intake import Command
+from proxy.session.tracker import AUTOCOMMIT
 from proxy.sessionlog import outcome
 from proxy.target import BackendProfile
 from proxy.tls import backend_tls, describe, server_context, start_tls
-from proxy.tracking import AUTOCOMMIT
 
 if TYPE_CHECKING:
     from proxy.relay.tasks import Session

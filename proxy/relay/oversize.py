@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 
 from proxy.backend import Backend
 from proxy.hooks import CommandInfo
-from proxy.intake import Command
 from proxy.protocol.constants import Commands, Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import make_err, make_ok
 from proxy.protocol.resultset import build_text_result, read_text_result
+from proxy.session.intake import Command
+from proxy.session.state import PreparedStatement
 from proxy.sessionlog import outcome
-from proxy.sessionstate import PreparedStatement
 from proxy.sqltext.split import CannotSplit, count_rows, split_values_statement
 
 if TYPE_CHECKING:

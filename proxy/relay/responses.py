@@ -22,11 +22,11 @@ from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ERR_HEADER, ErrPacket, ProtocolError, make_err, parse_err
 from proxy.protocol.response import Expect, ResponseTracker
 from proxy.protocol.resultset import Column
-from proxy.recovery import Outcome
-from proxy.relay import reconnect
+from proxy.recovery import steps as reconnect
+from proxy.recovery.kills import killed, killed_by_operator
+from proxy.recovery.plan import Outcome
 from proxy.relay.answers import Failed, LostTransaction
 from proxy.relay.inflight import NOT_SENT, SENDING, ConnectionFailed, Inflight, SessionClosed
-from proxy.relay.kills import killed, killed_by_operator
 from proxy.relay.link import LinkState
 from proxy.sqltext import Kind
 from proxy.sqltext.tokens import quote_ident

@@ -9,7 +9,7 @@ complete. The client task does not wait for a response after sending; it only wa
 client sends the next command before the previous response completed (pipelining).
 
 Login is in ``login``, oversized commands in ``oversize``, recovery in ``reconnect``, commit
-markers in ``markers``; what the session's state is lives in ``proxy.tracking``.
+markers in ``markers``; what the session's state is lives in ``proxy.session.tracker``.
 """
 
 from __future__ import annotations
@@ -20,24 +20,25 @@ import re
 import trio
 
 from proxy.backend import Backend
-from proxy.facts import needs_last_results
 from proxy.hooks import AnswerOk, CommandInfo, PluginError, Reject, Rewrite, SessionInfo
-from proxy.intake import Command, Oversized, read_command
-from proxy.longdata import LongDataSpool
-from proxy.markers import CommitMarkers
 from proxy.netio import Channel, PeerClosed
 from proxy.protocol.constants import MAX_FRAME, Commands, Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import make_err, make_ok
 from proxy.protocol.response import ResponseTracker, expect_for
-from proxy.relay import login, oversize, reconnect, responses
+from proxy.recovery import steps as reconnect
+from proxy.recovery.facts import needs_last_results
+from proxy.recovery.markers import CommitMarkers
+from proxy.relay import login, oversize, responses
 from proxy.relay.answers import FirstAnswer
 from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, SENT, Inflight, SessionClosed
 from proxy.relay.link import BackendLink, LinkState
+from proxy.session.intake import Command, Oversized, read_command
+from proxy.session.longdata import LongDataSpool
+from proxy.session.tracker import SessionTracker
 from proxy.sessionlog import outcome
 from proxy.sqltext import Analysis, Kind
 from proxy.target import Target
-from proxy.tracking import SessionTracker
 from proxy.worker_identity import backend_connection_of
 
 __all__ = ["Session", "SessionClosed"]

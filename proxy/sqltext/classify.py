@@ -20,8 +20,8 @@ import re
 
 import attrs
 
-from proxy.sqltext import ddl
-from proxy.sqltext import tokens as tk
+import proxy.sqltext.ddl as ddl
+import proxy.sqltext.tokens as tk
 from proxy.sqltext.dialect import UNKNOWN, Dialect
 from proxy.sqltext.expressions import GET_LOCK_REASON, calls, effects
 from proxy.sqltext.lexer import NAME_KINDS, WS, SqlParseError, Token, TokenKind, split_statements

@@ -20,7 +20,7 @@ that the server stores without running begins.
 
 from __future__ import annotations
 
-from proxy.sqltext import tokens as tk
+import proxy.sqltext.tokens as tk
 from proxy.sqltext.lexer import NAME_KINDS, Token
 
 __all__ = ["structural_names", "unrun_body", "object_word"]

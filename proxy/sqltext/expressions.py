@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import attrs
 
-from proxy.sqltext import tokens as tk
+import proxy.sqltext.tokens as tk
 from proxy.sqltext.dialect import Dialect
 from proxy.sqltext.functions import BUILTIN_EFFECTS, PAREN_KEYWORDS, PURE_FUNCTIONS
 from proxy.sqltext.lexer import NAME_KINDS, SqlParseError, Token, TokenKind, iter_tokens

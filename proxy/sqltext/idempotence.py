@@ -37,7 +37,7 @@ import re
 
 import attrs
 
-from proxy.sqltext import tokens as tk
+import proxy.sqltext.tokens as tk
 from proxy.sqltext.classify import classify
 from proxy.sqltext.dialect import UNKNOWN, Dialect
 from proxy.sqltext.inserts import InsertHead, insert_head, insert_target, table_name, table_ref_end

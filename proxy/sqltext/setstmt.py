@@ -8,7 +8,7 @@ import re
 
 import attrs
 
-from proxy.sqltext import tokens as tk
+import proxy.sqltext.tokens as tk
 from proxy.sqltext.dialect import UNKNOWN, Dialect
 from proxy.sqltext.lexer import IDC, NAME_KINDS, SqlParseError, Token, TokenKind
 

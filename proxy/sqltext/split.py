@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from proxy.sqltext import tokens as tk
+import proxy.sqltext.tokens as tk
 from proxy.sqltext.inserts import insert_head
 from proxy.sqltext.lexer import (
     BACKTICK_IDENT,

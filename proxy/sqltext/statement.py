@@ -7,7 +7,7 @@ import enum
 
 import attrs
 
-from proxy.sqltext import tokens as tk
+import proxy.sqltext.tokens as tk
 from proxy.sqltext.dialect import UNKNOWN, Dialect
 from proxy.sqltext.lexer import SqlParseError
 

@@ -4,7 +4,7 @@ options, savepoints, XA."""
 
 from __future__ import annotations
 
-from proxy.sqltext import tokens as tk
+import proxy.sqltext.tokens as tk
 from proxy.sqltext.lexer import NAME_KINDS, Token
 from proxy.sqltext.statement import OTHER_COMMIT, PLAIN, Kind, Statement
 

@@ -11,7 +11,7 @@ afterwards.
 - crashes: one tidb-server SIGKILLed at a time; its sessions fail over to the others by the
   recovery rules. The store lives in its own process and syncs its writes, so exact data after
   a crash is provable here: an in-doubt COMMIT is resolved by its commit marker on another
-  server (the marker row fenced: proxy/markers.py) or replayed in safe mode;
+  server (the marker row fenced: proxy/recovery/markers.py) or replayed in safe mode;
 - the store itself restarted (the whole database away for a moment: every tidb-server stays up
   and answers errors meanwhile).
 

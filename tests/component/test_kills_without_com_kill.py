@@ -1,7 +1,7 @@
 """KILLs on a server that does not count them (TiDB: no Com_kill in SHOW GLOBAL STATUS, and a
 killed connection gets a FIN without an error packet; measured on v8.5.3).
 
-The proxy tells an operator's KILL from a server going away by Com_kill (proxy/relay/kills.py).
+The proxy tells an operator's KILL from a server going away by Com_kill (proxy/recovery/kills.py).
 Without it, the KILLs the proxy itself relays are what it can go by: a session's own KILL in
 flight, and one session's KILL of another proxy session (by the greeting's id). Before, on
 TiDB, ``BEGIN; INSERT; KILL CONNECTION_ID()`` replayed the transaction and sent the KILL again,

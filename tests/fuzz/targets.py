@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterator
 import attrs
 import trio
 
-from proxy import intake
 from proxy.backend import Backend, BackendError, Login, connect_backend
 from proxy.config import Address
 from proxy.netio import PeerClosed
@@ -63,6 +62,7 @@ from proxy.protocol.packets import (
 )
 from proxy.protocol.response import Expect, ResponseTracker
 from proxy.relay import responses
+from proxy.session import intake
 from proxy.sqltext import (
     MARIADB,
     TRIVIA,

@@ -92,7 +92,7 @@ def connect_as_dm(server, **kwargs) -> pymysql.connections.Connection:
 
 
 def prepare_markers_as_dm(server) -> None:
-    """What the proxy runs at the first login with commit markers (proxy.markers), then an
+    """What the proxy runs at the first login with commit markers (proxy.recovery.markers), then an
     upsert, a look-up and the clean-up, as the user dm."""
     conn = connect_as_dm(server)
     try:

@@ -7,7 +7,7 @@ The session starts on A through the shim. Its COMMIT's fate is made uncertain wh
 still be alive, then the shim "crashes" (every connection cut, connects refused), so the proxy
 fails over to B. On a single server the proxy proves the old connection dead before it reads
 the commit marker; across servers nothing can prove that, and the marker row is fenced instead
-(proxy/markers.py): locked, read, and written in a transaction of B's, so that A's COMMIT, if
+(proxy/recovery/markers.py): locked, read, and written in a transaction of B's, so that A's COMMIT, if
 it has not written the row yet, can never commit after. Each case fails on the code before the
 fence (1158: "its commit marker could not be checked"), and the frozen-server case would write
 the row twice with a plain read of the marker.

@@ -1,5 +1,5 @@
 """The backend link as a state machine (proxy.relay.link) and recovery's decide step
-(proxy.relay.reconnect.decide), without sockets: fake connections, a real tracker."""
+(proxy.recovery.steps.decide), without sockets: fake connections, a real tracker."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ import trio
 
 from proxy.config import parse_config
 from proxy.hooks import Hooks, Veto
-from proxy.info import SessionInfo
-from proxy.intake import Command
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.response import ResponseTracker, expect_for
-from proxy.recovery import Outcome, Sent
-from proxy.relay import reconnect
+from proxy.recovery import steps as reconnect
+from proxy.recovery.plan import Outcome, Sent
 from proxy.relay.inflight import NOT_SENT, SENT, Inflight
 from proxy.relay.link import BackendLink, LinkState
-from proxy.tracking import AUTOCOMMIT, SessionTracker
+from proxy.session.info import SessionInfo
+from proxy.session.intake import Command
+from proxy.session.tracker import AUTOCOMMIT, SessionTracker
 
 MARIADB_VERSION = "5.5.5-10.11.19-MariaDB"
 

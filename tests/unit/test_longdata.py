@@ -1,9 +1,9 @@
-"""proxy.longdata: a session's long data kept to be sent again, bounded in memory."""
+"""proxy.session.longdata: a session's long data kept to be sent again, bounded in memory."""
 
 from __future__ import annotations
 
-from proxy.longdata import LongDataSpool
 from proxy.protocol.framing import encode_packet
+from proxy.session.longdata import LongDataSpool
 
 
 def frames_of(stmt_id: int, data: bytes) -> bytes:
@@ -43,8 +43,8 @@ async def test_a_large_send_long_data_is_spooled_from_its_first_bytes():
     of the same size stays in memory (below spool_threshold)."""
     import trio
 
-    from proxy.intake import HEAD_SIZE, read_command
     from proxy.netio import StreamChannel
+    from proxy.session.intake import HEAD_SIZE, read_command
 
     client, server = trio.testing.memory_stream_pair()
     channel = StreamChannel(server, "client")

@@ -1,10 +1,10 @@
-"""proxy.recovery.plan_recovery as a table: what was happening -> what the proxy does."""
+"""proxy.recovery.plan.plan_recovery as a table: what was happening -> what the proxy does."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.recovery import Outcome, Sent, StatementFacts, plan_recovery
+from proxy.recovery.plan import Outcome, Sent, StatementFacts, plan_recovery
 
 R, RESOLVE, RETRY, FAIL = Outcome.RESUME, Outcome.RESOLVE, Outcome.FAIL_RETRYABLE, Outcome.FAIL_CONNECTION
 MAYBE, NOT, PARTIAL = Sent.MAYBE_EXECUTED, Sent.NOT_EXECUTED, Sent.PARTIAL_RESPONSE

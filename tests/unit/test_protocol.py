@@ -40,12 +40,12 @@ C = Capabilities
 SANS_IO = [
     "proxy.protocol",
     "proxy.sqltext",
-    "proxy.tracking",
-    "proxy.facts",
-    "proxy.recovery",
-    "proxy.sessionstate",
-    "proxy.transaction",
-    "proxy.info",
+    "proxy.session.tracker",
+    "proxy.recovery.facts",
+    "proxy.recovery.plan",
+    "proxy.session.state",
+    "proxy.session.transaction",
+    "proxy.session.info",
 ]
 
 

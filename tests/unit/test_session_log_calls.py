@@ -9,7 +9,7 @@ import ast
 import logging
 from pathlib import Path
 
-from proxy.info import SessionInfo
+from proxy.session.info import SessionInfo
 from proxy.sessionlog import SessionLog, outcome
 
 REPO = Path(__file__).resolve().parents[2]

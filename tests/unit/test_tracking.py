@@ -1,4 +1,4 @@
-"""proxy.tracking.SessionTracker, sans-IO: commands completed with real response bytes, and
+"""proxy.session.tracker.SessionTracker, sans-IO: commands completed with real response bytes, and
 what the tracker then believes about the transaction, the session and recovery's questions."""
 
 from __future__ import annotations
@@ -6,16 +6,16 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from proxy.facts import statement_facts
-from proxy.info import SessionInfo
-from proxy.intake import Command
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import make_err, make_ok
 from proxy.protocol.response import ResponseTracker, expect_for
 from proxy.protocol.resultset import Column
-from proxy.sessionstate import user_variable_literal
+from proxy.recovery.facts import statement_facts
+from proxy.session.info import SessionInfo
+from proxy.session.intake import Command
+from proxy.session.state import user_variable_literal
+from proxy.session.tracker import AUTOCOMMIT, IN_TRANS, SessionTracker
 from proxy.sqltext import ServerReading
-from proxy.tracking import AUTOCOMMIT, IN_TRANS, SessionTracker
 
 MARIADB_VERSION = "10.11.19-MariaDB-0+deb12u1"
 OK = "ok"
@@ -233,7 +233,7 @@ def test_without_multi_statements_two_statements_are_unknown():
 def test_insert_ids_kept_are_bounded_in_count_and_text():
     """The INSERTs remembered for LAST_INSERT_ID() stay within 64 and 256 KiB of text (the
     running total matches what is kept); dropping one makes the value unknown."""
-    from proxy.sessionstate import SessionState
+    from proxy.session.state import SessionState
 
     state = SessionState("app", "test", 45)
     for i in range(1, 11):
@@ -326,8 +326,8 @@ def test_a_journal_entry_is_judged_as_the_server_read_it_when_it_ran():
 def test_prepared_statements_change_only_through_the_tracker():
     """Long data kept for replay within the limit (per statement and per session), parameter
     types bound again after a re-prepare, ids renumbered, and a failed move's ids put back."""
-    from proxy.longdata import LongDataSpool
-    from proxy.sessionstate import PreparedStatement
+    from proxy.session.longdata import LongDataSpool
+    from proxy.session.state import PreparedStatement
 
     t = SessionTracker(SessionInfo(1, "test", "app", "127.0.0.1:1"), 1 << 20, 1000, long_data=LongDataSpool(1000, 1300))
     t.logged_in("app", "test", 45, AUTOCOMMIT)

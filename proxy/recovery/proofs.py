@@ -7,7 +7,7 @@ not show (``code_in_views``). LAST_INSERT_ID(): after a reconnect, whether the l
 generated their ids (``last_insert_id``).
 
 The keys, triggers and foreign keys of a table are read from information_schema on the new
-backend connection and cached per target for a minute (``proxy.tablekeys``); a DDL seen
+backend connection and cached per target for a minute (``proxy.recovery.tablekeys``); a DDL seen
 through the proxy drops the cache. A statement the text alone cannot claim, a table the proxy cannot read, a USE inside
 the transaction (which database did the statement mean?) -- all make the proof fail, and the
 replay does not happen.
@@ -18,20 +18,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from proxy.backend import Backend, BackendError
-from proxy.facts import text_of
-from proxy.sessionstate import PreparedStatement, SessionState
+from proxy.recovery.facts import text_of
+from proxy.recovery.tablekeys import KeyCache, lower_text
+from proxy.session.state import PreparedStatement, SessionState
 from proxy.sqltext import Dialect, ServerReading, SqlParseError, Token, TokenKind, analyze, iter_tokens, quote_string
 from proxy.sqltext.idempotence import Claim, changes_no_rows, claim, proves
 from proxy.sqltext.inserts import InsertHead, insert_head, insert_rows, insert_target
 from proxy.sqltext.tokens import name
-from proxy.tablekeys import KeyCache, lower_text
 
 if TYPE_CHECKING:
     from proxy.hooks import Hooks
-    from proxy.info import SessionInfo
     from proxy.relay.inflight import Inflight
-    from proxy.tracking import SessionTracker
-    from proxy.transaction import JournalEntry
+    from proxy.session.info import SessionInfo
+    from proxy.session.tracker import SessionTracker
+    from proxy.session.transaction import JournalEntry
 
 __all__ = ["unproven", "code_in_views", "last_insert_id"]
 

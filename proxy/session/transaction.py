@@ -17,10 +17,10 @@ from collections.abc import Callable
 
 import attrs
 
-from proxy.longdata import Piece
 from proxy.protocol.constants import Commands
 from proxy.protocol.response import Expect
-from proxy.sessionstate import PreparedStatement, SessionState
+from proxy.session.longdata import Piece
+from proxy.session.state import PreparedStatement, SessionState
 from proxy.sqltext import Analysis, ServerReading
 
 __all__ = ["JournalEntry", "judged", "Transaction", "CONNECTION_FATAL", "ROLLS_BACK", "STATEMENT_ERRORS", "PARSE_ERRORS"]

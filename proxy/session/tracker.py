@@ -16,7 +16,7 @@ fails; an error may roll the transaction back), the tracker waits for the next s
 (``pending``) and, where even that cannot tell, keeps the transaction "in doubt" -- a loss
 then is a connection error, never a replay or a "retry".
 
-What recovery needs to know about a statement is read from it by ``proxy.facts``.
+What recovery needs to know about a statement is read from it by ``proxy.recovery.facts``.
 """
 
 from __future__ import annotations
@@ -27,19 +27,19 @@ from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
-from proxy.info import SessionInfo
-from proxy.longdata import LongDataSpool, Piece
 from proxy.protocol.constants import Commands, ServerStatus
 from proxy.protocol.framing import encode_packet, with_statement_id
 from proxy.protocol.response import ResponseTracker
 from proxy.protocol.resultset import Column
-from proxy.sessionstate import PreparedStatement, SessionState, session_variable_literal, user_variable_literal
+from proxy.session.info import SessionInfo
+from proxy.session.longdata import LongDataSpool, Piece
+from proxy.session.state import PreparedStatement, SessionState, session_variable_literal, user_variable_literal
+from proxy.session.transaction import CONNECTION_FATAL, PARSE_ERRORS, ROLLS_BACK, STATEMENT_ERRORS, JournalEntry, Transaction
 from proxy.sqltext import Analysis, Dialect, Kind, ServerReading, SqlParseError, Statement, classify, parse_set
 from proxy.sqltext.triage import FAST_VERBS, fast_verb, may_pin_session
-from proxy.transaction import CONNECTION_FATAL, PARSE_ERRORS, ROLLS_BACK, STATEMENT_ERRORS, JournalEntry, Transaction
 
 if TYPE_CHECKING:
-    from proxy.intake import Command
+    from proxy.session.intake import Command
 
 __all__ = ["SessionTracker", "IN_TRANS", "AUTOCOMMIT", "SESSION_ONLY_COMMANDS", "CONNECTION_FATAL"]
 

@@ -21,7 +21,7 @@ __all__ = ["Command", "Oversized", "read_command", "HEAD_SIZE"]
 
 HEAD_SIZE = 64 * 1024  # what classification and plugins see of a spooled command
 # A COM_STMT_SEND_LONG_DATA this large goes to a file from its first bytes: the proxy reads
-# only its first 7, and keeps it to send again (proxy.longdata); whole in memory it would be
+# only its first 7, and keeps it to send again (proxy.session.longdata); whole in memory it would be
 # held three times over (the decoder's buffer, its frames, its payload).
 LONG_DATA_SPOOL = 256 * 1024
 COM_STMT_SEND_LONG_DATA = 0x18

@@ -1,6 +1,6 @@
 """What plugins see: a session (``SessionInfo``), a command (``CommandInfo``), a result
 (``ResultInfo``), and the ``Rewrite`` verdict a command can build of itself. Sans-IO: the
-tracker (``proxy.tracking``) keeps ``SessionInfo`` up to date without importing trio.
+tracker (``proxy.session.tracker``) keeps ``SessionInfo`` up to date without importing trio.
 Re-exported by ``proxy.hooks``, where plugins import them from."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class Rewrite:
 @attrs.define(slots=True, eq=False)
 class SessionInfo:
     """What plugins may see of a session: a live view, written by the session's tracker only
-    (``proxy.tracking``). Its fields are read-only to plugins -- how the proxy reads the
+    (``proxy.session.tracker``). Its fields are read-only to plugins -- how the proxy reads the
     session's SQL cannot be changed from here -- but ``data``, theirs to keep per-session
     state in, keyed by plugin name."""
 

@@ -2,7 +2,7 @@
 the ``Loss`` and returns what it found; the relay (``responses.on_lost``) runs the steps in
 order and answers the client where one says so.
 
-1. ``decide``: what was in flight, the facts of every statement, ``proxy.recovery.plan_recovery``;
+1. ``decide``: what was in flight, the facts of every statement, ``proxy.recovery.plan.plan_recovery``;
 2. ``reestablish``: reconnect (with backoff) and restore the session; ``Waited`` when a waiting
    command's buffer window passes first;
 3. ``resolve_marker``: a COMMIT in doubt, settled by its commit marker;
@@ -25,31 +25,31 @@ import attrs
 import trio
 
 from proxy.backend import Backend, BackendError, backoff_delays
-from proxy.facts import needs_last_results, statement_facts
 from proxy.hooks import CommandInfo
 from proxy.netio import PeerClosed
 from proxy.protocol.constants import Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ProtocolError, make_err
 from proxy.protocol.response import Expect
-from proxy.recovery import Outcome, Plan, Sent, StatementFacts, plan_recovery
+from proxy.recovery.facts import needs_last_results, statement_facts
+from proxy.recovery.kills import kill_if_alive
+from proxy.recovery.plan import Outcome, Plan, Sent, StatementFacts, plan_recovery
+from proxy.recovery.proofs import code_in_views, last_insert_id, unproven
 from proxy.relay.inflight import NOT_SENT, SEND_FAILED, ConnectionFailed, Inflight
-from proxy.relay.kills import kill_if_alive
 from proxy.relay.link import BackendLink
-from proxy.relay.proofs import code_in_views, last_insert_id, unproven
+from proxy.session.state import PreparedStatement, SessionState
+from proxy.session.transaction import JournalEntry
 from proxy.sessionlog import SessionLog, outcome
-from proxy.sessionstate import PreparedStatement, SessionState
 from proxy.sqltext import Kind
-from proxy.transaction import JournalEntry
 
 if TYPE_CHECKING:
     from proxy.config import Config
     from proxy.hooks import Hooks
-    from proxy.info import SessionInfo
-    from proxy.markers import CommitMarkers
+    from proxy.recovery.markers import CommitMarkers
+    from proxy.session.info import SessionInfo
+    from proxy.session.tracker import SessionTracker
     from proxy.stats import Stats
     from proxy.target import Target
-    from proxy.tracking import SessionTracker
 
 __all__ = ["Loss", "Waited", "decide", "reestablish", "resolve_marker", "run_plan", "finish", "failure",
            "connection_error", "lost_transaction", "move"]  # fmt: skip

@@ -1,15 +1,15 @@
 """What recovery needs to know about one command of a session (``StatementFacts`` for
-``proxy.recovery.plan_recovery``), from the judgement of its text made when it ran."""
+``proxy.recovery.plan.plan_recovery``), from the judgement of its text made when it ran."""
 
 from __future__ import annotations
 
 from proxy.protocol.constants import Commands
-from proxy.recovery import StatementFacts
-from proxy.sessionstate import PreparedStatement
+from proxy.recovery.plan import StatementFacts
+from proxy.session.state import PreparedStatement
+from proxy.session.tracker import SESSION_ONLY_COMMANDS, SessionTracker
 from proxy.sqltext import Analysis, Kind
 from proxy.sqltext.expressions import reads_last_results
 from proxy.sqltext.idempotence import changes_no_rows, claim
-from proxy.tracking import SESSION_ONLY_COMMANDS, SessionTracker
 
 __all__ = ["text_of", "statement_facts", "needs_last_results"]
 
