@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import signal as _signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -31,8 +30,7 @@ from pathlib import Path
 
 from tests.lab import binaries
 from tests.lab.certs import make_certs
-from tests.lab.mariadb import HOST, free_port
-from tests.lab.procs import kill_at_exit, read_log, terminate, wait_listening
+from tests.lab.server import HOST, ServerProcess, free_port
 from tests.lab.tidb import TiDB, tidb_unavailable_reason
 
 ENV_BIN = "REPLAY_PROXY_CLUSTER_BIN"
@@ -53,89 +51,51 @@ class ClusterError(RuntimeError):
     pass
 
 
-class _Child:
-    """One of the cluster's own processes (PD, the store): started, waited for, signalled."""
+class _ClusterProcess(ServerProcess):
+    """One of the cluster's own processes (PD, the store): ready once it listens and
+    ``ready()`` says so."""
 
-    what = "child"
+    error = ClusterError
+    start_timeout = 120
+    probe_interval = 0.2
 
     def __init__(self, basedir: Path) -> None:
-        self.basedir = basedir
-        self.basedir.mkdir(parents=True, exist_ok=True)
-        self.log_path = basedir / f"{self.what}.log"
-        self.out_path = basedir / f"{self.what}.out"
-        self.proc: subprocess.Popen | None = None
-
-    def command(self) -> list[str]:
-        raise NotImplementedError
+        super().__init__(basedir)
+        self.log_path = self.basedir / f"{self.what}.log"
+        self.stdout_path = self.basedir / f"{self.what}.out"
 
     def ready(self) -> bool:
         raise NotImplementedError
 
-    def start(self, timeout: float = 60) -> None:
-        if self.is_running():
-            raise ClusterError(f"{self.what} is already running")
-        with open(self.out_path, "ab") as out:
-            self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                         cwd=self.basedir, start_new_session=True)  # fmt: skip
-        kill_at_exit(self.proc)
-        wait_listening(self.proc, self.port, timeout, self.what, self.log_tail)
-        deadline = time.monotonic() + timeout
-        while not self.ready():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop(_signal.SIGKILL)
-                raise ClusterError(f"{self.what} not ready within {timeout} s:\n{self.log_tail()}")
-            time.sleep(0.2)
-
-    def is_running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, sig: int = _signal.SIGTERM, timeout: float = 30) -> None:
-        if self.proc is None:
-            return
-        if sig == _signal.SIGKILL:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait(10)
-            terminate(self.proc, 1)
-        elif not terminate(self.proc, timeout):
-            raise ClusterError(f"{self.what} ignored SIGTERM for {timeout} s: killed")
-        self.proc = None
-
-    def log_tail(self, lines: int = 40) -> str:
-        text = read_log(self.log_path) + read_log(self.out_path)
-        return "\n".join(line[:400] for line in text.splitlines()[-lines:])
-
-    @property
-    def port(self) -> int:
-        raise NotImplementedError
+    def probe(self) -> None:
+        super().probe()
+        if not self.ready():
+            raise ConnectionError(f"{self.what} listens but is not ready")
 
 
-class PD(_Child):
+class PD(_ClusterProcess):
     what = "pd"
 
     def __init__(self, basedir: Path) -> None:
         super().__init__(basedir)
-        self.client_port = free_port()
         self.peer_port = free_port()
 
     @property
-    def port(self) -> int:
-        return self.client_port
-
-    @property
     def address(self) -> str:
-        return f"{HOST}:{self.client_port}"
+        return f"{HOST}:{self.port}"
+
+    def prepare(self) -> None:
+        # one store: no region waits for replicas
+        (self.basedir / "pd.toml").write_text("[replication]\nmax-replicas = 1\n")
 
     def command(self) -> list[str]:
         program = cluster_program("pd-server")
         if program is None:
             raise ClusterError(cluster_unavailable_reason() or "no pd-server")
-        config = self.basedir / "pd.toml"
-        config.write_text("[replication]\nmax-replicas = 1\n")  # one store: no region waits for replicas
         return [
             program, "--name", "pd1", "--data-dir", str(self.basedir / "data"), "--log-file", str(self.log_path),
             "--client-urls", f"http://{self.address}", "--peer-urls", f"http://{HOST}:{self.peer_port}",
-            "--config", str(config),
+            "--config", str(self.basedir / "pd.toml"),
         ]  # fmt: skip
 
     def api(self, path: str, timeout: float = 3) -> object:
@@ -157,7 +117,7 @@ class PD(_Child):
         return sum(1 for s in stores if (s.get("store") or {}).get("state_name") == "Up")
 
 
-class Store(_Child):
+class Store(_ClusterProcess):
     """The store: unistore over TiKV's gRPC API, in its own process, registered with PD."""
 
     what = "store"
@@ -165,17 +125,12 @@ class Store(_Child):
     def __init__(self, basedir: Path, pd: PD) -> None:
         super().__init__(basedir)
         self.pd = pd
-        self.grpc_port = free_port()
-
-    @property
-    def port(self) -> int:
-        return self.grpc_port
 
     def command(self) -> list[str]:
         program = cluster_program("unistore-server")
         if program is None:
             raise ClusterError(cluster_unavailable_reason() or "no unistore-server")
-        return [program, "--pd", self.pd.address, "--addr", f"{HOST}:{self.grpc_port}", "--data-dir", str(self.basedir / "data"),
+        return [program, "--pd", self.pd.address, "--addr", f"{HOST}:{self.port}", "--data-dir", str(self.basedir / "data"),
                 "--log-file", str(self.log_path)]  # fmt: skip
 
     def ready(self) -> bool:

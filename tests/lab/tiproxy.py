@@ -3,45 +3,33 @@
 It finds the tidb-servers through PD, moves sessions off a server whose ``/status`` answers
 500 (every server has the same session-token signing cert and key: the lab's ``Cluster``
 sets them), and loses them on a crash. The binary is taken from ``$REPLAY_PROXY_TIPROXY``,
-then ``~/.cache/replay-proxy/bin/tiproxy``, then PATH; nothing of it is built here.
+then ``~/.cache/replay-proxy/bin/tiproxy``, then PATH (tests/lab/binaries.py); nothing of it
+is built here. Its lifecycle is the lab's one (tests/lab/server.py).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
 import pymysql
 
-from tests.lab.mariadb import HOST, free_port
-from tests.lab.procs import ListeningChild, read_log
+from tests.lab import binaries
+from tests.lab.procs import read_log
+from tests.lab.server import HOST, ServerProcess, free_port
 
 ENV_BINARY = "REPLAY_PROXY_TIPROXY"
-CACHE_BIN = Path.home() / ".cache" / "replay-proxy" / "bin"
 
 
 def tiproxy_path() -> str | None:
-    env = os.environ.get(ENV_BINARY)
-    if env:
-        return env if os.path.isfile(env) and os.access(env, os.X_OK) else None
-    cached = CACHE_BIN / "tiproxy"
-    if cached.is_file() and os.access(cached, os.X_OK):
-        return str(cached)
-    return shutil.which("tiproxy")
+    return binaries.find("tiproxy", ENV_BINARY)
 
 
 def tiproxy_unavailable_reason() -> str | None:
-    if tiproxy_path() is not None:
-        return None
-    where = f"${ENV_BINARY}={os.environ[ENV_BINARY]}" if os.environ.get(ENV_BINARY) else f"${ENV_BINARY}, {CACHE_BIN} or PATH"
-    return f"no tiproxy in {where} (see README, 'Testing on TiDB')"
+    return binaries.missing_reason(("tiproxy",), ENV_BINARY)
 
 
-class TiProxy(ListeningChild):
+class TiProxy(ServerProcess):
     """TiProxy v1.3's config (lib/config/proxy.go): ``[proxy] addr``, ``pd-addrs`` (it watches
     PD's topology for tidb-servers and health-checks each one's status port every 3 s),
     ``graceful-wait-before-shutdown`` (its own, on its SIGTERM), ``[api] addr`` (HTTP: /metrics,
@@ -49,45 +37,49 @@ class TiProxy(ListeningChild):
     (``tiproxy_balance_migrate_total``); its log says ``redirect connection succeeds`` only at
     ``log_level = "debug"``, a failed one at any level."""
 
+    what = "tiproxy"
+    start_timeout = 60
+    stop_timeout = 20  # after its graceful wait it gives open sessions up to 15 s (graceful-close-conn-timeout)
+    probe_interval = 0.3
+    not_serving = (OSError, pymysql.err.Error)
+
     def __init__(self, workdir: Path, pd_address: str, graceful_wait: int = 0, log_level: str = "info") -> None:
-        self.workdir = Path(workdir).resolve()  # it runs in there: every path it is given is absolute
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        super().__init__(workdir)  # it runs in there: every path it is given is absolute
+        self.graceful_wait = graceful_wait
         self.api_port = free_port()
-        self.log_path = self.workdir / "tiproxy.out"
-        self.file_log_path = self.workdir / "tiproxy.log"
-        self.config_path = self.workdir / "tiproxy.toml"
+        self.stdout_path = self.basedir / "tiproxy.out"
+        self.log_path = self.basedir / "tiproxy.log"
+        self.config_path = self.basedir / "tiproxy.toml"
         self.config_path.write_text(
-            f'workdir = "{self.workdir / "work"}"\n'
+            f'workdir = "{self.basedir / "work"}"\n'
             f'[proxy]\naddr = "{HOST}:{self.port}"\npd-addrs = "{pd_address}"\n'
             f"graceful-wait-before-shutdown = {graceful_wait}\n"
             f'[api]\naddr = "{HOST}:{self.api_port}"\n'
-            f'[log]\nlevel = "{log_level}"\n[log.log-file]\nfilename = "{self.file_log_path}"\n'
+            f'[log]\nlevel = "{log_level}"\n[log.log-file]\nfilename = "{self.log_path}"\n'
         )
-        self.proc: subprocess.Popen | None = None
+
+    def command(self) -> list[str]:
+        program = tiproxy_path()
+        if program is None:
+            raise RuntimeError(tiproxy_unavailable_reason())
+        return [program, "--config", str(self.config_path)]
+
+    def orphan_marker(self) -> str:
+        return str(self.config_path)
+
+    def probe(self) -> None:
+        # It serves once it has found a tidb-server through PD: a login through it.
+        pymysql.connect(host=HOST, port=self.port, user="root", connect_timeout=2, read_timeout=5).close()
+
+    def start(self, timeout: float | None = None) -> TiProxy:
+        super().start(timeout)
+        return self
 
     def log_text(self) -> str:
         """Its log file, then what it wrote to stdout and stderr (startup errors, panics)."""
-        return read_log(self.file_log_path) + read_log(self.log_path)
+        return read_log(self.log_path) + read_log(self.stdout_path)
 
     def metrics_text(self, timeout: float = 5) -> str:
         """Its Prometheus metrics (the API's /metrics)."""
         with urllib.request.urlopen(f"http://{HOST}:{self.api_port}/metrics", timeout=timeout) as resp:
             return resp.read().decode()
-
-    def start(self, timeout: float = 60) -> TiProxy:
-        program = tiproxy_path()
-        if program is None:
-            raise RuntimeError(tiproxy_unavailable_reason())
-        self.launch([program, "--config", str(self.config_path)], timeout, "tiproxy", cwd=self.workdir)
-        # It serves once it has found a tidb-server through PD: wait for a login through it.
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                pymysql.connect(host=HOST, port=self.port, user="root", connect_timeout=2, read_timeout=5).close()
-                return self
-            except pymysql.err.Error as exc:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"no login through tiproxy within {timeout} s: {exc}\n{self.log_text()[-3000:]}") from None
-                time.sleep(0.3)
