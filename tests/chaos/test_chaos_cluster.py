@@ -20,6 +20,7 @@ Skipped with one line without pd-server, unistore-server or tidb-server.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 from collections.abc import Iterator
@@ -27,8 +28,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.lab.chaos import ChaosResult, _every, assert_chaos_ok, recoveries, run_chaos, start_chaos_proxy
-from tests.lab.cluster import Cluster, cluster_unavailable_reason
-from tests.lab.fixtures import prepare_server
+from tests.lab.cluster import Cluster
+from tests.lab.fixtures import running_cluster
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
@@ -37,21 +38,9 @@ DURATION = 24.0
 
 @pytest.fixture
 def cluster_factory(tmp_path_factory) -> Iterator:
-    reason = cluster_unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"needs a TiDB cluster: {reason}")
-    started: list[Cluster] = []
-
-    def make(**kwargs) -> Cluster:
-        cluster = Cluster(tmp_path_factory.mktemp("cluster"), **kwargs)
-        started.append(cluster)
-        cluster.start()
-        prepare_server(cluster)
-        return cluster
-
-    yield make
-    for cluster in started:
-        cluster.stop()
+    """``cluster_factory(servers=3, graceful_wait=3)``: a started cluster, stopped at teardown."""
+    with contextlib.ExitStack() as clusters:
+        yield lambda **kwargs: clusters.enter_context(running_cluster(tmp_path_factory.mktemp("cluster"), **kwargs))
 
 
 def cluster_backend(cluster: Cluster) -> dict:

@@ -25,7 +25,8 @@ UPSTREAM_ARGS = ["--log-bin=binlog", "--binlog-format=ROW", "--binlog-row-image=
 
 
 @pytest.fixture
-def lab(tidb_factory, tmp_path):
+def replication(tidb_factory, tmp_path):
+    """MariaDB upstream (binlog on), DM, the proxy, a tidb-server downstream."""
     reason = dm_unavailable_reason()
     if reason is not None:
         pytest.skip(f"needs DM: {reason}")
@@ -60,8 +61,8 @@ def shipped_task(tmp_path, proxy_port: int):
     return path, task
 
 
-def test_the_shipped_task_passes_check_task_and_replicates_through_a_restart(lab):
-    up, tidb, proxy, dm, tmp_path = lab
+def test_the_shipped_task_passes_check_task_and_replicates_through_a_restart(replication):
+    up, tidb, proxy, dm, tmp_path = replication
     up.query("CREATE DATABASE orders CHARACTER SET utf8mb4")
     up.query("CREATE TABLE orders.customers (id BIGINT PRIMARY KEY, email VARCHAR(128) NOT NULL, "
              "UNIQUE KEY uk_email (email))")  # fmt: skip

@@ -7,6 +7,7 @@ server is a broken CI image and the tests fail with the reason instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.lab.cluster import cluster_program, cluster_unavailable_reason
+from tests.lab.cluster import Cluster, cluster_program, cluster_unavailable_reason
 from tests.lab.dm import dm_unavailable_reason
 from tests.lab.goclient import build_goclient, go_unavailable_reason
 from tests.lab.mariadb import MariaDB, mariadb_unavailable_reason
@@ -95,6 +96,17 @@ def require_tidb() -> None:
         pytest.skip(f"needs TiDB: {reason}")
 
 
+SERVERS: dict[str, type[MariaDB] | type[TiDB]] = {"mariadb": MariaDB, "tidb": TiDB}
+
+
+def require_server(flavor: str) -> None:
+    """Skip (or fail, see ``require``) without the binaries of ``flavor``'s server."""
+    if flavor == "tidb":
+        require_tidb()
+    else:
+        require(mariadb_unavailable_reason())
+
+
 def prepare_server(server: MariaDB | TiDB) -> MariaDB | TiDB:
     """The app user and the databases the tests use."""
     server.create_user(APP_USER, APP_PASSWORD)
@@ -103,32 +115,52 @@ def prepare_server(server: MariaDB | TiDB) -> MariaDB | TiDB:
     return server
 
 
+@contextlib.contextmanager
+def running_server(flavor: str, basedir: Path, **options: Any) -> Iterator[MariaDB | TiDB]:
+    """A server of ``flavor`` (``options``: its own, e.g. ``max_allowed_packet``) started in
+    ``basedir`` with the app user and the test databases; stopped on leaving."""
+    require_server(flavor)
+    server = SERVERS[flavor](basedir, **options)
+    server.start()
+    try:
+        yield prepare_server(server)
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def running_cluster(basedir: Path, **options: Any) -> Iterator[Cluster]:
+    """A TiDB cluster (tests/lab/cluster.py; ``options``: its own, e.g. ``servers=2``) started
+    in ``basedir`` with the app user and the test databases; stopped on leaving. Skips, under
+    CI=true too, without its binaries (built by hand, outside the checkout)."""
+    reason = cluster_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"needs a TiDB cluster: {reason}")
+    cluster = Cluster(basedir, **options)
+    try:
+        cluster.start()  # inside: the parts a failed start did start are stopped
+        prepare_server(cluster)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 @pytest.fixture(scope="session")
 def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDB]:
     """The shared server: user app/apppw, databases test and sbtest.
 
     Chaos tests may restart it but must leave it running.
     """
-    require(mariadb_unavailable_reason())
-    server = MariaDB(tmp_path_factory.mktemp("mariadb"))
-    server.start()
-    try:
-        yield prepare_server(server)
-    finally:
-        server.stop()
+    with running_server("mariadb", tmp_path_factory.mktemp("mariadb")) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
 def tidb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TiDB]:
     """The shared tidb-server (unistore): user app/apppw, databases test and sbtest. Chaos
     tests may restart it but must leave it running."""
-    require_tidb()
-    server = TiDB(tmp_path_factory.mktemp("tidb"))
-    server.start()
-    try:
-        yield prepare_server(server)
-    finally:
-        server.stop()
+    with running_server("tidb", tmp_path_factory.mktemp("tidb")) as server:
+        yield server
 
 
 @pytest.fixture(scope="session", params=["mariadb", "tidb"])
@@ -138,22 +170,21 @@ def db(request: pytest.FixtureRequest) -> MariaDB | TiDB:
     return request.getfixturevalue(request.param)
 
 
+def _server_factory(flavor: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Any]]:
+    require_server(flavor)
+    with contextlib.ExitStack() as servers:
+
+        def make(**kwargs: Any) -> MariaDB | TiDB:
+            basedir: Path = kwargs.pop("basedir", None) or tmp_path_factory.mktemp(flavor)
+            return servers.enter_context(running_server(flavor, basedir, **kwargs))
+
+        yield make
+
+
 @pytest.fixture
 def tidb_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., TiDB]]:
     """Extra independent tidb-servers, e.g. ``tidb_factory(graceful_wait=3)``; stopped at teardown."""
-    require_tidb()
-    servers: list[TiDB] = []
-
-    def make(**kwargs: Any) -> TiDB:
-        server = TiDB(kwargs.pop("basedir", None) or tmp_path_factory.mktemp("tidb"), **kwargs)
-        servers.append(server)
-        server.start()
-        return prepare_server(server)
-
-    try:
-        yield make
-    finally:
-        stop_all(servers)
+    yield from _server_factory("tidb", tmp_path_factory)
 
 
 @pytest.fixture(params=["mariadb", "tidb"])
@@ -170,20 +201,7 @@ def mariadb_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callab
     Each gets its own datadir and port, app/apppw and the test databases, and
     is stopped at teardown.
     """
-    require(mariadb_unavailable_reason())
-    servers: list[MariaDB] = []
-
-    def make(**kwargs: Any) -> MariaDB:
-        basedir: Path = kwargs.pop("basedir", None) or tmp_path_factory.mktemp("mariadb")
-        server = MariaDB(basedir, **kwargs)
-        servers.append(server)
-        server.start()
-        return prepare_server(server)
-
-    try:
-        yield make
-    finally:
-        stop_all(servers)
+    yield from _server_factory("mariadb", tmp_path_factory)
 
 
 def stop_all(things: Iterable[Any]) -> None:

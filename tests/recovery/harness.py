@@ -1,9 +1,10 @@
 """Recovery-matrix harness: client -> proxy -> fault shim -> server (MariaDB or TiDB).
 
-One ``RecoveryLab`` per test module and flavor (fixture ``recovery_lab``, parametrized over
-``mariadb`` and ``tidb``; import it into the test module, or parametrize it indirectly with the
-flavors a test needs): its own server, one ``FaultShim`` in front of it, and one proxy per
-recovery mode, started the first time a case asks for that mode and reused:
+One ``RecoveryHarness`` per test module and flavor (fixture ``recovery_harness``, parametrized
+over ``mariadb`` and ``tidb``; import it into the test module, or parametrize it indirectly with
+the flavors a test needs): a server of its own (the lab's, tests/lab), one ``FaultShim`` in front
+of it, and one proxy per recovery mode, started the first time a case asks for that mode and
+reused:
 
     MODES = {"default": {}, "commit_marker": {"recovery": {"commit_marker": True}},
              "safe_mode": {"recovery": {"idempotent": "safe-mode"}}}
@@ -13,7 +14,7 @@ A case runs a script of SQL statements through the proxy with PyMySQL (autocommi
 right before that statement is sent, for one matching command: by default a COM_QUERY whose
 text is exactly the statement's):
 
-    res = recovery_lab.run(
+    res = recovery_harness.run(
         ["BEGIN", "INSERT INTO t VALUES (1)", "INSERT INTO t VALUES (2)", "COMMIT"],
         fault=Fault("close_before", on=2),
         setup=["CREATE TABLE t (id INT PRIMARY KEY)"],
@@ -56,12 +57,23 @@ import pytest
 from pymysql.constants import CLIENT
 
 from tests.lab.faultshim import Command, Event, FaultShim, Rule, matcher
-from tests.lab.fixtures import APP_PASSWORD, APP_USER, prepare_server, require, require_tidb
-from tests.lab.mariadb import HOST, MariaDB, mariadb_unavailable_reason
+from tests.lab.fixtures import APP_PASSWORD, APP_USER, running_server
+from tests.lab.mariadb import HOST, MariaDB
 from tests.lab.proxy import ProxyProcess
 from tests.lab.tidb import TiDB
 
-__all__ = ["FLAVORS", "MODES", "Fault", "Prepared", "Outcome", "CaseResult", "RecoveryLab", "recovery_lab", "SHIM_FAULTS", "ACTION_FAULTS"]
+__all__ = [
+    "FLAVORS",
+    "MODES",
+    "Fault",
+    "Prepared",
+    "Outcome",
+    "CaseResult",
+    "RecoveryHarness",
+    "recovery_harness",
+    "SHIM_FAULTS",
+    "ACTION_FAULTS",
+]
 
 FLAVORS = ("mariadb", "tidb")
 
@@ -157,7 +169,7 @@ class CaseResult:
     fault_applied: bool
     shim_events: list[Event]
     proxy_log: str
-    lab: RecoveryLab
+    harness: RecoveryHarness
 
     @property
     def errors(self) -> list[tuple[int, int, str]]:
@@ -166,11 +178,11 @@ class CaseResult:
 
     def query(self, sql: str, args: Any = None) -> list[tuple]:
         """Run ``sql`` directly on the server (not through proxy or shim), in the case's database."""
-        return self.lab.query(sql, args, database=self.database)
+        return self.harness.query(sql, args, database=self.database)
 
     def direct(self, **kwargs: Any) -> pymysql.connections.Connection:
         """A root connection straight to the server, in the case's database (close it)."""
-        return self.lab.direct(self.database, **kwargs)
+        return self.harness.direct(self.database, **kwargs)
 
     def sent(self, match: Callable[[Command], bool] | str) -> int:
         """How many matching commands the shim forwarded to the server during the case."""
@@ -188,28 +200,25 @@ class CaseResult:
         return "\n".join(lines)
 
 
-class RecoveryLab:
-    """A server (``flavor``: mariadb or tidb), a FaultShim in front of it, and lazily started
-    proxies (one per mode)."""
+class RecoveryHarness:
+    """A FaultShim in front of a running lab server (``server``: a MariaDB or a TiDB, started
+    and stopped by its owner, the fixture) and lazily started proxies (one per mode) in front
+    of the shim; ``run`` runs one case through them."""
 
-    def __init__(self, workdir: Path, flavor: str = "mariadb") -> None:
-        if flavor not in FLAVORS:
-            raise ValueError(f"unknown flavor {flavor!r} (one of {', '.join(FLAVORS)})")
+    def __init__(self, workdir: Path, server: MariaDB | TiDB) -> None:
         self.workdir = Path(workdir)
-        self.flavor = flavor
-        self.db: MariaDB | TiDB = (MariaDB if flavor == "mariadb" else TiDB)(self.workdir / "db")
-        self.shim = FaultShim(self.db.port)
+        self.server = server
+        self.flavor = server.flavor
+        self.shim = FaultShim(server.port)
         self.proxies: dict[str, ProxyProcess] = {}
         self._cases = itertools.count()
 
-    def start(self) -> RecoveryLab:
-        self.db.start()
-        prepare_server(self.db)
+    def __enter__(self) -> RecoveryHarness:
         self.shim.start()
         return self
 
-    def stop(self) -> None:
-        """Stop proxies (raising if one logged a traceback), the shim and the server."""
+    def __exit__(self, *exc: object) -> None:
+        """Stop the proxies (raising if one logged a traceback) and the shim."""
         errors: list[BaseException] = []
         for proxy in self.proxies.values():
             try:
@@ -218,10 +227,6 @@ class RecoveryLab:
                 errors.append(exc)
         self.proxies.clear()
         self.shim.stop()
-        try:
-            self.db.stop()
-        except BaseException as exc:
-            errors.append(exc)
         if errors:
             raise errors[0]
         self.shim.check()
@@ -238,16 +243,11 @@ class RecoveryLab:
 
     def direct(self, database: str | None = None, **kwargs: Any) -> pymysql.connections.Connection:
         """A root connection straight to the server (unix socket, autocommit)."""
-        return self.db.admin(database=database, **kwargs)
+        return self.server.admin(database=database, **kwargs)
 
     def query(self, sql: str, args: Any = None, database: str | None = None) -> list[tuple]:
-        conn = self.direct(database)
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql, args)
-                return list(cur.fetchall())
-        finally:
-            conn.close()
+        """``sql`` as root straight on the server (in ``database``); its rows."""
+        return self.server.query(sql, args, database=database)
 
     def client(
         self, mode: str = "default", database: str = "test", multi_statements: bool = False, **kwargs: Any
@@ -389,7 +389,7 @@ class RecoveryLab:
             fault_applied=applied,
             shim_events=self.shim.events(since=mark),
             proxy_log=proxy.log_text()[log_start:],
-            lab=self,
+            harness=self,
         )
         if proxy.proc is not None and proxy.proc.poll() is not None:
             raise AssertionError(f"the proxy exited with {proxy.proc.returncode}\n{result.describe()}")
@@ -424,9 +424,9 @@ class _Killer(threading.Thread):
     """Operator KILL of the backend connection running ``sql`` (in ``database``), ``delay``
     seconds after it shows up in the process list."""
 
-    def __init__(self, lab: RecoveryLab, database: str, sql: str, delay: float, timeout: float = 10) -> None:
+    def __init__(self, harness: RecoveryHarness, database: str, sql: str, delay: float, timeout: float = 10) -> None:
         super().__init__(daemon=True, name=f"killer:{database}")
-        self.lab, self.database, self.sql, self.delay, self.timeout = lab, database, sql, delay, timeout
+        self.harness, self.database, self.sql, self.delay, self.timeout = harness, database, sql, delay, timeout
         self.killed: int | None = None
         self.error: BaseException | None = None
 
@@ -434,10 +434,10 @@ class _Killer(threading.Thread):
         try:
             deadline = time.monotonic() + self.timeout
             while time.monotonic() < deadline:
-                ids = self.lab.backend_ids(self.database, info=self.sql)
+                ids = self.harness.backend_ids(self.database, info=self.sql)
                 if ids:
                     time.sleep(self.delay)
-                    self.lab.query(f"KILL {int(ids[0])}")
+                    self.harness.query(f"KILL {int(ids[0])}")
                     self.killed = ids[0]
                     return
                 time.sleep(0.02)
@@ -511,17 +511,9 @@ def _execute_connector(conn: Any, step: str | Prepared) -> Outcome:
 
 
 @pytest.fixture(scope="module", params=FLAVORS)
-def recovery_lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RecoveryLab]:
-    """Module-scoped RecoveryLab per flavor (own server, shim, proxies per mode); TiDB's
-    cases skip with one line without a tidb-server binary."""
-    flavor = request.param
-    if flavor == "tidb":
-        require_tidb()
-    else:
-        require(mariadb_unavailable_reason())
-    lab = RecoveryLab(tmp_path_factory.mktemp(f"recovery-{flavor}"), flavor)
-    try:
-        lab.start()
-        yield lab
-    finally:
-        lab.stop()
+def recovery_harness(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RecoveryHarness]:
+    """Module-scoped RecoveryHarness per flavor, on a server of its own (the lab's
+    ``running_server``); TiDB's cases skip with one line without a tidb-server binary."""
+    workdir = tmp_path_factory.mktemp(f"recovery-{request.param}")
+    with running_server(request.param, workdir / "db") as server, RecoveryHarness(workdir, server) as harness:
+        yield harness

@@ -22,9 +22,9 @@ from collections.abc import Iterator
 import pymysql
 import pytest
 
-from tests.lab.cluster import Cluster, cluster_unavailable_reason
+from tests.lab.cluster import Cluster
 from tests.lab.faultshim import FaultShim
-from tests.lab.fixtures import APP_PASSWORD, APP_USER, prepare_server
+from tests.lab.fixtures import APP_PASSWORD, APP_USER, running_cluster
 from tests.lab.proxy import ProxyProcess
 
 pytestmark = pytest.mark.integration
@@ -34,20 +34,12 @@ MARKERS = "replay_proxy.commit_markers"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    reason = cluster_unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"needs a TiDB cluster: {reason}")
-    cluster = Cluster(tmp_path_factory.mktemp("cluster"), servers=2)
-    cluster.start()
-    try:
-        prepare_server(cluster)
+    with running_cluster(tmp_path_factory.mktemp("cluster"), servers=2) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture
-def lab(cluster: Cluster, tmp_path) -> Iterator[tuple[Cluster, FaultShim, ProxyProcess]]:
+def failover(cluster: Cluster, tmp_path) -> Iterator[tuple[Cluster, FaultShim, ProxyProcess]]:
     """A shim in front of A (stopped by the case: A "crashes" for the proxy) and a proxy in
     front of [shim, B] with commit markers."""
     a, b = cluster.servers
@@ -108,8 +100,8 @@ def _wait(predicate, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def test_a_commit_that_landed_on_the_lost_server_is_answered_ok_from_another(lab):
-    cluster, shim, proxy = lab
+def test_a_commit_that_landed_on_the_lost_server_is_answered_ok_from_another(failover):
+    cluster, shim, proxy = failover
     a, b = cluster.servers
     cluster.query("CREATE TABLE IF NOT EXISTS test.landed (id INT PRIMARY KEY, v INT)")
     conn, port = _client(proxy)
@@ -132,12 +124,12 @@ def test_a_commit_that_landed_on_the_lost_server_is_answered_ok_from_another(lab
     assert "commit marker" in proxy.log_text() and "says the COMMIT committed" in proxy.log_text()
 
 
-def test_a_commit_held_by_a_frozen_server_can_never_land_after_the_answer(lab):
+def test_a_commit_held_by_a_frozen_server_can_never_land_after_the_answer(failover):
     """A receives the COMMIT but is frozen (SIGSTOP) before it runs it: to the proxy, on B, it
     did not commit. Then A wakes up and runs the COMMIT. The fence makes it fail; a plain read
     of the marker would let it commit, and the client's retry would write the row a second time
     (AUTO_INCREMENT: A and B hand out ids from different ranges, so nothing else conflicts)."""
-    cluster, shim, proxy = lab
+    cluster, shim, proxy = failover
     a, b = cluster.servers
     cluster.query("CREATE TABLE IF NOT EXISTS test.frozen (id BIGINT AUTO_INCREMENT PRIMARY KEY, v INT)")
     conn, port = _client(proxy)

@@ -23,7 +23,7 @@ Expectations follow the product's promise (GUIDE §4, README "How it stays safe"
 - a partly relayed result closes the client's connection (never an ERR inside a row);
 - an operator's KILL reaches the client as an error, never undone by a replay.
 
-Every case runs on MariaDB and on tidb-server (``recovery_lab`` per flavor; TiDB's skip with one
+Every case runs on MariaDB and on tidb-server (``recovery_harness`` per flavor; TiDB's skip with one
 line without the binary), except those that need what TiDB lacks (``MARIADB_ONLY`` and stored
 routines, triggers, XA: each says why); where TiDB answers otherwise (5-digit version comments,
 COMMIT AND CHAIN without a chain, a failed ALTER that commits nothing) the case says what it
@@ -54,8 +54,8 @@ from tests.recovery.harness import (  # noqa: F401 (fixture)
     Fault,
     Outcome,
     Prepared,
-    RecoveryLab,
-    recovery_lab,
+    RecoveryHarness,
+    recovery_harness,
 )
 
 pytestmark = pytest.mark.integration
@@ -1872,7 +1872,7 @@ def _read_data(res: CaseResult, queries: Sequence[str], xid: str) -> dict[str, l
     data: dict[str, list[tuple]] = {}
     for q in queries:
         if q == XA_PREPARED:
-            rows = res.lab.query("XA RECOVER")
+            rows = res.harness.query("XA RECOVER")
             data[q] = [
                 (r[3].decode() if isinstance(r[3], bytes) else r[3],)
                 for r in rows
@@ -1884,15 +1884,15 @@ def _read_data(res: CaseResult, queries: Sequence[str], xid: str) -> dict[str, l
 
 
 def _xa_cleanup(res: CaseResult, xid: str) -> None:
-    for r in res.lab.query("XA RECOVER"):
+    for r in res.harness.query("XA RECOVER"):
         name = r[3].decode() if isinstance(r[3], bytes) else r[3]
         if name == xid:
-            res.lab.query(f"XA ROLLBACK '{xid}'")
+            res.harness.query(f"XA ROLLBACK '{xid}'")
 
 
 def _explain(case: Case, res: CaseResult, data: dict[str, list[tuple]]) -> str:
     lines = [f"case {case.id}", "expected one of:"]
-    for i, alt in enumerate(case.alts_on(res.lab.flavor)):
+    for i, alt in enumerate(case.alts_on(res.harness.flavor)):
         lines.append(f"  ({i + 1}) client: " + " ; ".join(f"[{j}] {e}" for j, e in enumerate(alt.outcomes)))
         if alt.data:
             lines.append(f"      data: {alt.data}")
@@ -1914,14 +1914,14 @@ PARAMS = [
 ]
 
 
-@pytest.mark.parametrize("recovery_lab, case", PARAMS, indirect=["recovery_lab"], scope="module")
-def test_matrix(recovery_lab: RecoveryLab, case: Case) -> None:
+@pytest.mark.parametrize("recovery_harness, case", PARAMS, indirect=["recovery_harness"], scope="module")
+def test_matrix(recovery_harness: RecoveryHarness, case: Case) -> None:
     n = next(_n)
     database = f"mx{n}"
     xid = f"xa_{database}"
     quoted = f"'{xid}'"
     script = [_subst(s, quoted) if isinstance(s, str) else s for s in case.script]
-    res = recovery_lab.run(
+    res = recovery_harness.run(
         script,
         fault=case.fault,
         mode=case.mode,
@@ -1940,7 +1940,7 @@ def test_matrix(recovery_lab: RecoveryLab, case: Case) -> None:
             _xa_cleanup(res, xid)
     if os.environ.get("RC_MATRIX_VERBOSE"):
         print(f"\n{case.id}: applied={res.fault_applied}\n" + "\n".join(f"  [{i}] {o}" for i, o in enumerate(res.outcomes)))
-    for alt in case.alts_on(recovery_lab.flavor):
+    for alt in case.alts_on(recovery_harness.flavor):
         want = {q: [tuple(_subst(v, xid) if isinstance(v, str) else v for v in row) for row in rows] for q, rows in alt.data.items()}
         if all(e.match(o) for e, o in zip(alt.outcomes, res.outcomes)) and data == want:
             break
