@@ -8,12 +8,9 @@ import time
 
 import trio
 
-from tests.component.lab import Lab
 
-
-async def test_a_big_text_is_judged_while_other_sessions_go_on(nursery):
-    lab = Lab(nursery)
-    big, small = await lab.client(), await lab.client()
+async def test_a_big_text_is_judged_while_other_sessions_go_on(rig):
+    big, small = await rig.client(), await rig.client()
     # 4 MB the fast path cannot take (a call): the whole text is lexed and judged.
     text = "SELECT COUNT(*) FROM t WHERE id IN (" + ",".join(str(i) for i in range(600_000)) + ") AND ABS(1) = 1"
     finished: dict[str, float] = {}

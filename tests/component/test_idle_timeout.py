@@ -8,41 +8,40 @@ import trio
 
 from proxy.protocol.framing import encode_packet
 from tests.component.fakes import make_config, trickle_stream_pair
-from tests.component.lab import Lab
-from tests.component.test_admission import admission_lab, closed
+from tests.component.test_admission import admission_rig, closed  # noqa: F401 (a fixture)
 
 
-async def test_an_idle_session_is_closed_with_its_backend_connection(nursery, autojump):
-    lab = admission_lab(nursery, idle_timeout="30s")
-    c = await lab.client()
+async def test_an_idle_session_is_closed_with_its_backend_connection(admission_rig, autojump):
+    rig = admission_rig(idle_timeout="30s")
+    c = await rig.client()
     await trio.sleep(29)
     assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]  # 29 s is not idle enough
-    assert len(lab.server.live()) == 1
+    assert len(rig.server.live()) == 1
     await trio.sleep(31)
     assert await closed(c.stream)
-    assert lab.server.live() == []  # the backend connection went with it
-    assert not lab.proxy.target.sessions
+    assert rig.server.live() == []  # the backend connection went with it
+    assert not rig.proxy.target.sessions
 
 
-async def test_a_command_running_longer_than_the_timeout_is_not_idle(nursery, autojump):
-    lab = admission_lab(nursery, idle_timeout="10s")
-    c = await lab.client()
+async def test_a_command_running_longer_than_the_timeout_is_not_idle(admission_rig, autojump):
+    rig = admission_rig(idle_timeout="10s")
+    c = await rig.client()
 
     async def slow(conn, payload: bytes):
         if b"COUNT" in payload:
             await trio.sleep(60)  # the server works on it for a minute
         return None
 
-    lab.server.intercept = slow
+    rig.server.intercept = slow
     assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]
-    lab.server.intercept = None
+    rig.server.intercept = None
     assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]
-    assert lab.proxy.target.sessions
+    assert rig.proxy.target.sessions
 
 
-async def test_a_command_trickling_in_is_not_idle(nursery, autojump):
-    lab = Lab(nursery, make_config(listen={"idle_timeout": "5s"}), stream_pair=trickle_stream_pair, peer="10.0.0.1:5000")
-    c = await lab.client()
+async def test_a_command_trickling_in_is_not_idle(make_rig, autojump):
+    rig = make_rig(make_config(listen={"idle_timeout": "5s"}), stream_pair=trickle_stream_pair, peer="10.0.0.1:5000")
+    c = await rig.client()
     await trio.sleep(4)
     frame = encode_packet(b"\x03SELECT COUNT(*) FROM t", 0)[0]
     for i in range(len(frame)):  # one byte every 3 s: 90 s for the command, never 5 s of silence
@@ -51,8 +50,8 @@ async def test_a_command_trickling_in_is_not_idle(nursery, autojump):
     assert await c._read_packet() == b"\x01"  # the answer begins: one column (EOFError if closed)
 
 
-async def test_off_by_default(nursery, autojump):
-    lab = admission_lab(nursery)
-    c = await lab.client()
+async def test_off_by_default(admission_rig, autojump):
+    rig = admission_rig()
+    c = await rig.client()
     await trio.sleep(48 * 3600)
     assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]

@@ -4,24 +4,28 @@ up to recovery.buffer_window, as a request does. Memory streams, autojump clock.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import pytest
 import trio
 
 from proxy.protocol.constants import Capabilities
 from proxy.protocol.packets import parse_server_handshake
 from tests.component.fakes import FakeClient, MySQLError, make_config
-from tests.component.lab import Lab
+from tests.component.rig import Rig
 
 
-def down_lab(nursery: trio.Nursery) -> Lab:
+@pytest.fixture
+def rig(make_rig: Callable[..., Rig]) -> Rig:
     """A backend that is down from the start: the proxy has never seen it."""
-    lab = Lab(nursery, make_config(recovery={"buffer_window": "10s"}), peer="10.0.0.1:5000")
-    lab.server.up = False
-    return lab
+    rig = make_rig(make_config(recovery={"buffer_window": "10s"}), peer="10.0.0.1:5000")
+    rig.server.up = False
+    return rig
 
 
-async def timed_login(lab: Lab, password: str = "apppw") -> tuple[FakeClient | MySQLError, float]:
+async def timed_login(rig: Rig, password: str = "apppw") -> tuple[FakeClient | MySQLError, float]:
     """(the logged-in client or the error it got, how long the login took)."""
-    client = await lab.client(login=False)
+    client = await rig.client(login=False)
     started = trio.current_time()
     try:
         await client.login(password=password)
@@ -30,19 +34,17 @@ async def timed_login(lab: Lab, password: str = "apppw") -> tuple[FakeClient | M
     return client, trio.current_time() - started
 
 
-async def test_a_wrong_password_gets_1045_at_once_while_the_backend_is_down(nursery, autojump):
-    lab = down_lab(nursery)
-    err, took = await timed_login(lab, password="wrong")
+async def test_a_wrong_password_gets_1045_at_once_while_the_backend_is_down(rig, autojump):
+    err, took = await timed_login(rig, password="wrong")
     assert isinstance(err, MySQLError) and err.code == 1045, err
     assert took < 0.5  # not after a wait for the backend
-    assert lab.server.connections == []  # the backend was never logged into
+    assert rig.server.connections == []  # the backend was never logged into
 
 
-async def test_the_greeting_comes_first_and_offers_no_tls_without_listen_tls(nursery, autojump):
+async def test_the_greeting_comes_first_and_offers_no_tls_without_listen_tls(rig, autojump):
     """An ERR in place of the greeting is what the mariadb 10.11 client (ssl on by default)
     reports as "Received error packet before completion of TLS handshake"."""
-    lab = down_lab(nursery)
-    client = await lab.client(login=False)
+    client = await rig.client(login=False)
     hs = parse_server_handshake(await client._read_packet())
     assert hs.server_version == "8.0.11-replay-proxy"  # listen.server_version: the backend is not known yet
     assert not hs.capabilities & Capabilities.CLIENT_SSL
@@ -50,27 +52,25 @@ async def test_the_greeting_comes_first_and_offers_no_tls_without_listen_tls(nur
     assert not hs.capabilities & (Capabilities.CLIENT_DEPRECATE_EOF | Capabilities.CLIENT_SESSION_TRACK)
 
 
-async def test_a_login_waits_for_a_backend_that_comes_back_within_the_window(nursery, autojump):
-    lab = down_lab(nursery)
+async def test_a_login_waits_for_a_backend_that_comes_back_within_the_window(nursery, rig, autojump):
 
     async def come_back() -> None:
         await trio.sleep(4)
-        lab.server.up = True
+        rig.server.up = True
 
     nursery.start_soon(come_back)
-    client, took = await timed_login(lab)
+    client, took = await timed_login(rig)
     assert isinstance(client, FakeClient), client
     assert 4 <= took < 6
     await client.must("INSERT INTO t VALUES (1, 'a')")
-    assert lab.server.db.rows == {1: "a"}
+    assert rig.server.db.rows == {1: "a"}
     # the backend is known now: the next greeting is its own
-    later = await lab.client(login=False)
+    later = await rig.client(login=False)
     assert parse_server_handshake(await later._read_packet()).server_version == "10.11.0-fake"
 
 
-async def test_a_login_gets_1105_once_the_window_is_over(nursery, autojump):
-    lab = down_lab(nursery)
-    err, took = await timed_login(lab)
+async def test_a_login_gets_1105_once_the_window_is_over(rig, autojump):
+    err, took = await timed_login(rig)
     assert isinstance(err, MySQLError) and err.code == 1105, err
     assert 9.5 <= took <= 11
     assert "tried for 10s, recovery.buffer_window" in err.message and "connect again once the backend is up" in err.message

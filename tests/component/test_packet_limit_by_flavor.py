@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 
 from tests.component.fakes import make_config
-from tests.component.lab import Lab
 
 LIMIT = 4096
 
@@ -21,26 +20,26 @@ def query_of(size: int) -> str:
 
 
 @pytest.mark.parametrize("flavor, largest", [("mariadb", LIMIT - 1), ("tidb", LIMIT)])
-async def test_the_largest_command_is_the_servers(nursery, autojump, flavor, largest):
-    lab = Lab(nursery, make_config(limits={"max_allowed_packet": f"{LIMIT}B"}))
-    lab.server.flavor = flavor
-    c = await lab.client()
+async def test_the_largest_command_is_the_servers(make_rig, autojump, flavor, largest):
+    rig = make_rig(make_config(limits={"max_allowed_packet": f"{LIMIT}B"}))
+    rig.server.flavor = flavor
+    c = await rig.client()
     taken = await c.query(query_of(largest))
-    assert taken.ok and lab.server.db.rows == {1: "x" * (largest - 29)}, taken
+    assert taken.ok and rig.server.db.rows == {1: "x" * (largest - 29)}, taken
     refused = await c.query(query_of(largest + 1))
     assert refused.code == 1153 and f"{largest + 1} bytes" in refused.message, refused
-    assert len(lab.server.queries[-1]) + 1 == largest  # the refused one never reached the server
+    assert len(rig.server.queries[-1]) + 1 == largest  # the refused one never reached the server
 
 
 @pytest.mark.parametrize("flavor, largest", [("mariadb", LIMIT - 1), ("tidb", LIMIT)])
-async def test_split_pieces_up_to_the_servers_largest(nursery, autojump, flavor, largest):
+async def test_split_pieces_up_to_the_servers_largest(make_rig, autojump, flavor, largest):
     """Split mode packs pieces up to what the server takes: a two-row INSERT of largest + 1
     bytes whose first row alone is a piece of exactly ``largest`` bytes."""
-    lab = Lab(nursery, make_config(limits={"max_allowed_packet": f"{LIMIT}B", "oversized": "split"}))
-    lab.server.flavor = flavor
-    c = await lab.client()
+    rig = make_rig(make_config(limits={"max_allowed_packet": f"{LIMIT}B", "oversized": "split"}))
+    rig.server.flavor = flavor
+    c = await rig.client()
     first = query_of(largest)  # INSERT INTO t VALUES (1, 'x...x')
     statement = first + ", (2, 'y')"
     assert (await c.query(statement)).ok
-    assert lab.server.db.rows[1] == "x" * (largest - 29) and lab.server.db.rows[2] == "y"
-    assert first in lab.server.queries
+    assert rig.server.db.rows[1] == "x" * (largest - 29) and rig.server.db.rows[2] == "y"
+    assert first in rig.server.queries

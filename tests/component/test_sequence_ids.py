@@ -11,14 +11,12 @@ import trio
 
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import parse_err
-from tests.component.lab import Lab
 
 
 @pytest.mark.parametrize("seq", [1, 7])
-async def test_a_command_out_of_sequence_is_refused_not_resent(nursery, autojump, seq):
-    lab = Lab(nursery)
-    lab.server.flavor = "tidb"
-    c = await lab.client()
+async def test_a_command_out_of_sequence_is_refused_not_resent(rig, autojump, seq):
+    rig.server.flavor = "tidb"
+    c = await rig.client()
     started = trio.current_time()
     await c.stream.send_all(encode_packet(b"\x03SELECT 1", seq)[0])
     err = parse_err(await c._read_packet())
@@ -26,4 +24,4 @@ async def test_a_command_out_of_sequence_is_refused_not_resent(nursery, autojump
     assert trio.current_time() - started < 1  # at once, not after the buffer window
     with pytest.raises(EOFError):
         await c.query("SELECT 1")
-    assert not any(q == "SELECT 1" or q.startswith("out of sequence") for q in lab.server.queries)
+    assert not any(q == "SELECT 1" or q.startswith("out of sequence") for q in rig.server.queries)

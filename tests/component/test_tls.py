@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import ssl
+from collections.abc import Callable
 
 import pytest
 import trio
@@ -26,7 +27,7 @@ from proxy.protocol.packets import (
     parse_server_handshake,
 )
 from tests.component.fakes import AUTOCOMMIT, FakeClient, FakeConnection, FakeServer, MySQLError, make_config
-from tests.component.lab import Lab
+from tests.component.rig import Rig
 from tests.lab.certs import make_certs
 
 SSL = int(Capabilities.CLIENT_SSL)
@@ -150,16 +151,20 @@ class TLSClient(FakeClient):
             raise MySQLError(err.code, err.message)
 
 
-def tls_lab(
-    nursery, certs, *, listen_tls: dict | None = None, backend_tls: dict | None = None, server_tls: bool = True, require_tls: bool = True
-) -> Lab:
-    """[listen.tls] and [backend.tls] as given, a server offering TLS (``server_tls``) and
-    refusing plain logins (``require_tls``), TLS clients trusting the lab's CA."""
-    listen = {"tls": listen_tls} if listen_tls is not None else {}
-    backend = {"tls": backend_tls} if backend_tls is not None else {}
-    config = make_config(listen=listen, backend=backend, recovery={"backoff_initial": "10ms"})
-    server = TLSFakeServer(nursery, certs, tls=server_tls, require_tls=require_tls)
-    return Lab(nursery, config, server=server, client_class=functools.partial(TLSClient, ca=certs.ca))
+@pytest.fixture
+def tls_rig(make_rig: Callable[..., Rig], nursery: trio.Nursery, certs) -> Callable[..., Rig]:
+    """``tls_rig(listen_tls=, backend_tls=, server_tls=True, require_tls=True)``: [listen.tls]
+    and [backend.tls] as given, a server offering TLS (``server_tls``) and refusing plain logins
+    (``require_tls``), TLS clients trusting the lab's CA."""
+
+    def make(*, listen_tls: dict | None = None, backend_tls: dict | None = None, server_tls: bool = True, require_tls: bool = True) -> Rig:
+        listen = {"tls": listen_tls} if listen_tls is not None else {}
+        backend = {"tls": backend_tls} if backend_tls is not None else {}
+        config = make_config(listen=listen, backend=backend, recovery={"backoff_initial": "10ms"})
+        server = TLSFakeServer(nursery, certs, tls=server_tls, require_tls=require_tls)
+        return make_rig(config, server=server, client_class=functools.partial(TLSClient, ca=certs.ca))
+
+    return make
 
 
 def listen_tls(certs, require: bool = False) -> dict:
@@ -170,46 +175,46 @@ def verify_ca(certs, ca=None, mode: str = "verify-ca", **extra) -> dict:
     return {"mode": mode, "ca": str(ca or certs.ca), **extra}
 
 
-async def test_tls_on_both_sides_and_recovery(nursery, autojump, certs):
-    lab = tls_lab(nursery, certs, listen_tls=listen_tls(certs, require=True), backend_tls=verify_ca(certs))
-    c = await lab.client()
+async def test_tls_on_both_sides_and_recovery(tls_rig, autojump, certs):
+    rig = tls_rig(listen_tls=listen_tls(certs, require=True), backend_tls=verify_ca(certs))
+    c = await rig.client()
     assert isinstance(c.stream, trio.SSLStream)
-    assert lab.server.live()[-1].secure and lab.server.ssl_requests
-    assert lab.server.ssl_requests[0] & SSL
+    assert rig.server.live()[-1].secure and rig.server.ssl_requests
+    assert rig.server.ssl_requests[0] & SSL
     await c.must("BEGIN")
     await c.must("INSERT INTO t VALUES (1, 'a')")
-    lab.server.restart()  # the backend goes away mid-transaction: reconnect over TLS, replay
+    rig.server.restart()  # the backend goes away mid-transaction: reconnect over TLS, replay
     await c.must("INSERT INTO t VALUES (2, 'b')")
     await c.must("COMMIT")
-    assert sorted(lab.server.db.rows) == [1, 2]
-    logins = [conn for conn in lab.server.connections if conn.spoke]
+    assert sorted(rig.server.db.rows) == [1, 2]
+    logins = [conn for conn in rig.server.connections if conn.spoke]
     assert len(logins) >= 2 and all(conn.secure for conn in logins)  # the first login, the reconnect
     big = "x" * 200_000  # several TLS records each way
     await c.must(f"REPLACE INTO t VALUES (3, '{big}')")
-    assert lab.server.db.rows[3] == big
+    assert rig.server.db.rows[3] == big
     await c.stream.send_all(encode_packet(b"\x03SELECT v FROM t WHERE k = 3", 0)[0])
     packets = [await c._read_packet() for _ in range(5)]  # count, column, EOF, row, EOF
     assert packets[3] == lenenc_str(big.encode())
 
 
-async def test_require_refuses_a_plain_client_with_3159(nursery, autojump, certs):
-    lab = tls_lab(nursery, certs, listen_tls=listen_tls(certs, require=True), backend_tls=verify_ca(certs))
-    c = await lab.client(tls=False, login=False)
+async def test_require_refuses_a_plain_client_with_3159(tls_rig, autojump, certs):
+    rig = tls_rig(listen_tls=listen_tls(certs, require=True), backend_tls=verify_ca(certs))
+    c = await rig.client(tls=False, login=False)
     with pytest.raises(MySQLError) as info:
         await c.login()
     assert info.value.code == 3159
     assert info.value.message == ("Connections using insecure transport are prohibited while --require_secure_transport=ON.")
 
 
-async def test_plain_client_allowed_without_require(nursery, autojump, certs):
-    lab = tls_lab(nursery, certs, listen_tls=listen_tls(certs), backend_tls=verify_ca(certs))
-    c = await lab.client(tls=False)
+async def test_plain_client_allowed_without_require(tls_rig, autojump, certs):
+    rig = tls_rig(listen_tls=listen_tls(certs), backend_tls=verify_ca(certs))
+    c = await rig.client(tls=False)
     assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]
 
 
-async def test_ssl_request_without_listen_tls_gets_a_clear_error(nursery, autojump, certs):
-    lab = tls_lab(nursery, certs, backend_tls=verify_ca(certs))
-    c = await lab.client(login=False)
+async def test_ssl_request_without_listen_tls_gets_a_clear_error(tls_rig, autojump, certs):
+    rig = tls_rig(backend_tls=verify_ca(certs))
+    c = await rig.client(login=False)
     caps = parse_server_handshake(await c._read_packet()).capabilities
     assert not caps & SSL  # not offered
     request = make_handshake_response(HandshakeResponse((caps & int(PROXY_CAPABILITIES)) | SSL, 1 << 24, 45, "", b""))
@@ -218,9 +223,9 @@ async def test_ssl_request_without_listen_tls_gets_a_clear_error(nursery, autoju
     assert err.code == 1043 and "no TLS configured" in err.message
 
 
-async def test_backend_with_an_untrusted_certificate(nursery, autojump, certs):
-    lab = tls_lab(nursery, certs, listen_tls=listen_tls(certs), backend_tls=verify_ca(certs, ca=certs.other_ca))
-    c = await lab.client(login=False)
+async def test_backend_with_an_untrusted_certificate(tls_rig, autojump, certs):
+    rig = tls_rig(listen_tls=listen_tls(certs), backend_tls=verify_ca(certs, ca=certs.other_ca))
+    c = await rig.client(login=False)
     with pytest.raises(MySQLError) as info:
         with trio.fail_after(5):  # not retried for recovery.buffer_window: a config error
             await c.login()
@@ -229,12 +234,12 @@ async def test_backend_with_an_untrusted_certificate(nursery, autojump, certs):
 
 
 @pytest.mark.parametrize("server_name, ok", [(None, False), ("localhost", True), ("db.example.com", False)])
-async def test_verify_identity_checks_the_name(nursery, autojump, certs, server_name, ok):
+async def test_verify_identity_checks_the_name(tls_rig, autojump, certs, server_name, ok):
     # The fake backend's address is 10.0.0.1 (make_config), checked when no server_name is
     # given; the certificate names localhost and 127.0.0.1.
     extra = {"server_name": server_name} if server_name else {}
-    lab = tls_lab(nursery, certs, backend_tls=verify_ca(certs, mode="verify-identity", **extra))
-    c = await lab.client(tls=False, login=False)
+    rig = tls_rig(backend_tls=verify_ca(certs, mode="verify-identity", **extra))
+    c = await rig.client(tls=False, login=False)
     if ok:
         await c.login()
         assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]
@@ -244,28 +249,28 @@ async def test_verify_identity_checks_the_name(nursery, autojump, certs, server_
         assert "mismatch" in info.value.message and "verify-identity" in info.value.message
 
 
-async def test_preferred_uses_tls_when_offered_and_plain_otherwise(nursery, autojump, certs):
-    lab = tls_lab(nursery, certs, backend_tls={"mode": "preferred"})
-    c = await lab.client(tls=False)
+async def test_preferred_uses_tls_when_offered_and_plain_otherwise(tls_rig, autojump):
+    rig = tls_rig(backend_tls={"mode": "preferred"})
+    c = await rig.client(tls=False)
     await c.must("SELECT COUNT(*) FROM t")
-    assert lab.server.live()[-1].secure
-    plain = tls_lab(nursery, certs, backend_tls={"mode": "preferred"}, server_tls=False, require_tls=False)
+    assert rig.server.live()[-1].secure
+    plain = tls_rig(backend_tls={"mode": "preferred"}, server_tls=False, require_tls=False)
     c = await plain.client(tls=False)
     await c.must("SELECT COUNT(*) FROM t")
     assert not plain.server.live()[-1].secure
 
 
-async def test_required_fails_when_the_server_offers_no_tls(nursery, autojump, certs):
-    lab = tls_lab(nursery, certs, backend_tls={"mode": "required"}, server_tls=False, require_tls=False)
-    c = await lab.client(tls=False, login=False)
+async def test_required_fails_when_the_server_offers_no_tls(tls_rig, autojump):
+    rig = tls_rig(backend_tls={"mode": "required"}, server_tls=False, require_tls=False)
+    c = await rig.client(tls=False, login=False)
     with pytest.raises(MySQLError) as info:
         await c.login()
     assert "does not offer TLS" in info.value.message
 
 
-async def test_mode_off_against_a_server_requiring_tls(nursery, autojump, certs):
-    lab = tls_lab(nursery, certs)  # no [backend.tls]: the server's own refusal reaches the client
-    c = await lab.client(tls=False, login=False)
+async def test_mode_off_against_a_server_requiring_tls(tls_rig, autojump):
+    rig = tls_rig()  # no [backend.tls]: the server's own refusal reaches the client
+    c = await rig.client(tls=False, login=False)
     with pytest.raises(MySQLError) as info:
         await c.login()
     assert info.value.code == 3159

@@ -1,7 +1,9 @@
-"""The component tests' lab: the real ``Proxy`` in front of a fake server (tests/component/fakes.py),
-its clients over trio memory streams, every task in the test's nursery.
+"""The component tests' rig: the real ``Proxy`` in front of a fake server (tests/component/fakes.py),
+its clients over trio memory streams, every task in the test's nursery. (The lab, tests/lab, is
+the real servers; the rig has none.)
 
-One ``Lab`` for every component suite; what the suites need differently is an argument:
+A test takes the fixture ``rig`` (the defaults) or ``make_rig`` (``make_rig(config, hooks,
+**options)``, as often as it likes); what the suites need differently is an argument:
 
 - ``config`` (default ``make_config()``) and ``hooks`` (the plugin chain, default none);
 - ``server``: the fake server (default ``FakeServer``; ``HostileServer``, ``TLSFakeServer``);
@@ -13,9 +15,11 @@ One ``Lab`` for every component suite; what the suites need differently is an ar
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -24,10 +28,10 @@ from proxy.hooks import Hooks
 from proxy.netio import StreamChannel
 from tests.component.fakes import FakeClient, FakeConnection, FakeServer, make_config
 
-__all__ = ["Lab"]
+__all__ = ["Rig", "make_rig", "rig"]
 
 
-class Lab:
+class Rig:
     def __init__(
         self,
         nursery: trio.Nursery,
@@ -66,3 +70,15 @@ class Lab:
     def backend_of(self, index: int = -1) -> FakeConnection:
         """One of the server's open connections (default: the newest)."""
         return self.server.live()[index]
+
+
+@pytest.fixture
+def make_rig(nursery: trio.Nursery) -> Callable[..., Rig]:
+    """``make_rig(config=None, hooks=None, **options)``: a Rig in the test's nursery."""
+    return functools.partial(Rig, nursery)
+
+
+@pytest.fixture
+def rig(make_rig: Callable[..., Rig]) -> Rig:
+    """A Rig with the defaults: ``make_config()``, no plugins, a ``FakeServer``."""
+    return make_rig()
