@@ -1,4 +1,8 @@
-"""Test lab: throwaway MariaDB servers and the Go (DM-like) client.
+"""The lab: the real processes the integration, recovery and chaos suites run, each in a folder
+of its own on free ports of 127.0.0.1 (the component suites' in-memory stand-in is the rig,
+tests/component/rig.py). The servers (MariaDB, tidb-server, a TiDB cluster's PD and store,
+TiProxy) share one lifecycle, tests/lab/server.py; beside them the proxy (proxy.py), the fault
+shim (faultshim.py), DM (dm.py) and the Go (DM-like) client (goclient.py).
 
 Plain synchronous helpers; trio tests call the blocking parts through
 ``trio.to_thread.run_sync``.
