@@ -3,6 +3,10 @@
 - ``tracker``: ``SessionTracker``, the only writer of a session's state: it reads each command
   and its response (sent, completed) and keeps the transaction, the session state and the
   prepared statements in step with the server's;
+- ``prepared``: ``PreparedStatements``, the tracker's part for prepared statements (their ids on
+  the backend connection, their long data, commands rewritten for a new connection);
+- ``completed``: what a completed command carries (``Completed``) and what its kind alone says;
+- ``insertid``: LAST_INSERT_ID() followed through the commands that complete;
 - ``transaction``: the open transaction and its journal (what a replay runs again);
 - ``state``: the part a new backend connection is given again (``SessionState``,
   ``PreparedStatement``);

@@ -1,13 +1,6 @@
-"""What the server's side of a session looks like, learned from the commands it completed.
-
-``SessionTracker`` is sans-IO: the relay tells it each command that completed (with the
-response tracker that read the answer), and it keeps
-
-- the open transaction and its journal (``tx``),
-- the replayable session state (``state``: database, SET variables, LAST_INSERT_ID, ...),
-- the prepared statements and how their ids map to the backend's,
-- autocommit and NO_BACKSLASH_ESCAPES from the status words, the server's SQL dialect,
-- ``info``, what plugins see of the session: the tracker is its only writer.
+"""What the server's side of a session looks like, learned from the commands it completed
+(``SessionTracker``, sans-IO: the relay tells it each command that completed, with the response
+tracker that read the answer).
 
 Transaction state comes from the IN_TRANS bit of every status word plus what each statement
 does (``proxy.sqltext.analyze``, every statement of the text). An ERR has no status word: when
@@ -21,25 +14,19 @@ What recovery needs to know about a statement is read from it by ``proxy.recover
 
 from __future__ import annotations
 
-import re
-import struct
-from typing import TYPE_CHECKING, Protocol
-
 import attrs
 
 from proxy.protocol.constants import Commands, ServerStatus
-from proxy.protocol.framing import encode_packet, with_statement_id
-from proxy.protocol.response import ResponseTracker
 from proxy.protocol.resultset import Column
+from proxy.session.completed import FAST_STATEMENTS, SESSION_ONLY_COMMANDS, Completed
 from proxy.session.info import SessionInfo
+from proxy.session.insertid import follow_insert_id
 from proxy.session.longdata import LongDataSpool, Piece
-from proxy.session.state import PreparedStatement, SessionState, session_variable_literal, user_variable_literal
+from proxy.session.prepared import PreparedStatements
+from proxy.session.state import SessionState, session_variable_literal, user_variable_literal
 from proxy.session.transaction import CONNECTION_FATAL, PARSE_ERRORS, ROLLS_BACK, STATEMENT_ERRORS, JournalEntry, Transaction
-from proxy.sqltext import Analysis, Dialect, Kind, ServerReading, SqlParseError, Statement, classify, parse_set
-from proxy.sqltext.triage import FAST_VERBS, fast_verb, may_pin_session
-
-if TYPE_CHECKING:
-    from proxy.session.intake import Command
+from proxy.sqltext import Analysis, Dialect, Kind, SqlParseError, Statement, classify, parse_set
+from proxy.sqltext.triage import fast_verb, may_pin_session
 
 __all__ = ["SessionTracker", "IN_TRANS", "AUTOCOMMIT", "SESSION_ONLY_COMMANDS", "CONNECTION_FATAL"]
 
@@ -49,40 +36,7 @@ IN_TRANS = int(ServerStatus.SERVER_STATUS_IN_TRANS)
 AUTOCOMMIT = int(ServerStatus.SERVER_STATUS_AUTOCOMMIT)
 NO_BACKSLASH_ESCAPES = int(ServerStatus.SERVER_STATUS_NO_BACKSLASH_ESCAPES)
 
-_SETS_INSERT_ID = re.compile(rb"LAST_INSERT_ID\s*\(\s*(?!\))", re.I)  # LAST_INSERT_ID(expr)
-_DO_INSERT_ID = re.compile(rb"\s*(?:DO|SELECT)\s+LAST_INSERT_ID\s*\(\s*(\d+)\s*\)\s*;?\s*", re.I)
-_INSERT_TEXT = 64 * 1024  # an INSERT whose OK carried an id is kept up to this size, to tell "generated" later
 _NO_TRANSACTION_EFFECT = frozenset({Kind.INSERT, Kind.REPLACE, Kind.UPDATE, Kind.DELETE, Kind.SELECT})
-_FAST_STATEMENTS = {verb: Statement(Kind[verb.decode()]) for verb in FAST_VERBS}
-_FAST_STATEMENTS[b"SELECT"] = Statement(Kind.SELECT, read_only=True)
-
-# Commands that change nothing but session-level state (never data).
-SESSION_ONLY_COMMANDS = frozenset(
-    {
-        C.COM_PING,
-        C.COM_INIT_DB,
-        C.COM_STMT_PREPARE,
-        C.COM_STMT_CLOSE,
-        C.COM_STMT_RESET,
-        C.COM_STMT_SEND_LONG_DATA,
-        C.COM_FIELD_LIST,
-        C.COM_STATISTICS,
-        C.COM_SET_OPTION,
-        C.COM_RESET_CONNECTION,
-        C.COM_PROCESS_INFO,
-    }
-)
-
-
-class Completed(Protocol):
-    """A command whose response is complete (``relay.inflight.Inflight``)."""
-
-    command: object  # intake.Command
-    tracker: ResponseTracker
-    statement: PreparedStatement | None
-    verb: bytes | None  # fast-path verb, or None
-    analysis: Analysis | None  # the text judged, when the fast path did not apply
-    reading: ServerReading  # how the server read it when it was sent
 
 
 @attrs.frozen
@@ -94,6 +48,18 @@ class Pending:
 
 
 class SessionTracker:
+    """The only writer of a session's model. It holds
+
+    - ``tx``: the open transaction and its journal; ``pending`` and ``xa``, what an ERR left open
+      and the XA state;
+    - ``state``: the replayable session state (database, SET variables, LAST_INSERT_ID, ...);
+    - ``statements``: the prepared statements and how their ids map to the backend connection's
+      (``PreparedStatements``; the relay and recovery call its methods by the same names here);
+    - ``long_data``: the session's spool of COM_STMT_SEND_LONG_DATA (statements' and journal's);
+    - ``autocommit`` (from the status words) and ``reading``, how the server reads the text:
+      dialect, NO_BACKSLASH_ESCAPES, multi-statements;
+    - ``info``, what plugins see of the session, kept up to date here."""
+
     def __init__(self, info: SessionInfo, journal_max_bytes: int, journal_max_statements: int, safe_mode: bool = False,
                  long_data: LongDataSpool | None = None) -> None:  # fmt: skip
         self.info = info
@@ -108,10 +74,18 @@ class SessionTracker:
         self.reading = info.reading
         self.pending: Pending | None = None
         self.xa: str | None = None  # XA state: ACTIVE / IDLE / PREPARED (None: no XA transaction)
-        self.prepared: dict[int, PreparedStatement] = {}
-        self.remap_ids = False  # once a reconnect renumbered statements, the proxy numbers them
-        self.next_stmt_id = 1
-        self.generation = 0  # bumped for every new backend connection
+        self.statements = statements = PreparedStatements(self.long_data)  # and their ids on the backend connection
+        # What the relay and recovery ask the tracker about prepared statements, answered by ``statements``.
+        self.prepared = statements.prepared
+        self.statement_of = statements.statement_of
+        self.long_data_received = statements.long_data_received
+        self.long_data_dropped = statements.long_data_dropped
+        self.long_data_frames = statements.long_data_frames
+        self.backend_bytes = statements.backend_bytes
+        self.backend_frames = statements.backend_frames
+        self.backend_ids = statements.backend_ids
+        self.restore_backend_ids = statements.restore_backend_ids
+        self.reprepared = statements.reprepared
         self.safe_mode = safe_mode  # recovery.idempotent = "safe-mode": idempotence is asked
 
     # ------------------------------------------------------------------ what plugins see
@@ -122,13 +96,18 @@ class SessionTracker:
         self.info._user = user
         self.info._database = database
         self.autocommit = bool(status & AUTOCOMMIT)
-        self._forget_prepared()
+        self.statements.forget()
         self._end_transaction()
 
     def backend_changed(self, address: str, server_version: str) -> None:
-        self.generation += 1
+        self.statements.new_backend()
         self.info._backend_address = address
         self._read(dialect=Dialect.from_server_version(server_version))
+
+    @property
+    def generation(self) -> int:
+        """Which backend connection is in use (bumped by ``backend_changed``)."""
+        return self.statements.generation
 
     def set_multi_statements(self, on: bool) -> None:
         self._read(multi=on)
@@ -195,41 +174,8 @@ class SessionTracker:
         captures = self._bookkeep(done)
         self.info._in_transaction = self.tx.active
         if tracker.error is None and (done.command.code == C.COM_QUERY or done.command.code == C.COM_STMT_EXECUTE):
-            self._note_insert_id(done)
+            follow_insert_id(self.state, done)
         return captures
-
-    def _note_insert_id(self, done: Completed) -> None:
-        """Follow LAST_INSERT_ID() (restored after a reconnect)."""
-        state = self.state
-        ok = done.tracker.ok
-        value = ok.last_insert_id if ok is not None else 0
-        if value:
-            state.forced_insert_id_used(value)
-        cmd = done.command
-        if done.analysis is not None:
-            a = done.analysis
-            kind = a.first.kind if a.single and a.unknown is None else None
-        elif done.verb is not None:
-            kind = _FAST_STATEMENTS[done.verb].kind
-        else:  # COM_STMT_EXECUTE
-            a = done.statement.analysis if done.statement is not None else None
-            kind = a.first.kind if a is not None and a.single and a.unknown is None else None
-        if kind in (Kind.INSERT, Kind.REPLACE):
-            if value:
-                text = cmd.text() if cmd.code == C.COM_QUERY and cmd.complete and cmd.size <= _INSERT_TEXT else None
-                state.insert_id(value, text, done.reading)
-            return
-        if value:  # UPDATE ... SET id = LAST_INSERT_ID(expr): the OK carries the new value
-            state.known_insert_id(value)
-            return
-        if kind is Kind.SELECT or done.analysis is not None:
-            m = _SETS_INSERT_ID.search(cmd.payload, 1)
-            if m is not None:
-                constant = _DO_INSERT_ID.fullmatch(cmd.payload, 1)
-                if constant is not None:
-                    state.known_insert_id(int(constant.group(1)))
-                else:
-                    state.insert_id_lost()
 
     def _settle(self, in_trans: bool) -> None:
         """The first status word after an ERR that left the transaction open to question."""
@@ -257,7 +203,7 @@ class SessionTracker:
                 if ok and may_pin_session(cmd.payload):
                     self._note_pins(classify(cmd.text(), dialect=done.reading.dialect, no_backslash_escapes=done.reading.nbe))
                 elif not ok:
-                    self._failed(_FAST_STATEMENTS[done.verb], tracker.error.code)
+                    self._failed(FAST_STATEMENTS[done.verb], tracker.error.code)
                 self._journal_step(done, None, False)
                 return []
             return self._apply(done, done.analysis)
@@ -265,8 +211,7 @@ class SessionTracker:
             stmt = done.statement
             captures: list[str] = []
             if stmt is not None:
-                long_data = stmt.long_data
-                stmt.long_data, stmt.long_data_bytes = [], 0
+                long_data = self.statements.executed(stmt)
                 if len(cmd.payload) > 5 and cmd.payload[5] & 0x07:
                     state.mark_unrestorable("a server-side cursor was opened")
                 a = stmt.analysis
@@ -283,16 +228,15 @@ class SessionTracker:
             return captures
         if code == C.COM_STMT_PREPARE:
             if ok and tracker.prepare_ok is not None:
-                done.statement = self._register_prepared(cmd.payload, tracker)
+                done.statement = self.statements.prepare_ok(cmd.payload, tracker.prepare_ok, self.analyze(cmd.payload, multi=False))
             return []
         if code == C.COM_STMT_CLOSE:
             if done.statement is not None:
-                self.prepared.pop(done.statement.client_id, None)
-                self.long_data_dropped(done.statement)
+                self.statements.closed(done.statement)
             return []
         if code == C.COM_STMT_RESET:
             if ok and done.statement is not None:
-                self.long_data_dropped(done.statement)
+                self.statements.long_data_dropped(done.statement)
             return []
         if code == C.COM_STMT_FETCH:
             self.tx.mark_not_replayable("server-side cursor fetch")
@@ -306,7 +250,7 @@ class SessionTracker:
         if code == C.COM_RESET_CONNECTION:
             if ok:
                 state.reset()
-                self._forget_prepared()
+                self.statements.forget()
                 self._end_transaction()
             return []
         if code == C.COM_SET_OPTION:
@@ -520,121 +464,13 @@ class SessionTracker:
             return
         self.state.user_variables[name] = literal
 
-    # ------------------------------------------------------------------ prepared statements
-
-    def statement_of(self, payload: bytes) -> PreparedStatement | None:
-        """The prepared statement a COM_STMT_* payload names (by the client's id)."""
-        return self.prepared.get(int.from_bytes(payload[1:5], "little")) if len(payload) >= 5 else None
-
-    def _register_prepared(self, payload: bytes, tracker: ResponseTracker) -> PreparedStatement:
-        prep = tracker.prepare_ok
-        assert prep is not None
-        client_id = prep.statement_id
-        if self.remap_ids:
-            client_id = self.next_stmt_id
-        self.next_stmt_id = max(self.next_stmt_id, client_id) + 1
-        stmt = PreparedStatement(client_id, payload, prep.num_params, prep.num_columns, prep.statement_id)
-        stmt.generation = self.generation
-        stmt.analysis = self.analyze(payload, multi=False)
-        self.prepared[client_id] = stmt
-        return stmt
-
-    def long_data_received(self, stmt: PreparedStatement, cmd: Command, limit: int) -> Piece | None:
-        """A COM_STMT_SEND_LONG_DATA of ``stmt``, kept in the session's spool to be sent again
-        after a reconnect. False: held back from the server, and the execute that would use it
-        gets 1153 (``stmt.long_data_refused`` says why): over ``limit`` (max_allowed_packet, as
-        the server counts a statement's long data), or the spool is full. Returns what was kept
-        (None: held back)."""
-        if stmt.long_data_refused is not None:
-            return None
-        stmt.long_data_bytes += cmd.size - 7
-        if stmt.long_data_bytes >= limit:
-            stmt.long_data_refused = f"{stmt.long_data_bytes}+ bytes of parameter data sent with COM_STMT_SEND_LONG_DATA"
-            return None
-        piece = self.long_data.keep(cmd.frames(), cmd.wire_size, cmd.raw)
-        if piece is None:
-            spool = self.long_data
-            stmt.long_data_refused = (f"the session's long data would exceed limits.long_data_spool = {spool.max_bytes} bytes "
-                                      f"({spool.held} kept to be sent again after a reconnect)")  # fmt: skip
-            return None
-        stmt.long_data.append(piece)
-        return piece
-
-    def long_data_dropped(self, stmt: PreparedStatement) -> None:
-        """``stmt``'s long data is gone (reset, closed, or its execute refused)."""
-        self.long_data.release(stmt.long_data)
-        stmt.long_data, stmt.long_data_bytes, stmt.long_data_refused = [], 0, None
-
-    def long_data_frames(self, piece: Piece, stmt: PreparedStatement):
-        """A kept COM_STMT_SEND_LONG_DATA as the current backend connection must see it (noted
-        as sent on it)."""
-        piece.sent_on = self.generation
-        return self.long_data.frames(piece, struct.pack("<I", stmt.backend_id) if stmt.backend_id != stmt.client_id else None)
-
-    def close(self) -> None:
-        """The session ends: its spool goes."""
-        self.long_data.close()
-
-    def _forget_prepared(self) -> None:
-        for stmt in self.prepared.values():
-            self.long_data.release(stmt.long_data)
-        self.prepared.clear()
-
-    def backend_bytes(self, payload: bytes, raw: bytes | None, stmt: PreparedStatement | None) -> bytes:
-        """A command as the current backend connection must see it: statement ids renumbered,
-        parameter types bound again for a statement that was re-prepared (a client sends them
-        only when they change). ``raw``: the client's frames, returned when nothing changes."""
-        if stmt is None:
-            return raw if raw is not None else encode_packet(payload, 0)[0]
-        new = payload
-        if payload[0] == C.COM_STMT_EXECUTE and stmt.num_params:
-            flag_pos = 10 + (stmt.num_params + 7) // 8
-            if len(payload) > flag_pos:
-                if payload[flag_pos]:
-                    stmt.param_types = payload[flag_pos + 1 : flag_pos + 1 + 2 * stmt.num_params]
-                    stmt.types_bound_on_backend = True
-                elif not stmt.types_bound_on_backend and stmt.param_types is not None:
-                    new = payload[:flag_pos] + b"\x01" + stmt.param_types + payload[flag_pos + 1 :]
-                    stmt.types_bound_on_backend = True
-        if stmt.backend_id != stmt.client_id:
-            new = new[:1] + struct.pack("<I", stmt.backend_id) + new[5:]
-        if new is payload and raw is not None:
-            return raw
-        return encode_packet(new, 0)[0]
-
-    def backend_frames(self, cmd: Command, stmt: PreparedStatement | None):
-        """A spooled command's frames as the current backend connection must see them, in
-        chunks: streamed from its file, the statement id of its first frame renumbered. (An
-        execute whose parameter types must be bound again is rebuilt whole: its layout changes.)"""
-        if stmt is None:
-            return cmd.frames()
-        payload = cmd.payload  # the head: enough for the id and the types' flag
-        if payload[0] == C.COM_STMT_EXECUTE and stmt.num_params and not stmt.types_bound_on_backend:
-            return iter([self.backend_bytes(cmd.full_payload(), None, stmt)])
-        if stmt.backend_id == stmt.client_id:
-            return cmd.frames()
-        new_id = struct.pack("<I", stmt.backend_id)
-        return with_statement_id(cmd.frames(), new_id)
-
-    def backend_ids(self) -> tuple[int, dict[PreparedStatement, tuple[int, int, bool]]]:
-        """What ties the prepared statements to the current backend connection (a move that
-        fails goes back to it: ``restore_backend_ids``)."""
-        return self.generation, {st: (st.backend_id, st.generation, st.types_bound_on_backend) for st in self.prepared.values()}
-
-    def restore_backend_ids(self, ids: tuple[int, dict[PreparedStatement, tuple[int, int, bool]]]) -> None:
-        self.generation, by_statement = ids
-        for st, (backend_id, generation, bound) in by_statement.items():
-            st.backend_id, st.generation, st.types_bound_on_backend = backend_id, generation, bound
+    # ------------------------------------------------------------------ the session's end
 
     def mark_unrestorable(self, reason: str) -> None:
         """The session holds something a new backend connection cannot be given."""
         assert self.state is not None
         self.state.mark_unrestorable(reason)
 
-    def reprepared(self, stmt: PreparedStatement, backend_id: int) -> None:
-        """``stmt`` was prepared again on the current backend connection as ``backend_id``."""
-        stmt.backend_id = backend_id
-        stmt.generation = self.generation
-        stmt.types_bound_on_backend = False
-        if backend_id != stmt.client_id:
-            self.remap_ids = True
+    def close(self) -> None:
+        """The session ends: its spool goes."""
+        self.long_data.close()

@@ -3,6 +3,8 @@ what the tracker then believes about the transaction, the session and recovery's
 
 from __future__ import annotations
 
+import struct
+
 import attrs
 import pytest
 
@@ -355,6 +357,44 @@ def test_prepared_statements_change_only_through_the_tracker():
     assert sent[4 + 11] == 1 and sent[4 + 12 : 4 + 14] == b"\x08\x00"  # types bound again
     t.restore_backend_ids(ids)
     assert (a.backend_id, t.generation) == (1, ids[0])
+
+
+def complete(t: SessionTracker, payload: bytes, answer: bytes | None, statement=None) -> Done:
+    """Complete a command of ``payload`` with the one packet ``answer`` (None: no response)."""
+    rt = ResponseTracker(expect_for(payload[0]), False, False)
+    if answer is not None:
+        raw = encode_packet(answer, 1)[0]
+        assert rt.feed(raw) == len(raw)
+    done = Done(Command(payload, encode_packet(payload, 0)[0], 0, len(payload)), rt, statement, None, None, t.reading)
+    done.captures = t.completed(done)
+    return done
+
+
+def prepare_ok(server_id: int) -> bytes:
+    return b"\x00" + struct.pack("<IHHBH", server_id, 0, 0, 0, 0)
+
+
+def test_prepared_statements_are_numbered_by_the_proxy_once_a_reconnect_renumbered_one():
+    """The client's ids are the server's until a re-prepare on a new connection got another id;
+    from then on the proxy numbers new statements itself (the server's ids may clash). Closed
+    statements go; a reset connection or a new login forgets them all."""
+    t = tracker()
+    first = complete(t, b"\x16SELECT 1", prepare_ok(5)).statement
+    assert t.statement_of(b"\x17" + (5).to_bytes(4, "little")) is first and t.prepared == {5: first}
+    assert (first.client_id, first.backend_id, first.generation) == (5, 5, t.generation)
+    assert first.analysis is not None and first.analysis.first.read_only
+
+    t.backend_changed("127.0.0.1:3307", MARIADB_VERSION)
+    assert t.generation == first.generation + 1  # first must be prepared again on the new connection
+    t.reprepared(first, 1)
+    second = complete(t, b"\x16SELECT 2", prepare_ok(2)).statement
+    assert (second.client_id, second.backend_id) == (6, 2)  # the proxy's number, not the server's 2
+    assert t.backend_bytes(b"\x19" + (6).to_bytes(4, "little"), None, second)[5:9] == (2).to_bytes(4, "little")
+
+    complete(t, b"\x19" + (6).to_bytes(4, "little"), None, second)  # COM_STMT_CLOSE
+    assert t.prepared == {5: first}
+    complete(t, b"\x1f", make_ok(AUTOCOMMIT, 0, 0))  # COM_RESET_CONNECTION
+    assert t.prepared == {} and t.statement_of(b"\x17" + (5).to_bytes(4, "little")) is None
 
 
 def test_a_statement_the_server_does_not_support_leaves_the_transaction_as_it_was():

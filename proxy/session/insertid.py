@@ -1,0 +1,56 @@
+"""Following LAST_INSERT_ID() through the commands that complete, so that a new backend
+connection can be given it again.
+
+``SessionState`` keeps the last value known for sure and the INSERTs since whose OK carried an
+id (``recovery.proofs.last_insert_id`` decides at restore which of them the server generated);
+``follow_insert_id`` tells it what one completed command did to it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from proxy.protocol.constants import Commands
+from proxy.session.completed import FAST_STATEMENTS, Completed
+from proxy.session.state import SessionState
+from proxy.sqltext import Kind
+
+__all__ = ["follow_insert_id"]
+
+C = Commands
+_SETS_INSERT_ID = re.compile(rb"LAST_INSERT_ID\s*\(\s*(?!\))", re.I)  # LAST_INSERT_ID(expr)
+_DO_INSERT_ID = re.compile(rb"\s*(?:DO|SELECT)\s+LAST_INSERT_ID\s*\(\s*(\d+)\s*\)\s*;?\s*", re.I)
+_INSERT_TEXT = 64 * 1024  # an INSERT whose OK carried an id is kept up to this size, to tell "generated" later
+
+
+def follow_insert_id(state: SessionState, done: Completed) -> None:
+    """A COM_QUERY or COM_STMT_EXECUTE that succeeded: what it did to LAST_INSERT_ID()."""
+    ok = done.tracker.ok
+    value = ok.last_insert_id if ok is not None else 0
+    if value:
+        state.forced_insert_id_used(value)
+    cmd = done.command
+    if done.analysis is not None:
+        a = done.analysis
+        kind = a.first.kind if a.single and a.unknown is None else None
+    elif done.verb is not None:
+        kind = FAST_STATEMENTS[done.verb].kind
+    else:  # COM_STMT_EXECUTE
+        a = done.statement.analysis if done.statement is not None else None
+        kind = a.first.kind if a is not None and a.single and a.unknown is None else None
+    if kind in (Kind.INSERT, Kind.REPLACE):
+        if value:
+            text = cmd.text() if cmd.code == C.COM_QUERY and cmd.complete and cmd.size <= _INSERT_TEXT else None
+            state.insert_id(value, text, done.reading)
+        return
+    if value:  # UPDATE ... SET id = LAST_INSERT_ID(expr): the OK carries the new value
+        state.known_insert_id(value)
+        return
+    if kind is Kind.SELECT or done.analysis is not None:
+        m = _SETS_INSERT_ID.search(cmd.payload, 1)
+        if m is not None:
+            constant = _DO_INSERT_ID.fullmatch(cmd.payload, 1)
+            if constant is not None:
+                state.known_insert_id(int(constant.group(1)))
+            else:
+                state.insert_id_lost()
