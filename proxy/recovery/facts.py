@@ -1,17 +1,31 @@
 """What recovery needs to know about one command of a session (``StatementFacts`` for
-``proxy.recovery.plan.plan_recovery``), from the judgement of its text made when it ran."""
+``proxy.recovery.plan.plan_recovery``), from the judgement of its text made when it ran.
+
+A command's facts are computed once, at the first loss that needs them, and kept with it
+(``JournalEntry.facts``, ``Inflight.facts``): the hot path pays nothing, and a loss after a
+loss reads them again. The plugins' answer to the safe-mode question is asked once per
+statement text per loss (``PluginAnswers``), here and by the proofs alike.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from proxy.protocol.constants import Commands
 from proxy.recovery.plan import StatementFacts
+from proxy.session.completed import SESSION_ONLY_COMMANDS
 from proxy.session.state import PreparedStatement
-from proxy.session.tracker import SESSION_ONLY_COMMANDS, SessionTracker
-from proxy.sqltext import Analysis, Kind
+from proxy.session.transaction import JournalEntry
+from proxy.sqltext import Analysis, Kind, ServerReading
 from proxy.sqltext.expressions import reads_last_results
 from proxy.sqltext.idempotence import changes_no_rows, claim
 
-__all__ = ["text_of", "statement_facts", "needs_last_results"]
+if TYPE_CHECKING:
+    from proxy.hooks import Hooks
+    from proxy.relay.inflight import Inflight
+    from proxy.session.info import SessionInfo
+
+__all__ = ["text_of", "statement_facts", "facts_of", "needs_last_results", "PluginAnswers"]
 
 C = Commands
 
@@ -26,11 +40,41 @@ def text_of(payload: bytes, stmt: PreparedStatement | None) -> str | None:
     return None
 
 
-def needs_last_results(tracker: SessionTracker, payload: bytes, stmt: PreparedStatement | None) -> bool:
+def needs_last_results(reading: ServerReading, payload: bytes, stmt: PreparedStatement | None) -> bool:
     """Does this command read what the session's previous statement left (FOUND_ROWS(),
-    warnings, ...)? Asked only of the first command on a new backend connection."""
+    warnings, ...)? Asked only of the first command on a new backend connection, read as the
+    session's server reads text now."""
     text = text_of(payload, stmt)
-    return text is not None and reads_last_results(text, tracker.dialect, tracker.nbe)
+    return text is not None and reads_last_results(text, reading.dialect, reading.nbe)
+
+
+class PluginAnswers:
+    """The plugins' answers to the safe-mode question (``Hooks.idempotent``: True, False, or
+    None when they leave it to the built-in rules), asked at most once per statement text in
+    one loss."""
+
+    def __init__(self, hooks: Hooks, info: SessionInfo) -> None:
+        self._hooks = hooks
+        self._info = info
+        self._known: dict[str, bool | None] = {}
+
+    async def idempotent(self, text: str) -> bool | None:
+        if not self._hooks.is_idempotent:
+            return None
+        if text not in self._known:
+            self._known[text] = await self._hooks.idempotent(self._info, text)
+        return self._known[text]
+
+
+async def facts_of(command: JournalEntry | Inflight, safe_mode: bool, answers: PluginAnswers) -> StatementFacts:
+    """The facts of a journaled or in-flight command, from its judgement when it ran, with the
+    plugins' answer to the safe-mode question: computed once, then kept with the command."""
+    if command.facts is None:
+        complete = isinstance(command, JournalEntry) or command.command.complete  # a journal keeps whole commands only
+        analysis = command.judged()
+        answer = await answers.idempotent(analysis.text) if safe_mode and complete and analysis is not None else None
+        command.facts = statement_facts(command.payload[0], analysis, complete=complete, safe_mode=safe_mode, idempotent=answer)
+    return command.facts
 
 
 def statement_facts(code: int, analysis: Analysis | None, *, complete: bool = True, safe_mode: bool = False,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from proxy.backend import Backend, BackendError
-from proxy.recovery.facts import text_of
+from proxy.recovery.facts import PluginAnswers, text_of
 from proxy.recovery.tablekeys import KeyCache, lower_text
 from proxy.session.state import PreparedStatement, SessionState
 from proxy.sqltext import Dialect, ServerReading, SqlParseError, Token, TokenKind, analyze, iter_tokens, quote_string
@@ -27,9 +27,7 @@ from proxy.sqltext.inserts import InsertHead, insert_head, insert_rows, insert_t
 from proxy.sqltext.tokens import name
 
 if TYPE_CHECKING:
-    from proxy.hooks import Hooks
     from proxy.relay.inflight import Inflight
-    from proxy.session.info import SessionInfo
     from proxy.session.tracker import SessionTracker
     from proxy.session.transaction import JournalEntry
 
@@ -50,10 +48,11 @@ def _null_params(payload: bytes, stmt: PreparedStatement | None) -> list[bool] |
 
 
 async def unproven(backend: Backend, commands: list[JournalEntry | Inflight], tracking: SessionTracker, keys: KeyCache,
-                   hooks: Hooks, info: SessionInfo) -> str | None:  # fmt: skip
+                   answers: PluginAnswers) -> str | None:  # fmt: skip
     """Why the idempotence of these commands (the journal, the command in flight) cannot be
     proven on ``backend``; None when every one of them is proven. Each is read as the server
-    read it when it ran; the tables' keys come from ``keys``, a plugin's policy from ``hooks``."""
+    read it when it ran; the tables' keys come from ``keys``, a plugin's policy from ``answers``
+    (asked once per text in a loss)."""
     state = tracking.state
     fk_checks = state is None or state.variables.get("foreign_key_checks", "1").upper() not in _FK_CHECKS_OFF
     before = tracking.tx.session_before if tracking.tx.active else None
@@ -70,7 +69,7 @@ async def unproven(backend: Backend, commands: list[JournalEntry | Inflight], tr
             part = text[start:end]
             if changes_no_rows(part, analysis.dialect, analysis.nbe):
                 continue
-            if hooks.is_idempotent and await hooks.idempotent(info, part):
+            if await answers.idempotent(part):
                 continue  # a plugin's policy vouches for it
             nulls = _null_params(payload, command.statement) if payload[:1] == b"\x17" else None
             found = claim(part, analysis.dialect, analysis.nbe, nulls)

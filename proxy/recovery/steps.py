@@ -31,7 +31,7 @@ from proxy.protocol.constants import Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ProtocolError, make_err
 from proxy.protocol.response import Expect
-from proxy.recovery.facts import needs_last_results, statement_facts
+from proxy.recovery.facts import PluginAnswers, facts_of, needs_last_results
 from proxy.recovery.kills import kill_if_alive
 from proxy.recovery.plan import Outcome, Plan, Sent, StatementFacts, plan_recovery
 from proxy.recovery.proofs import code_in_views, last_insert_id, unproven
@@ -74,6 +74,10 @@ class Loss:
     deprecate_eof: bool
     sent: Sent | None = None  # how far the command in flight got (decide)
     plan: Plan | None = None
+    answers: PluginAnswers = attrs.field(init=False)  # the plugins' safe-mode answers, once per text
+
+    def __attrs_post_init__(self) -> None:
+        self.answers = PluginAnswers(self.hooks, self.info)
 
     @property
     def may_have_run(self) -> bool:
@@ -200,15 +204,8 @@ async def _plan(loss: Loss) -> Plan:
 
 
 async def _facts(loss: Loss, command: JournalEntry | Inflight) -> StatementFacts:
-    """The facts of a journaled or in-flight command, from its judgement when it ran, with the
-    plugins' answer to the safe-mode question."""
-    complete = command.command.complete if isinstance(command, Inflight) else True
-    analysis = command.judged()
-    safe_mode = loss.tracking.safe_mode
-    answer = None
-    if safe_mode and complete and loss.hooks.is_idempotent and analysis is not None:
-        answer = await loss.hooks.idempotent(loss.info, analysis.text)
-    return statement_facts(command.payload[0], analysis, complete=complete, safe_mode=safe_mode, idempotent=answer)
+    """The facts of a journaled or in-flight command (computed once, then kept with it)."""
+    return await facts_of(command, loss.tracking.safe_mode, loss.answers)
 
 
 async def _ask_veto(loss: Loss, plan: Plan) -> Plan | None:
@@ -362,7 +359,7 @@ async def run_plan(loss: Loss, backend: Backend) -> tuple[int, bytes | None]:
             raise failure(loss, f"a statement to run again may call stored code: {why}")
     if plan.proof:
         with trio.fail_after(io_timeout):
-            why = await unproven(backend, again, loss.tracking, loss.target.keys, loss.hooks, loss.info)
+            why = await unproven(backend, again, loss.tracking, loss.target.keys, loss.answers)
         if why is not None:
             raise failure(loss, f"safe mode cannot prove the replay idempotent: {why}")
     if not (plan.replay and tx.active):
@@ -440,7 +437,7 @@ async def finish(loss: Loss, backend: Backend, replayed: int, waiting: Inflight 
         sending
         and not owed
         and link.takes_results_debt(waiting.command.code)
-        and needs_last_results(loss.tracking, waiting.payload, waiting.statement)
+        and needs_last_results(loss.tracking.reading, waiting.payload, waiting.statement)
     ):
         raise failure(
             loss, "the command reads the previous statement's results (FOUND_ROWS(), warnings...), which stayed on the lost connection"

@@ -7,6 +7,8 @@ the error now if a command waits, else at its next command).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
 import trio
 
@@ -16,6 +18,9 @@ from proxy.session.longdata import Piece
 from proxy.session.state import PreparedStatement
 from proxy.session.transaction import judged
 from proxy.sqltext import Analysis, ServerReading
+
+if TYPE_CHECKING:
+    from proxy.recovery.plan import StatementFacts
 
 __all__ = ["Inflight", "NOT_SENT", "SENDING", "SENT", "SEND_FAILED", "SessionClosed", "ConnectionFailed"]
 
@@ -43,6 +48,7 @@ class Inflight:
     internal: bool = False  # the proxy's own command (split pieces): response not forwarded
     answered: bool = False  # recovery answered the client with an error instead
     done: trio.Event | None = None
+    facts: StatementFacts | None = None  # what recovery needs to know of it: computed at the first loss, then kept
 
     @property
     def payload(self) -> bytes:

@@ -301,7 +301,7 @@ class Session:
         if (
             link.state in (LinkState.UP, LinkState.MOVING)
             and link.takes_results_debt(code)
-            and needs_last_results(tracking, cmd.payload, statement)
+            and needs_last_results(tracking.reading, cmd.payload, statement)
         ):  # mid-recovery, reconnect.finish asks instead
             msg = (
                 "Lost connection to backend during query (replay-proxy: the backend connection was replaced; "

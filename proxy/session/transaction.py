@@ -14,6 +14,7 @@ connection and checked to have produced the same results.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -22,6 +23,9 @@ from proxy.protocol.response import Expect
 from proxy.session.longdata import Piece
 from proxy.session.state import PreparedStatement, SessionState
 from proxy.sqltext import Analysis, ServerReading
+
+if TYPE_CHECKING:
+    from proxy.recovery.plan import StatementFacts
 
 __all__ = ["JournalEntry", "judged", "Transaction", "CONNECTION_FATAL", "ROLLS_BACK", "STATEMENT_ERRORS", "PARSE_ERRORS"]
 
@@ -54,6 +58,9 @@ class JournalEntry:
     # the server read text then: recovery reads these, never the session's reading of now.
     analysis: Analysis | None = None
     reading: ServerReading | None = None
+    # What recovery needs to know of it (``proxy.recovery.facts.facts_of``), from that
+    # judgement: computed at the first loss that asks, then kept.
+    facts: StatementFacts | None = None
 
     def judged(self) -> Analysis | None:
         return judged(self.payload, self.statement, self.analysis, self.reading)
