@@ -2,16 +2,21 @@
 target database; replay-proxy status --config configs/<target>.toml prints the running
 proxy's /status as a table (exit 1 when it is not ready); replay-proxy check --config
 configs/<target>.toml logs in to every backend address and reports what would bite at run
-time (exit 1 on any problem); --check validates the config file alone and exits.
+time (exit 1 on any problem); replay-proxy upgrade --config configs/<target>.toml asks the
+running proxy (at the admin address of that file) to hand over to a new process of the code
+and config now on disk (exit 1, with the reason, when the new one cannot start: the running
+one keeps serving); --check validates the config file alone and exits.
 
 Signals: SIGTERM or SIGINT drains (sessions close between transactions, the rest after
 listen.drain_timeout); SIGHUP reloads the config file (an invalid one is rejected and the
-running config kept). Every key is documented in configs/example.toml.
+running config kept); SIGUSR2 upgrades, as ``upgrade`` does (the outcome in the log). Every
+key is documented in configs/example.toml.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -27,6 +32,7 @@ from importlib.metadata import PackageNotFoundError, version
 import trio
 
 from proxy.config import Address, Config, ConfigError, load_config
+from proxy.handover.protocol import HandoverError
 from proxy.sessionlog import FIELDS
 from proxy.tls import check_files
 from proxy.workers import MAX_WORKERS, WorkerInfo, supervise
@@ -66,9 +72,11 @@ def setup_logging(config: Config, worker=None) -> None:
     root.propagate = False
 
 
-async def run(config: Config, path: str | None = None, worker=None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def run(config: Config, path: str | None = None, worker=None, successor=None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Run the proxy (and its admin endpoint) until cancelled or SIGTERM/SIGINT; SIGHUP
-    reloads ``path``. ``worker``: this process is one of several (``proxy.workers``)."""
+    reloads ``path``; SIGUSR2 upgrades. ``worker``: this process is one of several
+    (``proxy.workers``); ``successor``: it takes over from an old process
+    (``proxy.handover.upgrade.Successor``), whose listeners it adopts."""
     from proxy.frontend import Proxy
     from proxy.plugin_loader import load_chain
 
@@ -76,34 +84,107 @@ async def run(config: Config, path: str | None = None, worker=None, *, task_stat
     proxy = Proxy(config, hooks, worker=worker)
     retired: list = []  # plugin chains replaced by a reload, closed at exit
     try:
-        await _serve(config, hooks, proxy, path, retired, task_status)
+        await _serve(config, hooks, proxy, path, retired, task_status, successor)
     finally:
         for chain in [proxy.target.hooks, *retired]:
             chain.close()  # plugins flush and close their files
 
 
-async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, task_status) -> None:
-    from proxy.admin import serve_admin
+_HANDED_OVER = "handed over"  # the event of an upgrade done: the new process serves
+
+
+async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, task_status, successor=None) -> None:
+    from proxy.admin import open_listeners, serve_admin
+    from proxy.handover import sdnotify
+    from proxy.handover.upgrade import Upgrader
 
     # The signals are caught before anything starts: a SIGTERM while starting (a supervisor
     # stopping a worker it just restarted) is a drain like any other, not a silent death.
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2) as signals:
         async with trio.open_nursery() as nursery:
-            addresses = await nursery.start(proxy.serve)
+            inherited = await successor.take_listeners() if successor is not None else None
+
+            def take(role: str, address: Address) -> list | None:
+                return inherited.take(role, str(address)) if inherited is not None else None
+
+            admin_address = None
             if proxy.worker is not None:  # a worker's private admin port: the supervisor gathers it
-                worker = proxy.worker
-                await nursery.start(serve_admin, config, hooks, proxy, Address("127.0.0.1", worker.admin_ports[worker.index]))
+                admin_address = Address("127.0.0.1", proxy.worker.admin_ports[proxy.worker.index])
             elif config.admin.enabled:
-                await nursery.start(serve_admin, config, hooks, proxy)
+                admin_address = config.admin_address
+            # Every socket is open before the first client is accepted: a new process that
+            # cannot bind a changed admin address fails before it has taken any client.
+            await proxy.listen(take("client", config.listen.address))
+            admin_listeners = await open_listeners(config, admin_address, take("admin", admin_address)) if admin_address else []
+            addresses = await nursery.start(proxy.serve)
+            upgrader = None if proxy.worker is not None else Upgrader(path, lambda: _listening(proxy, admin_address, admin_listeners),
+                                                                     lambda: len(proxy.target.sessions), _upgrade_args(config))  # fmt: skip
+            admin_stopped = trio.Event()  # set when the admin listener is handed over
+            if admin_listeners:
+                await nursery.start(functools.partial(serve_admin, config, hooks, proxy, admin_address, listeners=admin_listeners,
+                                                      stop=admin_stopped, upgrader=upgrader))  # fmt: skip
+            if inherited is not None:
+                wanted = [f"client {config.listen.address}"] + ([f"admin {admin_address}"] if admin_address else [])
+                bound = [name for name in wanted if name not in inherited.adopted]
+                closed = inherited.close_rest()
+                log.info("took over from pid %d: listeners adopted: %s; bound anew: %s; closed (no longer configured): %s",
+                         inherited.old_pid, ", ".join(inherited.adopted) or "none", ", ".join(bound) or "none",
+                         ", ".join(closed) or "none", extra={"event": "upgrade_took_over"})  # fmt: skip
+                nursery.start_soon(successor.serving, inherited, bound, closed)
+            elif proxy.worker is None:
+                sdnotify.notify("READY=1")  # a Type=notify unit: the proxy serves
             task_status.started(addresses)
-            async for signum in signals:
-                if signum == signal.SIGHUP:
+            events_in, events = trio.open_memory_channel(16)
+            nursery.start_soon(_forward_signals, signals, events_in)
+            if upgrader is not None:
+                nursery.start_soon(_when_set, upgrader.handed_over, events_in, _HANDED_OVER)
+            async for event in events:
+                if event == signal.SIGHUP:
                     reload(proxy, path, retired)
                     continue
-                log.info("received %s; %d session(s) open", signal.Signals(signum).name, len(proxy.target.sessions))
-                await proxy.drain()
+                if event == signal.SIGUSR2:
+                    if upgrader is None:
+                        log.warning("SIGUSR2 ignored: a worker is upgraded through its supervisor (which does not support it yet)")
+                    else:
+                        nursery.start_soon(upgrader.upgrade_logged, "SIGUSR2")
+                    continue
+                if event == _HANDED_OVER:
+                    admin_stopped.set()  # the new process answers the admin endpoint from now on
+                    await proxy.drain()
+                    log.info("upgrade: pid %d drained, exiting; pid %d serves", os.getpid(), upgrader.outcome.new_pid)
+                else:
+                    log.info("received %s; %d session(s) open", signal.Signals(event).name, len(proxy.target.sessions))
+                    if upgrader is not None:
+                        upgrader.abandon()  # a new process half started must not outlive this one
+                    await proxy.drain()
                 nursery.cancel_scope.cancel()
                 break
+
+
+def _listening(proxy, admin_address: Address | None, admin_listeners: list) -> list:
+    """What an upgrade hands over: the client listeners and the admin endpoint's."""
+    from proxy.handover.upgrade import Listening
+
+    out = [Listening("client", str(proxy.listen_address), [lst.socket.fileno() for lst in proxy.listeners])]
+    if admin_listeners:
+        out.append(Listening("admin", str(admin_address), [lst.socket.fileno() for lst in admin_listeners]))
+    return out
+
+
+def _upgrade_args(config: Config) -> list[str]:
+    """A single process whose config asks for workers was started with --workers 1: so is
+    the new one (a config that asks for workers now is refused by the new process)."""
+    return ["--workers", "1"] if config.listen.workers > 1 else []
+
+
+async def _forward_signals(signals, events) -> None:
+    async for signum in signals:
+        await events.send(signum)
+
+
+async def _when_set(event: trio.Event, events, what: str) -> None:
+    await event.wait()
+    await events.send(what)
 
 
 # What a reload cannot change while running.
@@ -205,6 +286,56 @@ def status(config: Config, path: str = "configs/<target>.toml") -> int:
     return 0
 
 
+def upgrade(config: Config, path: str) -> int:
+    """``replay-proxy upgrade``: POST /upgrade to the proxy at the admin address of ``path``; it
+    starts the code and config now on disk and hands over (exit 1 with the reason if not)."""
+    from proxy.handover.upgrade import START_TIMEOUT
+
+    if not config.admin.enabled:
+        print(f"replay-proxy: target {config.name} has no admin endpoint ([admin] enabled = false) to ask for the upgrade: "
+              "send SIGUSR2 to the proxy's pid instead (the outcome is in its log)", file=sys.stderr)  # fmt: skip
+        return 1
+    url = f"http://{config.admin_address}/upgrade"
+    request = urllib.request.Request(url, data=b"", method="POST")
+    token = config.admin.resolved_token()
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    timeout = START_TIMEOUT + 30
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            data = json.load(response)
+    except urllib.error.HTTPError as exc:
+        answer = _json_or_none(exc)
+        if exc.code in (409, 500) and answer is not None and "error" in answer:
+            print(f"replay-proxy: upgrade of target {config.name} failed; pid {answer.get('pid')} keeps serving: {answer['error']}",
+                  file=sys.stderr)  # fmt: skip
+        elif exc.code in (404, 405):
+            print(f"replay-proxy: {url} does not serve POST /upgrade: the proxy runs with --workers N (upgrade is not supported "
+                  "there yet) or is a version without it; restart it instead", file=sys.stderr)  # fmt: skip
+        else:
+            print(f"replay-proxy: {_status_failure(exc, url, config, path)}", file=sys.stderr)
+        return 1
+    except TimeoutError:
+        print(f"replay-proxy: {url} gave no answer within {timeout:g} s: the upgrade may still be under way; look at the proxy's log",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"replay-proxy: {_status_failure(exc, url, config, path)}", file=sys.stderr)
+        return 1
+    print(f"target {config.name}: upgraded in {data['seconds']}s, pid {data['old_pid']} -> pid {data['new_pid']}; listeners handed "
+          f"over: {', '.join(data['listeners']) or 'none'}; {data['sessions_left_to_drain']} session(s) left to drain in pid "
+          f"{data['old_pid']}")  # fmt: skip
+    return 0
+
+
+def _json_or_none(response) -> dict | None:
+    try:
+        data = json.load(response)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def _status_failure(exc: BaseException, url: str, config: Config, path: str) -> str:
     """Why ``replay-proxy status`` got nothing, as a sentence with the next step."""
     where = f"{url} (the admin endpoint of target {config.name})"
@@ -228,9 +359,11 @@ def _status_failure(exc: BaseException, url: str, config: Config, path: str) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="replay-proxy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("command", nargs="?", choices=["run", "status", "check"], default="run",
-                        help="run the proxy (default); print a running proxy's status (exit 1 when not ready); or check "
-                             "the target: log in to every backend address and report what would bite (exit 1 on a problem)")  # fmt: skip
+    parser.add_argument("command", nargs="?", choices=["run", "status", "check", "upgrade"], default="run",
+                        help="run the proxy (default); print a running proxy's status (exit 1 when not ready); check "
+                             "the target: log in to every backend address and report what would bite (exit 1 on a problem); "
+                             "or upgrade the running proxy: a new process of the code and config on disk takes over its "
+                             "listeners (exit 1 with the reason when it cannot start)")  # fmt: skip
     parser.add_argument("--config", help="TOML file of the target database (configs/<target>.toml)")
     parser.add_argument("--check", action="store_true", help="validate the config and exit (no side effects)")
     parser.add_argument("--version", action="version", version=f"replay-proxy {_version()}")
@@ -238,22 +371,36 @@ def main(argv: list[str] | None = None) -> int:
                         help="processes sharing the listen port (default: listen.workers, 1)")  # fmt: skip
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # i/N: started by the supervisor
     parser.add_argument("--worker-admin", help=argparse.SUPPRESS)  # every worker's private admin port
+    parser.add_argument("--handover-fd", type=int, help=argparse.SUPPRESS)  # started by an upgrade (proxy.handover)
     args = parser.parse_args(argv)
     if not args.config:
         parser.error("--config is required: give the TOML file of the target, for example --config configs/dm-sidecar.toml")
+    successor = None
+    if args.handover_fd is not None:
+        from proxy.handover.upgrade import Successor
+
+        try:
+            successor = Successor.from_fd(args.handover_fd)
+        except HandoverError as exc:
+            print(f"replay-proxy: {exc}", file=sys.stderr)
+            return 2
+    remote = args.command in ("status", "upgrade")  # they need the admin address and token only
     try:
-        # status needs the admin address and token only: no user passwords from the environment
-        config = load_config(args.config, secrets=args.command != "status")
+        # no user passwords from the environment for status and upgrade (the new process reads them)
+        config = load_config(args.config, secrets=not remote)
         from proxy.plugin_loader import check_chain
 
-        if args.command != "status":
+        if not remote:
             check_files(config)  # the TLS certificates and keys load
         check_chain(config)  # plugin names and options are part of the config check
     except ConfigError as exc:
         print(f"replay-proxy: {exc}", file=sys.stderr)
+        _tell_old_process(successor, str(exc))  # it names the file
         return 2
     if args.command == "status":
         return status(config, args.config)
+    if args.command == "upgrade":
+        return upgrade(config, args.config)
     if args.command == "check":
         from proxy.preflight import run as preflight
 
@@ -269,28 +416,48 @@ def main(argv: list[str] | None = None) -> int:
         if not 1 <= workers <= MAX_WORKERS:
             print(f"replay-proxy: --workers must be 1 to {MAX_WORKERS}, got {workers}", file=sys.stderr)
             return 2
+        if workers > 1 and successor is not None:
+            reason = (f"{args.config} asks for {workers} worker processes (listen.workers): an upgrade cannot go from one "
+                      "process to several yet; restart the proxy instead")  # fmt: skip
+            log.error("cannot take over: %s", reason)
+            _tell_old_process(successor, reason)
+            return 2
         if workers > 1:
             return supervise(config, args.config, workers)
     try:
-        trio.run(run, config, args.config, worker)
+        trio.run(run, config, args.config, worker, successor)
     except KeyboardInterrupt:
         pass
-    except (ConfigError, OSError, BaseExceptionGroup) as exc:
+    except (ConfigError, OSError, HandoverError, BaseExceptionGroup) as exc:
         cause = _start_failure(exc)
         if cause is None:
+            _tell_old_process(successor, f"internal error: {type(exc).__name__}: {exc} (the traceback is in the log)")
             raise
-        if isinstance(cause, ConfigError):  # a plugin that fails to build (its log file, ...)
-            log.error("cannot start target %s: %s", config.name, cause)
-            return 2
         log.error("cannot start target %s: %s", config.name, cause)
+        _tell_old_process(successor, f"cannot start target {config.name}: {_one_line(cause)}")
+        if isinstance(cause, ConfigError):  # a plugin that fails to build (its log file, ...)
+            return 2
         return 1
+    except BaseException as exc:
+        _tell_old_process(successor, f"internal error: {type(exc).__name__}: {exc} (the traceback is in the log)")
+        raise
     return 0
 
 
+def _tell_old_process(successor, reason: str) -> None:
+    """A new process of an upgrade that cannot start: the old one keeps serving and says why."""
+    if successor is not None:
+        successor.failed(_one_line(reason))
+
+
+def _one_line(reason: object) -> str:
+    return str(reason).replace(":\n", ": ").replace("\n", "; ")
+
+
 def _start_failure(exc: BaseException) -> BaseException | None:
-    """The ConfigError or OSError (a busy port, ...) behind a failed start, if that is what it is:
-    one clear line instead of a traceback."""
-    if isinstance(exc, (ConfigError, OSError)):
+    """The ConfigError, OSError (a busy port, ...) or hand-over error behind a failed start, if
+    that is what it is: one clear line instead of a traceback."""
+    if isinstance(exc, (ConfigError, OSError, HandoverError)):
         return exc
     if isinstance(exc, BaseExceptionGroup):
         for sub in exc.exceptions:

@@ -38,6 +38,8 @@ class Proxy:
         self._ids_wrapped = False
         self.admission = Admission(config.listen)
         self.addresses: list[tuple[str, int]] = []
+        self.listeners: list[trio.SocketListener] = []  # what serve() accepts on (an upgrade hands them over)
+        self.listen_address = config.listen.address  # the address they are bound to (a reload cannot move it)
         self._accepting: trio.CancelScope | None = None
 
     async def drain(self) -> None:
@@ -62,15 +64,27 @@ class Proxy:
         self.admission.listen = config.listen
         self.target.reload(config, hooks)
 
-    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        listen = self.config.listen.address
+    async def listen(self, sockets: list[socket.socket] | None = None) -> None:
+        """Open the listening sockets serve() accepts on; ``sockets``: listening sockets handed
+        over by the process this one replaces (``proxy.handover``), adopted instead of binding."""
+        listen = self.listen_address = self.config.listen.address
         try:
-            if self.worker is not None:  # several processes share the port
+            if sockets is not None:
+                listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(sock)) for sock in sockets]
+            elif self.worker is not None:  # several processes share the port
                 listeners = [_reuse_port_listener(listen.host, listen.port)]
             else:
                 listeners = await trio.open_tcp_listeners(listen.port, host=listen.host, backlog=1024)
         except OSError as exc:
             raise OSError(exc.errno, f"cannot listen on {listen} (target {self.target.name}): {exc.strerror}") from None
+        self.listeners = listeners
+
+    async def serve(self, *, sockets: list[socket.socket] | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Accept clients until drain(), on the listeners of listen() (opened here if it was
+        not called: ``sockets`` as listen's)."""
+        if not self.listeners:
+            await self.listen(sockets)
+        listeners = self.listeners
         self.addresses = [lst.socket.getsockname()[:2] for lst in listeners]
         log.info(
             "target %s: listening on %s, backend %s",

@@ -108,8 +108,12 @@ class Supervisor:
             nursery.start_soon(self.watch)
             if self.config.admin.enabled:
                 await nursery.start(serve_gathering_admin, self)
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2) as signals:
                 async for signum in signals:
+                    if signum == signal.SIGUSR2:
+                        log.warning("SIGUSR2 ignored: upgrading with --workers %d is not supported yet; nothing changed "
+                                    "(restart the proxy to run the new code)", self.count)  # fmt: skip
+                        continue
                     if signum == signal.SIGHUP:
                         log.info("SIGHUP: reloading every worker's config")
                         self.reload()

@@ -1,0 +1,304 @@
+"""Upgrading the running proxy (``proxy.handover``): SIGUSR2 or ``replay-proxy upgrade`` start
+a new process of the code and config on disk, which adopts the listening sockets instead of
+binding; the old one drains and exits. Real processes in front of MariaDB (the hand-over is
+the proxy's own business, whatever the backend).
+
+Shown here: no connection refused while clients connect in a tight loop through three
+upgrades (each connection gets a greeting, from one process or the other); a new process that
+cannot start (a secret missing from its environment, a busy port) leaves the old one serving
+and the command prints why; the admin token guards the upgrade; under systemd the main PID
+moves (``NOTIFY_SOCKET``); with ``--workers`` SIGUSR2 changes nothing and says so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pymysql
+import pytest
+
+from tests.integration.conftest import start_proxy
+from tests.lab.fixtures import APP_PASSWORD, APP_USER, prepare_server
+from tests.lab.mariadb import free_port
+from tests.lab.procs import kill_at_exit, wait_listening
+from tests.lab.proxy import REPO, ProxyProcess, write_config
+
+pytestmark = pytest.mark.integration
+
+SERVES_NOW = re.compile(r"upgrade: pid (\d+) serves now .* after ([0-9.]+)s; pid (\d+) stops accepting and drains (\d+) session")
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for(predicate, timeout: float = 60, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def query_one(port: int, sql: str = "SELECT 1"):
+    conn = pymysql.connect(host="127.0.0.1", port=port, user=APP_USER, password=APP_PASSWORD, database="test", connect_timeout=20)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql)
+            return cur.fetchone()[0]
+    finally:
+        conn.close()
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "proxy", *args], cwd=REPO, capture_output=True, text=True, timeout=150,
+                          env=env)  # fmt: skip
+
+
+class Upgraded:
+    """The proxy across its upgrades: ``pid`` is the process serving now (after the first
+    upgrade none is this test's child: each is started by the one before)."""
+
+    def __init__(self, proxy: ProxyProcess) -> None:
+        self.proxy = proxy
+        self.pid = proxy.proc.pid
+        self.handovers: list[float] = []  # seconds each took, as the old process logged it
+
+    def handed_over(self) -> list[tuple[int, float, int, int]]:
+        return [(int(n), float(s), int(o), int(d)) for n, s, o, d in SERVES_NOW.findall(self.proxy.log_text())]
+
+    def signal_upgrade(self) -> int:
+        """SIGUSR2; once the new process serves and the old one is gone, the new pid."""
+        before = len(self.handed_over())
+        os.kill(self.pid, signal.SIGUSR2)
+        wait_for(lambda: len(self.handed_over()) > before, what=f"a hand-over after SIGUSR2 to pid {self.pid}")
+        return self._moved(self.handed_over()[-1])
+
+    def _moved(self, line: tuple[int, float, int, int]) -> int:
+        new, seconds, old, _ = line
+        assert old == self.pid
+        wait_for(lambda: not alive(old), what=f"the old pid {old} to exit")
+        if old == self.proxy.proc.pid:
+            assert self.proxy.proc.wait(5) == 0
+        self.pid = new
+        self.handovers.append(seconds)
+        return new
+
+    def stop(self) -> str:
+        if alive(self.pid):
+            os.kill(self.pid, signal.SIGTERM)
+            wait_for(lambda: not alive(self.pid), 30, what=f"pid {self.pid} to stop")
+        text = self.proxy.log_text()
+        assert "Traceback" not in text, text[-5000:]
+        return text
+
+
+class Knocker(threading.Thread):
+    """Connects to ``port`` in a tight loop and reads the greeting, until stopped."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.port = port
+        self.stopping = threading.Event()
+        self.greeted = 0
+        self.refused = 0
+        self.other: list[str] = []
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=20) as conn:
+                    head = _recv_exactly(conn, 4)
+                    body = _recv_exactly(conn, int.from_bytes(head[:3], "little"))
+                    if body[:1] == b"\x0a":  # protocol version 10: a greeting
+                        self.greeted += 1
+                    else:
+                        self.other.append(f"not a greeting: {body[:60]!r}")
+            except ConnectionRefusedError:
+                self.refused += 1
+            except OSError as exc:
+                self.other.append(f"{type(exc).__name__}: {exc}")
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(30)
+
+
+def _recv_exactly(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(data)} of {n} bytes")
+        data += chunk
+    return data
+
+
+def test_sigusr2_hands_the_listeners_over_and_no_connection_is_refused(mariadb, tmp_path):
+    prepare_server(mariadb)
+    proxy = Upgraded(start_proxy(tmp_path / "proxy", mariadb.port, log={"level": "info"}))
+    knocker = Knocker(proxy.proxy.port)
+    try:
+        held = pymysql.connect(host="127.0.0.1", port=proxy.proxy.port, user=APP_USER, password=APP_PASSWORD, database="test")
+        knocker.start()
+        wait_for(lambda: knocker.greeted > 20, what="the knocker to get going")
+        pids = [proxy.pid]
+        for _ in range(3):
+            pids.append(proxy.signal_upgrade())
+            greeted = knocker.greeted
+            wait_for(lambda: knocker.greeted > greeted + 20, what="connections served by the new process")  # noqa: B023
+        knocker.stop()
+        assert len(set(pids)) == 4
+        assert (knocker.refused, knocker.other) == (0, []), f"{knocker.greeted} greeted"
+        assert query_one(proxy.proxy.port, "SELECT 41 + 1") == 42  # the last new process serves
+        # the session open before the first upgrade was drained by the old process, as SIGTERM does
+        assert proxy.handed_over()[0][3] == 1
+        with pytest.raises(pymysql.err.OperationalError):
+            with held.cursor() as cur:
+                cur.execute("SELECT 1")
+        text = proxy.stop()
+        assert text.count("took over from pid") == 3
+        assert f"took over from pid {pids[0]}: listeners adopted: " in text
+        assert "bound anew: none" in text
+        print(f"\n{knocker.greeted} connections greeted, 0 refused; hand-overs took {proxy.handovers} s")
+    finally:
+        knocker.stop()
+        proxy.stop()
+
+
+def test_upgrade_command_reports_a_failed_start_and_the_old_process_serves_on(mariadb, tmp_path):
+    prepare_server(mariadb)
+    os.environ["REPLAY_PROXY_TEST_UPGRADE_TOKEN"] = "up-token"
+    try:
+        proxy = Upgraded(start_proxy(tmp_path / "proxy", mariadb.port, admin={"token_env": "REPLAY_PROXY_TEST_UPGRADE_TOKEN"}))
+    finally:
+        del os.environ["REPLAY_PROXY_TEST_UPGRADE_TOKEN"]
+    path = str(proxy.proxy.config_path)
+    original = proxy.proxy.config_path.read_text()
+    try:
+        # The admin token guards the upgrade: the command reads it from the file's token_env.
+        refused = run_cli("upgrade", "--config", path, env=dict(os.environ, REPLAY_PROXY_TEST_UPGRADE_TOKEN="wrong"))
+        assert refused.returncode == 1 and "refused the request (401)" in refused.stderr, refused.stderr
+        token_env = dict(os.environ, REPLAY_PROXY_TEST_UPGRADE_TOKEN="up-token")
+
+        # A secret the proxy's environment lacks: only the new process can tell (the command
+        # reads no passwords), so it fails, says why, and the old process serves on.
+        proxy.proxy.config_path.write_text(original.replace('password = "apppw"', 'password_env = "REPLAY_PROXY_TEST_UNSET"'))
+        failed = run_cli("upgrade", "--config", path, env=token_env)
+        assert failed.returncode == 1, failed.stdout + failed.stderr
+        assert f"upgrade of target test failed; pid {proxy.pid} keeps serving: " in failed.stderr
+        assert "REPLAY_PROXY_TEST_UNSET is not set" in failed.stderr
+        assert f"upgrade failed, pid {proxy.pid} keeps serving" in proxy.proxy.log_text()
+        assert alive(proxy.pid) and query_one(proxy.proxy.port) == 1
+
+        # Port trouble: the new config moves the listener to a port something else holds.
+        with socket.create_server(("127.0.0.1", 0)) as squatter:
+            busy = squatter.getsockname()[1]
+            proxy.proxy.config_path.write_text(original.replace(f"127.0.0.1:{proxy.proxy.port}", f"127.0.0.1:{busy}"))
+            failed = run_cli("upgrade", "--config", path, env=token_env)
+        assert failed.returncode == 1 and f"cannot listen on 127.0.0.1:{busy}" in failed.stderr, failed.stderr
+        assert alive(proxy.pid) and query_one(proxy.proxy.port) == 1
+
+        # The file fixed: the upgrade goes through.
+        proxy.proxy.config_path.write_text(original)
+        done = run_cli("upgrade", "--config", path, env=token_env)
+        assert done.returncode == 0, done.stderr
+        moved = re.search(r"pid (\d+) -> pid (\d+); listeners handed over: client 127.0.0.1:\d+, admin 127.0.0.1:\d+", done.stdout)
+        assert moved and int(moved.group(1)) == proxy.pid, done.stdout
+        assert proxy._moved(proxy.handed_over()[-1]) == int(moved.group(2))
+        assert query_one(proxy.proxy.port) == 1
+        # the admin endpoint came along, token and all
+        again = run_cli("status", "--config", path, env=token_env)
+        assert again.returncode == 0, again.stderr
+        assert "did not answer" not in again.stderr
+    finally:
+        proxy.proxy.config_path.write_text(original)
+        proxy.stop()
+
+
+def test_under_systemd_the_main_pid_moves_to_the_new_process(mariadb, tmp_path, monkeypatch):
+    prepare_server(mariadb)
+    notify_path = str(tmp_path / "notify.sock")
+    systemd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    systemd.bind(notify_path)
+    systemd.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # the sender's pid, as systemd reads it
+    systemd.settimeout(60)
+    monkeypatch.setenv("NOTIFY_SOCKET", notify_path)
+    proxy = Upgraded(start_proxy(tmp_path / "proxy", mariadb.port))
+    try:
+
+        def notice() -> tuple[int, str]:
+            data, ancillary, _, _ = systemd.recvmsg(4096, socket.CMSG_SPACE(12))
+            (level, kind, creds), = ancillary  # fmt: skip
+            assert (level, kind) == (socket.SOL_SOCKET, socket.SCM_CREDENTIALS)
+            return struct.unpack("iII", creds)[0], data.decode()
+
+        old = proxy.pid
+        assert notice() == (old, "READY=1")
+        new = proxy.signal_upgrade()
+        assert notice() == (old, f"MAINPID={new}")  # the main process names its heir first (NotifyAccess=main)
+        assert notice() == (new, f"MAINPID={new}\nREADY=1")
+    finally:
+        systemd.close()
+        proxy.stop()
+
+
+def test_with_workers_sigusr2_changes_nothing_and_says_so(mariadb, tmp_path):
+    prepare_server(mariadb)
+    port, admin = free_port(), free_port()
+    config = write_config(tmp_path / "proxy.toml", {
+        "name": "w", "listen": {"address": f"127.0.0.1:{port}", "workers": 2},
+        "backend": {"addresses": [f"127.0.0.1:{mariadb.port}"]},
+        "users": [{"name": APP_USER, "password": APP_PASSWORD}], "admin": {"address": f"127.0.0.1:{admin}"},
+    })  # fmt: skip
+    log_path = tmp_path / "proxy.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "proxy", "--config", str(config)], cwd=REPO, stdout=log, stderr=log)
+    kill_at_exit(proc)
+    try:
+        wait_listening(proc, port, 60, "proxy", log_path.read_text)  # the workers serve: their supervisor catches signals
+        wait_listening(proc, admin, 60, "proxy", log_path.read_text)
+        proc.send_signal(signal.SIGUSR2)
+        wait_for(lambda: "SIGUSR2 ignored: upgrading with --workers 2 is not supported yet" in log_path.read_text(), what="the line")
+        answer = run_cli("upgrade", "--config", str(config))
+        assert answer.returncode == 1 and "does not serve POST /upgrade" in answer.stderr, answer.stderr
+        assert query_one(port) == 1 and proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+
+
+def test_a_worker_ignores_sigusr2(tmp_path):
+    """A worker of ``--workers N`` (its supervisor would restart it) must not die of SIGUSR2."""
+    port = free_port()
+    config = write_config(tmp_path / "proxy.toml", {
+        "name": "w", "listen": {"address": f"127.0.0.1:{port}"}, "backend": {"addresses": ["127.0.0.1:9"]},
+        "users": [{"name": APP_USER, "password": APP_PASSWORD}], "admin": {"enabled": False},
+    })  # fmt: skip
+    log_path = Path(tmp_path / "worker.log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "proxy", "--config", str(config), "--worker", "0/1", "--worker-admin",
+                                 str(free_port())], cwd=REPO, stdout=log, stderr=log)  # fmt: skip
+    kill_at_exit(proc)
+    try:
+        wait_listening(proc, port, 60, "worker", log_path.read_text)
+        proc.send_signal(signal.SIGUSR2)
+        wait_for(lambda: "SIGUSR2 ignored: a worker is upgraded through its supervisor" in log_path.read_text(), what="the line")
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
