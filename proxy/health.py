@@ -17,22 +17,20 @@ from __future__ import annotations
 import logging
 import re
 import ssl
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import attrs
 import httpx
 import trio
 
-from proxy.backend import BackendError, connect_backend
-from proxy.config import Address, BackendConfig, BackendTLSConfig
+from proxy.backend import BackendError, Login, connect_backend
+from proxy.config import Address, BackendConfig, BackendTLSConfig, Config
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.response import Expect
 from proxy.tls import backend_tls
 
-if TYPE_CHECKING:
-    from proxy.target import Target
-
-__all__ = ["AddressHealth", "HealthChecker", "StatusProbe", "status_url"]
+__all__ = ["AddressHealth", "HealthChecker", "CheckedTarget", "StatusProbe", "status_url"]
 
 log = logging.getLogger("replay_proxy.health")
 
@@ -143,8 +141,27 @@ def _reason(exc: BaseException) -> str:
     return f"{type(inner).__name__}: {inner}" if str(inner) else type(inner).__name__
 
 
+class CheckedTarget(Protocol):
+    """What the checker uses of the target whose addresses it checks (``proxy.target.Target``)."""
+
+    config: Config  # the one in force: a SIGHUP may change the addresses, the interval, [backend.tls]
+    opener: Callable  # address -> Channel
+
+    @property
+    def addresses(self) -> list[Address]: ...
+
+    def health_of(self, address: Address) -> AddressHealth:
+        """The address's record, which the checker updates."""
+
+    def health_login(self) -> Login | None:
+        """How a check logs in (None: no user to log in as)."""
+
+    def backend_unusable(self, address: Address, state: str) -> None:
+        """``address`` became draining or down: its sessions move."""
+
+
 class HealthChecker:
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: CheckedTarget) -> None:
         self.target = target
         self._status: StatusProbe | None = None  # made at the first status URL; closed by aclose
 

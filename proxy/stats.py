@@ -2,7 +2,9 @@
 
 Nothing here runs per statement: counts of commands come from the sessions themselves
 (``Session.commands``) when a scrape asks, plus what closed sessions left behind; the rest is
-counted where it happens (logins, recoveries, reloads), which is rare.
+counted where it happens (logins, recoveries, reloads), which is rare. ``Stats`` is given what
+it reads (the target builds it): the sessions, as ``SessionFacts``; the backend addresses and
+their health; readiness; the plugin chain in force.
 
 /metrics is one exposition with one family per name. The proxy owns ``process_*``, build info,
 sessions, recoveries, held time, backends and reloads; a plugin adds families of its own by
@@ -19,20 +21,21 @@ import bisect
 import logging
 import platform
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector, exposition
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from proxy.config import ConfigError
+from proxy.config import Address, ConfigError
 
 if TYPE_CHECKING:
-    from proxy.target import Target
+    from proxy.health import AddressHealth
+    from proxy.hooks import Hooks
 
-__all__ = ["Stats", "CONTENT_TYPE", "OUTCOMES", "family_names"]
+__all__ = ["Stats", "SessionFacts", "CONTENT_TYPE", "OUTCOMES", "family_names"]
 
 log = logging.getLogger("replay_proxy.stats")
 
@@ -66,9 +69,32 @@ def _package_version() -> str:
         return "unknown"
 
 
+class SessionFacts(Protocol):
+    """What /metrics and /status read of a logged-in session (``relay.tasks.Session``)."""
+
+    id: int
+    commands: int  # client commands received
+
+    @property
+    def in_transaction(self) -> bool: ...
+
+    @property
+    def backend_address(self) -> str | None:
+        """Where its backend connection goes, while one is open."""
+
+    def describe(self) -> dict[str, Any]:
+        """Its line in /status."""
+
+
 class Stats:
-    def __init__(self, target: Target) -> None:
-        self.target = target
+    def __init__(self, name: str, *, chain: Callable[[], Hooks], sessions: Callable[[], Collection[SessionFacts]],
+                 addresses: Callable[[], list[Address]], health: Mapping[Address, AddressHealth], ready: Callable[[], bool]) -> None:  # fmt: skip
+        self.name = name  # the target's
+        self.chain = chain  # the plugin chain in force (a SIGHUP loads another)
+        self.sessions = sessions  # the logged-in sessions
+        self.addresses = addresses  # the configured backend addresses
+        self.health = health  # every address checked, by address
+        self.ready = ready  # what /readyz answers
         self.sessions_opened = 0
         self.commands_closed = 0  # commands of sessions that have ended
         self.logins_failed = 0
@@ -85,7 +111,7 @@ class Stats:
         self._dropped: set[tuple[str, str]] = set()  # (plugin, family) clashes already logged
         self.registry = CollectorRegistry()
         self.registry.register(self)
-        self.check_chain(target.hooks)
+        self.check_chain(chain())
 
     def session_closed(self, commands: int) -> None:
         self.commands_closed += commands
@@ -105,7 +131,7 @@ class Stats:
             self.config_loaded_at = time.time()
 
     def commands(self) -> int:
-        return self.commands_closed + sum(s.commands for s in self.target.sessions)
+        return self.commands_closed + sum(s.commands for s in self.sessions())
 
     def render(self) -> bytes:
         return exposition.generate_latest(self.registry)
@@ -162,7 +188,7 @@ class Stats:
         for family in self._core():
             taken |= family_names(family)
             yield family
-        for name, plugin in self.target.hooks.plugins:
+        for name, plugin in self.chain().plugins:
             for family in self._families_of(name, plugin):
                 names = family_names(family)
                 if names & taken:
@@ -178,8 +204,7 @@ class Stats:
         return list(self._core(describe=True))
 
     def _core(self, describe: bool = False) -> Iterable[Metric]:
-        t = self.target
-        name = t.name
+        name = self.name
 
         def gauge(metric: str, doc: str, value: float, labels: tuple[str, ...] = (), values: dict | None = None) -> Metric:
             family = GaugeMetricFamily(f"replay_proxy_{metric}", doc, labels=("target", *labels))
@@ -197,11 +222,11 @@ class Stats:
         yield gauge("build_info", "Always 1: the proxy's version and Python's", 1, ("version", "python"),
                     {(self.build["version"], self.build["python"]): 1})  # fmt: skip
         yield gauge(
-            "ready", "1 while a backend address is usable (what /readyz answers 200 for), else 0", 0 if describe else float(t.ready())
+            "ready", "1 while a backend address is usable (what /readyz answers 200 for), else 0", 0 if describe else float(self.ready())
         )
-        sessions = list(t.sessions)
+        sessions = list(self.sessions())
         yield gauge("sessions_open", "Logged-in client sessions", len(sessions))
-        yield gauge("sessions_in_transaction", "Sessions inside a transaction", sum(s.tracking.tx.active for s in sessions))
+        yield gauge("sessions_in_transaction", "Sessions inside a transaction", sum(s.in_transaction for s in sessions))
         yield counter("sessions_opened", "Client sessions that logged in", self.sessions_opened)
         yield counter("commands", "Client commands received", self.commands())
         yield counter("logins_failed", "Logins refused for wrong credentials", self.logins_failed)
@@ -216,8 +241,8 @@ class Stats:
             cumulative.append((floatToGoString(bound), total))
         held.add_metric((name,), cumulative, self.held_sum)
         yield held
-        health = t.health
-        addresses = {str(a): None for a in (*t.addresses, *health)}  # configured ones, and any still checked
+        health = self.health
+        addresses = {str(a): None for a in (*self.addresses(), *health)}  # configured ones, and any still checked
         states = {str(a): h.state for a, h in health.items()}
         yield gauge("backend_up", "Backend address up (1) or draining or down (0) at its last health check; absent "
                     "until checked", 0, ("address",), {(a,): float(s == "up") for a, s in states.items() if s != "unknown"})  # fmt: skip
@@ -228,9 +253,8 @@ class Stats:
                     {(a, st): float(states.get(a, "unknown") == st) for a in addresses for st in BACKEND_STATES})  # fmt: skip
         connections = dict.fromkeys(addresses, 0)
         for s in sessions:
-            backend = s.link.backend
-            if backend is not None and not backend.channel.closed:
-                key = str(backend.address)
+            key = s.backend_address
+            if key is not None:
                 connections[key] = connections.get(key, 0) + 1
         yield gauge("backend_connections", "Open backend connections of logged-in sessions, by address", 0, ("address",),
                     {(a,): n for a, n in connections.items()})  # fmt: skip
@@ -242,12 +266,11 @@ class Stats:
 
     def status(self) -> dict[str, Any]:
         """What /status shows: backends, sessions, totals (no statement text, no password)."""
-        t = self.target
-        now_sessions = sorted(t.sessions, key=lambda s: s.id)
+        now_sessions = sorted(self.sessions(), key=lambda s: s.id)
         return {
-            "target": t.name,
-            "ready": t.ready(),
-            "backends": [h.describe() for h in t.health.values()],
+            "target": self.name,
+            "ready": self.ready(),
+            "backends": [h.describe() for h in self.health.values()],
             "sessions": [s.describe() for s in now_sessions],
             "totals": {
                 "sessions_opened": self.sessions_opened,

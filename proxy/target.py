@@ -43,9 +43,11 @@ class Target:
         self._preferred = 0  # index of the address that worked last
         self.markers = MarkerTable(config.recovery.marker_table, config.name)
         self.keys = KeyCache()  # safe mode's table keys
-        self.sessions: set = set()  # logged-in sessions
+        self.sessions: set = set()  # logged-in sessions (relay.tasks.Session: stats.SessionFacts and more)
         self.health: dict[Address, AddressHealth] = {}
-        self.stats = Stats(self)
+        # What /metrics and /status read, handed over explicitly (read at each scrape: a reload changes some).
+        self.stats = Stats(self.name, chain=lambda: self.hooks, sessions=lambda: self.sessions, addresses=lambda: self.addresses,
+                           health=self.health, ready=self.ready)  # fmt: skip
         self.nursery: trio.Nursery | None = None  # for background work (session moves); set by Proxy.serve
         self.worker = None  # workers.WorkerInfo when this process is one of several
 

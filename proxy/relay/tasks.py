@@ -140,6 +140,15 @@ class Session:
     def recoveries(self) -> int:
         return self.link.recoveries
 
+    @property
+    def in_transaction(self) -> bool:  # stats.SessionFacts
+        return self.tracking.tx.active
+
+    @property
+    def backend_address(self) -> str | None:  # stats.SessionFacts: while its backend connection is open
+        backend = self.link.backend
+        return str(backend.address) if backend is not None and not backend.channel.closed else None
+
     def request_move(self) -> None:
         """Its backend address is draining: move to another connection as soon as it is idle."""
         self.link.move_requested = True

@@ -200,13 +200,13 @@ async def test_build_info():
 
 
 class _Session:
-    """What the gauges read of a session: its backend connection, its transaction, its commands."""
+    """What the gauges read of a session (stats.SessionFacts): where its open backend connection
+    goes, its transaction, its commands."""
 
-    def __init__(self, address: str | None, closed: bool = False) -> None:
-        backend = None if address is None else SimpleNamespace(address=address, channel=SimpleNamespace(closed=closed))
-        self.link = SimpleNamespace(backend=backend)
-        self.tracking = SimpleNamespace(tx=SimpleNamespace(active=False))
-        self.commands = 0
+    def __init__(self, address: str | None, in_transaction: bool = False, commands: int = 0) -> None:
+        self.backend_address = address
+        self.in_transaction = in_transaction
+        self.commands = commands
 
 
 async def test_backend_gauges_follow_health_and_sessions():
@@ -217,21 +217,42 @@ async def test_backend_gauges_follow_health_and_sessions():
     assert value(families, "replay_proxy_backend_state", address=str(a), state="unknown") == 1
     assert value(families, "replay_proxy_ready") == 0
     t.health_of(a).state, t.health_of(b).state = "up", "down"
-    t.sessions.update([_Session(str(a)), _Session(str(a)), _Session(str(b), closed=True), _Session(None)])
+    t.sessions.update([_Session(str(a), in_transaction=True, commands=5), _Session(str(a)), _Session(None, commands=2), _Session(None)])
     families = parse(t.stats.render().decode())
     assert value(families, "replay_proxy_backend_up", address=str(a)) == 1
     assert value(families, "replay_proxy_backend_up", address=str(b)) == 0
     assert [value(families, "replay_proxy_backend_state", address=str(b), state=s) for s in ("up", "draining", "down", "unknown")] \
         == [0, 0, 1, 0]  # fmt: skip
     assert value(families, "replay_proxy_backend_connections", address=str(a)) == 2
-    assert value(families, "replay_proxy_backend_connections", address=str(b)) == 0  # its connection was closed
+    assert value(families, "replay_proxy_backend_connections", address=str(b)) == 0  # no open connection goes there
     assert value(families, "replay_proxy_ready") == 1
     assert value(families, "replay_proxy_sessions_open") == 4
+    assert value(families, "replay_proxy_sessions_in_transaction") == 1
+    assert value(families, "replay_proxy_commands_total") == 7
     t.health_of(a).state = "draining"
     families = parse(t.stats.render().decode())
     assert value(families, "replay_proxy_backend_up", address=str(a)) == 0
     assert value(families, "replay_proxy_backend_draining", address=str(a)) == 1
     assert value(families, "replay_proxy_ready") == 0
+
+
+async def test_a_session_gives_its_facts_to_the_gauges():
+    """relay.tasks.Session as stats.SessionFacts: its backend's address only while the connection
+    is open (a lost one is not counted), its transaction as the tracker has it."""
+    from proxy.relay.tasks import Session
+
+    t = target([])
+    session = Session(t, SimpleNamespace(), "127.0.0.1:50000", 7)
+    assert session.backend_address is None and not session.in_transaction
+    channel = SimpleNamespace(closed=False)
+    session.link.replace(SimpleNamespace(address=Address("127.0.0.1", 3307), channel=channel, max_allowed_packet=0, connection_id=9,
+                                         handshake=SimpleNamespace(server_version="10.11.19-MariaDB")))  # fmt: skip
+    assert session.backend_address == "127.0.0.1:3307"
+    channel.closed = True
+    assert session.backend_address is None
+    session.tracking.logged_in("app", None, 45, 0)
+    session.tracking.tx.start(None)
+    assert session.in_transaction and session.describe()["in_transaction"]
 
 
 # --- reloads ------------------------------------------------------------------------------------
