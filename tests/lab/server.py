@@ -296,9 +296,9 @@ class ServerProcess:
         if self.socket_path is not None:
             self.socket_path.unlink(missing_ok=True)
         cmd = self.command()
-        with open(self.stdout_path, "ab") as out:
+        with open(self.stdout_path, "ab") as out:  # its own process group: killpg reaches everything
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.basedir,
-                                    start_new_session=True)  # own process group: killpg reaches everything  # fmt: skip
+                                    start_new_session=True)  # fmt: skip
         self._holder[0] = proc
         _register(proc, Path(cmd[0]).name, self.orphan_marker())
         deadline = time.monotonic() + timeout
