@@ -45,11 +45,20 @@ class AddressHealth:
     since: float = 0.0  # when the state last changed (trio clock)
     checked_at: float | None = None
     error: str | None = None  # why it is not up
+    # A session's connection there was just dropped by the server, or a login failed: new
+    # connections try the other addresses first until then (trio clock), without waiting for
+    # the next check. A server going down drops every session at once; each reconnecting to
+    # it while it still accepts would wait for its exit.
+    suspect_until: float = 0.0
 
     @property
     def usable(self) -> bool:
         """May new connections go there? (Unknown: not checked yet, so yes.)"""
         return self.state in (UP, UNKNOWN)
+
+    @property
+    def suspect(self) -> bool:
+        return trio.current_time() < self.suspect_until
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -112,13 +112,26 @@ class Target:
     def addresses(self) -> list[Address]:
         return self.config.backend.addresses
 
+    def suspect(self, address: Address) -> None:
+        """The server at ``address`` just dropped a session's connection, or refused a login:
+        for a while new connections try the other addresses first (``AddressHealth.suspect``)."""
+        if len(self.addresses) > 1:
+            health = self.health_of(address)
+            health.suspect_until = trio.current_time() + max(2.0, 2 * self.config.backend.health_interval)
+
     def _rotation(self) -> list[Address]:
-        """Addresses to try, the last that worked first; draining and down ones last (they are
-        still tried when nothing else answers)."""
+        """Addresses to try, the last that worked first; suspect ones after those (a session's
+        connection there just dropped), draining and down ones last (they are still tried when
+        nothing else answers)."""
         addrs = self.addresses
         preferred = self._preferred if self._preferred < len(addrs) else 0
         order = addrs[preferred:] + addrs[:preferred]
-        return [a for a in order if self.health_of(a).usable] + [a for a in order if not self.health_of(a).usable]
+        health = [self.health_of(a) for a in order]
+        return (
+            [h.address for h in health if h.usable and not h.suspect]
+            + [h.address for h in health if h.usable and h.suspect]
+            + [h.address for h in health if not h.usable]
+        )
 
     async def profile(self) -> BackendProfile:
         """The backend's greeting, learned once (a connection opened, greeted and closed)."""
@@ -148,21 +161,28 @@ class Target:
         self._profile = profile
 
     async def connect(self, login: Login) -> Backend:
-        """One login attempt per address, starting with the last one that worked."""
+        """One login attempt per address, starting with the last one that worked. While another
+        address is left to try, a login gets ``connect_timeout``, not ``io_timeout``: a server
+        shutting down may accept a connection and answer it only when it exits (measured on a
+        TiDB cluster: seconds), and the next server is ready now."""
         errors: list[BackendError] = []
-        for address in self._rotation():
+        rotation = self._rotation()
+        backend_config = self.config.backend
+        for i, address in enumerate(rotation):
+            last = i == len(rotation) - 1
             try:
                 backend = await connect_backend(
                     address,
                     login,
-                    connect_timeout=self.config.backend.connect_timeout,
-                    io_timeout=self.config.backend.io_timeout,
+                    connect_timeout=backend_config.connect_timeout,
+                    io_timeout=backend_config.io_timeout if last else min(backend_config.io_timeout, backend_config.connect_timeout),
                     opener=self.opener,
                 )
             except BackendError as exc:
                 errors.append(exc)
                 if not exc.retryable:
                     raise
+                self.suspect(address)
                 log.info(
                     "target %s: backend %s refused a connection: %s",
                     self.name,
