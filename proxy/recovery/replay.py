@@ -1,0 +1,154 @@
+"""The steps on a restored connection that settle the open transaction: a COMMIT in doubt
+asked of its commit marker (``resolve_marker``); what runs again proven safe, then the
+journal replayed and checked against what the client saw (``run_plan``).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING
+
+import trio
+
+from proxy.protocol.framing import encode_packet
+from proxy.recovery.loss import failure, lost_transaction
+from proxy.recovery.plan import Sent
+from proxy.recovery.proofs import code_in_views, unproven
+from proxy.recovery.restore import prepare_on, send_long_data
+from proxy.relay.inflight import Inflight
+from proxy.session.state import PreparedStatement
+from proxy.session.transaction import JournalEntry
+from proxy.sqltext import Kind
+
+if TYPE_CHECKING:
+    from proxy.backend import Backend
+    from proxy.recovery.loss import Loss
+    from proxy.session.tracker import SessionTracker
+
+__all__ = ["resolve_marker", "run_plan", "is_begin"]
+
+
+async def resolve_marker(loss: Loss, backend: Backend) -> bool:
+    """Did the COMMIT in doubt commit? Its commit marker says; when it cannot (the old
+    connection may still be alive), a connection error. If it committed, the session is left
+    as the client believes it: no transaction, or COMMIT AND CHAIN's new one."""
+    p, inflight = loss.parts, loss.inflight
+    io_timeout, tracking = p.config.backend.io_timeout, p.tracking
+    assert inflight is not None and p.markers is not None
+    try:
+        with trio.fail_after(io_timeout):
+            committed = await p.markers.committed(backend, loss.old, inflight.marker, io_timeout, tracking.dialect.flavor)
+    except trio.TooSlowError:
+        committed = None
+    if committed is None:
+        raise failure(p, "COMMIT was in flight and its commit marker could not be checked")
+    p.log.warning("commit marker %d says the COMMIT %s", inflight.marker, "committed" if committed else "did not commit")
+    if committed:
+        # TiDB accepts AND CHAIN but opens no new transaction (measured, v8.5.3)
+        chain = inflight.analysis is not None and inflight.analysis.first.chain and tracking.dialect.flavor != "tidb"
+        begin = _chained_begin(tracking) if chain else None
+        tracking.transaction_lost()
+        if begin is not None:  # COMMIT AND CHAIN: the client is in a new transaction
+            with trio.fail_after(io_timeout):
+                for statement in begin:
+                    await backend.query(statement)
+            tracking.tx.start(None)
+    return committed
+
+
+def _chained_begin(tracking: SessionTracker) -> list[str]:
+    """What opens a transaction like the open one (COMMIT AND CHAIN keeps its characteristics):
+    its SET TRANSACTION, and its own BEGIN / START TRANSACTION ... or a plain one."""
+    tx = tracking.tx
+    out = [tx.prefix] if tx.prefix else []
+    first = tx.entries[0] if tx.entries else None
+    if is_begin(first):
+        out.append(first.payload[1:].decode("utf-8", "surrogateescape"))
+    else:
+        out.append("START TRANSACTION")
+    return out
+
+
+def is_begin(entry: JournalEntry | None) -> bool:
+    """Does the journal start with the transaction's own BEGIN / START TRANSACTION?"""
+    if entry is None or entry.payload[:1] != b"\x03":
+        return False
+    analysis = entry.judged()
+    return analysis is not None and analysis.first.kind is Kind.BEGIN
+
+
+async def run_plan(loss: Loss, backend: Backend) -> tuple[int, bytes | None]:
+    """Prove that what runs again is safe to run again, then replay the journal. Returns the
+    statements replayed and, when the replay did not reproduce what the client saw (the
+    transaction rolled back), the 1213 the client is owed."""
+    p, plan = loss.parts, loss.plan
+    io_timeout, tx = p.config.backend.io_timeout, p.tracking.tx
+    assert plan is not None
+    again = _run_again(loss)
+    if again:
+        with trio.fail_after(io_timeout):
+            why = await code_in_views(backend, again, p.tracking)
+        if why is not None:
+            raise failure(p, f"a statement to run again may call stored code: {why}")
+    if plan.proof:
+        with trio.fail_after(io_timeout):
+            why = await unproven(backend, again, p.tracking, p.target.keys, loss.answers)
+        if why is not None:
+            raise failure(p, f"safe mode cannot prove the replay idempotent: {why}")
+    if not (plan.replay and tx.active):
+        return 0, None
+    replayed, mismatch = await _replay(loss, backend, plan.verify)
+    if mismatch is None:
+        return replayed, None
+    p.log.warning("replay stopped: %s; transaction rolled back", mismatch)
+    if not plan.verify:
+        raise failure(p, f"idempotent replay failed: {mismatch}")
+    with trio.fail_after(io_timeout):
+        await backend.query("ROLLBACK")
+    return replayed, lost_transaction(p, f"replay did not reproduce what the client saw: {mismatch}")
+
+
+def _run_again(loss: Loss) -> list[JournalEntry | Inflight]:
+    """What the plan runs a second time: the journal it replays, the command in flight it
+    resends although it may have run. (For a plan with ``proof``, what safe mode must prove.)"""
+    plan, tx = loss.plan, loss.parts.tracking.tx
+    commands: list[JournalEntry | Inflight] = list(tx.entries) if plan.replay and tx.active else []
+    if loss.inflight is not None and plan.resend and loss.sent is Sent.MAYBE_EXECUTED:
+        commands.append(loss.inflight)
+    return commands
+
+
+async def _replay(loss: Loss, backend: Backend, verify: bool) -> tuple[int, str | None]:
+    """Run the journal of the open transaction on the new connection."""
+    tracking, io_timeout = loss.parts.tracking, loss.parts.config.backend.io_timeout
+    tx = tracking.tx
+    entries = list(tx.entries)
+    with trio.fail_after(io_timeout):
+        if tx.prefix:
+            await backend.query(tx.prefix)
+        if not is_begin(entries[0] if entries else None):
+            await backend.query("START TRANSACTION")
+    temporary: list[PreparedStatement] = []
+    count = 0
+    try:
+        for entry in entries:
+            stmt = entry.statement
+            # Each entry within io_timeout, as the restore is: a server that stops reading
+            # (long data filling its window) or answering is a failed replay, not a hang.
+            with trio.fail_after(io_timeout):
+                if stmt is not None and stmt.generation != tracking.generation:
+                    await prepare_on(tracking, backend, stmt)  # closed by the client since; needed again
+                    temporary.append(stmt)
+                for piece in entry.long_data or ():
+                    await send_long_data(tracking, backend, piece, stmt)
+                tracker = await backend.exchange(tracking.backend_bytes(entry.payload, None, stmt), entry.expect, True)
+            count += 1
+            if verify and entry.fingerprint is not None and tracker.fingerprint != entry.fingerprint:
+                return count, f"statement {count} of {len(entries)} returned a different result"
+            if not verify and tracker.error is not None:
+                return count, f"statement {count} of {len(entries)} failed on replay: {tracker.error}"
+    finally:
+        for stmt in temporary:
+            if stmt.client_id not in tracking.prepared:
+                await backend.channel.send(encode_packet(b"\x19" + struct.pack("<I", stmt.backend_id), 0)[0])
+    return count, None
