@@ -1,8 +1,8 @@
 """The backend task of a session: it reads the backend socket all the time, streams each
 response to the client, completes it (session and transaction state, plugins' results), and
 notices a server closing the connection while the client is idle (FIN, reset, an unsolicited
-ERR), so recovery (``on_lost``, running ``reconnect``'s steps) replaces it before the client's
-next command.
+ERR), so recovery replaces it before the client's next command: ``on_lost`` hands the loss to
+``proxy.recovery.driver.recover`` and does what its decision says.
 
 The hot path is ``backend_task`` -> ``on_response_data`` -> ``complete``.
 """
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from proxy.backend import Backend, BackendError
+from proxy.backend import BackendError
 from proxy.hooks import CommandInfo, ResultInfo
 from proxy.netio import PeerClosed, PeerFinished
 from proxy.protocol.constants import Err
@@ -22,11 +22,12 @@ from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ERR_HEADER, ErrPacket, ProtocolError, make_err, parse_err
 from proxy.protocol.response import Expect, ResponseTracker
 from proxy.protocol.resultset import Column
-from proxy.recovery import steps as reconnect
-from proxy.recovery.kills import killed, killed_by_operator
-from proxy.recovery.plan import Outcome
+from proxy.recovery.driver import AnswerNext, AnswerNow, Fatal, recover
+from proxy.recovery.kills import killed_by_operator
+from proxy.recovery.loss import Loss, connection_error
+from proxy.recovery.moves import Then
 from proxy.relay.answers import Failed, LostTransaction
-from proxy.relay.inflight import NOT_SENT, SENDING, ConnectionFailed, Inflight, SessionClosed
+from proxy.relay.inflight import NOT_SENT, ConnectionFailed, Inflight, SessionClosed
 from proxy.relay.link import LinkState
 from proxy.sqltext import Kind
 from proxy.sqltext.tokens import quote_ident
@@ -98,76 +99,33 @@ async def _killed_by_operator(s: Session) -> bool:
 
 
 async def on_lost(s: Session, reason: str, rejected: bool = False, clean: bool = False) -> None:
-    """The backend connection is gone (or going): run recovery's steps (``reconnect``) in
-    order, and answer the client where a step says so. ``rejected``: the server answered the
+    """The backend connection is gone (or going): recovery (``proxy.recovery.driver.recover``)
+    runs its steps and says what to do; this does it. ``rejected``: the server answered the
     command in flight with a going-away error, so it did not run it; ``clean``: the server
     closed the connection (a FIN), as after a KILL. Fatal outcomes raise ConnectionFailed."""
-    link, inflight = s.link, s.inflight
-    old = link.lost()
-    if inflight is not None and inflight.state == SENDING:
-        await link.settled()
-    loss = reconnect.Loss(s.log, s.client_address, s.config, link, s.tracking, s.target, s.hooks, s.info, s.markers,
-                          reason, old, inflight, s.deprecate_eof)  # fmt: skip
-    if clean and s.config.recovery.enabled and await _killed_by_operator(s):
-        raise killed(s.target.stats, "the server closed the connection and is still up: killed by an operator")
-    plan = await reconnect.decide(loss, rejected)
-    if plan.outcome is Outcome.FAIL_CONNECTION:
-        raise reconnect.failure(loss, plan.reason)
-    if plan.outcome is Outcome.FAIL_RETRYABLE:
-        owed = reconnect.lost_transaction(loss, plan.reason)
-        if inflight is not None:
-            await s.answer_inflight(owed)  # at once: nothing will bring that transaction back
-        else:
-            s.first_answer = LostTransaction(owed)
-    elif inflight is not None:
-        inflight.restart(s.deprecate_eof)
-    resolved = plan.outcome is not Outcome.RESOLVE
+    first = s.first_answer
+    owed = first if isinstance(first, LostTransaction) else None
+    loss = Loss(s.parts, reason, s.inflight, s.deprecate_eof, rejected=rejected, clean=clean, owed=owed)
     while True:
-        backend = await _reestablish(s, loss)
-        replayed = 0
-        try:
-            if not resolved:
-                resolved = True
-                if await reconnect.resolve_marker(loss, backend):
-                    link.ready()
-                    await s.answer_inflight(None)  # the COMMIT did commit: OK
-                    return
-                if not plan.replay:
-                    why = f"transaction did not commit and cannot be replayed: {s.tracking.tx.not_replayable}"
-                    s.first_answer = LostTransaction(reconnect.lost_transaction(loss, why))
-                    break
-            replayed, owed = await reconnect.run_plan(loss, backend)
-            if owed is not None:
-                s.first_answer = LostTransaction(owed)
-            break
-        except (PeerClosed, BackendError, ProtocolError, trio.TooSlowError) as exc:
-            s.log.warning("new backend connection failed during replay (%s); reconnecting", exc or "no answer within io_timeout")
-            backend.close()
-    # The command waiting now (the one in flight, or one that arrived meanwhile) goes out, or
-    # gets the 1213 the client is owed.
-    waiting = s.inflight
-    owed = isinstance(s.first_answer, LostTransaction)
-    await reconnect.finish(loss, backend, replayed, waiting, owed)
-    if waiting is not None and waiting.state == NOT_SENT:
-        if owed:
-            answer, s.first_answer = s.first_answer, None
-            await s.answer_inflight(answer.payload)
-        elif waiting.piece is not None and waiting.piece.sent_on == s.tracking.generation:
-            await complete(s, waiting, b"")  # long data the restore sent already: it has no answer
+        decision = await recover(loss, s)
+        if isinstance(decision, Fatal):
+            raise ConnectionFailed(decision.payload, decision.reason)
+        if isinstance(decision, AnswerNow):  # recovery goes on unless it is the last
+            await s.answer_inflight(decision.packet)
+            if decision.last:
+                return
+        elif isinstance(decision, AnswerNext):
+            s.first_answer = loss.owed = LostTransaction(decision.packet)
         else:
-            await s.send_inflight(waiting)
-
-
-async def _reestablish(s: Session, loss: reconnect.Loss) -> Backend:
-    """A restored connection. A waiting command whose buffer window passes first gets an error
-    meanwhile: a connection error if it may have run already, else 1213."""
-    while True:
-        got = await reconnect.reestablish(loss, lambda: s.inflight)
-        if not isinstance(got, reconnect.Waited):
-            return got
-        if got.inflight is loss.inflight and loss.may_have_run:
-            raise reconnect.failure(loss, got.why)
-        await s.answer_inflight(reconnect.lost_transaction(loss, got.why))
+            waiting = decision.waiting
+            if decision.then is Then.SEND:
+                await s.send_inflight(waiting)
+            elif decision.then is Then.COMPLETE:
+                await complete(s, waiting, b"")
+            elif decision.then is Then.ANSWER_OWED:
+                answer, s.first_answer = s.first_answer, None
+                await s.answer_inflight(answer.payload)
+            return
 
 
 async def on_response_data(s: Session, inflight: Inflight, data: bytes) -> None:
@@ -175,7 +133,7 @@ async def on_response_data(s: Session, inflight: Inflight, data: bytes) -> None:
     try:
         end = tracker.feed(data)
     except ProtocolError as exc:
-        raise reconnect.connection_error(s.log, s.link, s.target.stats, f"protocol error in backend response: {exc}") from None
+        raise connection_error(s.log, s.link, s.target.stats, f"protocol error in backend response: {exc}") from None
     if end < 0:
         if inflight.prepare_ok is not None:
             inflight.prepare_ok += data

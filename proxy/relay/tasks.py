@@ -8,8 +8,8 @@
 complete. The client task does not wait for a response after sending; it only waits when the
 client sends the next command before the previous response completed (pipelining).
 
-Login is in ``login``, oversized commands in ``oversize``, recovery in ``reconnect``, commit
-markers in ``markers``; what the session's state is lives in ``proxy.session.tracker``.
+Login is in ``login``, oversized commands in ``oversize``, recovery in ``proxy.recovery``
+(``driver``), commit markers in ``markers``; what the session's state is lives in ``proxy.session.tracker``.
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ import re
 
 import trio
 
-from proxy.backend import Backend
 from proxy.hooks import AnswerOk, CommandInfo, PluginError, Reject, Rewrite, SessionInfo
 from proxy.netio import Channel, PeerClosed
 from proxy.protocol.constants import MAX_FRAME, Commands, Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import make_err, make_ok
 from proxy.protocol.response import ResponseTracker, expect_for
-from proxy.recovery import steps as reconnect
 from proxy.recovery.facts import needs_last_results
+from proxy.recovery.loss import SessionParts
 from proxy.recovery.markers import CommitMarkers
+from proxy.recovery.restore import move
 from proxy.relay import login, oversize, responses
 from proxy.relay.answers import FirstAnswer
 from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, SENT, Inflight, SessionClosed
@@ -90,6 +90,8 @@ class Session:
         self.tracking = SessionTracker(self.info, rec.journal_max_bytes, rec.journal_max_statements, rec.idempotent == "safe-mode",
                                        LongDataSpool(limits.spool_threshold, limits.long_data_spool))  # fmt: skip
         self.link = BackendLink(self.tracking, config.limits.max_allowed_packet)  # the backend connection's life
+        # What recovery needs of the session, built once (proxy.recovery.loss).
+        self.parts = SessionParts(self.log, client_address, config, self.link, self.tracking, target, self.hooks, self.info, self.markers)
         self.client_caps = 0
         self.deprecate_eof = False
         self.scramble = b""
@@ -159,8 +161,8 @@ class Session:
         self.target.spawn(self._move)
 
     async def _move(self) -> None:
-        """Move an idle session off its draining backend (``reconnect.move``), then send a
-        command that arrived meanwhile."""
+        """Move an idle session off its draining backend (``proxy.recovery.restore.move``), then
+        send a command that arrived meanwhile."""
         link, state = self.link, self.tracking.state
         if not link.move_requested or not link.up or not self.idle() or state is None:
             return
@@ -168,14 +170,10 @@ class Session:
             self.log.warning("cannot move off a draining backend: %s", state.unrestorable)
             link.move_requested = False
             return
-        await reconnect.move(self._loss("its backend is draining", link.backend))
+        await move(self.parts)
         waiting = self.inflight
         if waiting is not None and waiting.state == NOT_SENT:
             await self.send_inflight(waiting)
-
-    def _loss(self, reason: str, old: Backend | None) -> reconnect.Loss:
-        return reconnect.Loss(self.log, self.client_address, self.config, self.link, self.tracking, self.target, self.hooks,
-                              self.info, self.markers, reason, old, self.inflight, self.deprecate_eof)  # fmt: skip
 
     def describe(self) -> dict:
         """For /status: who, where, what state (no statement text)."""
@@ -311,7 +309,7 @@ class Session:
             link.state in (LinkState.UP, LinkState.MOVING)
             and link.takes_results_debt(code)
             and needs_last_results(tracking.reading, cmd.payload, statement)
-        ):  # mid-recovery, reconnect.finish asks instead
+        ):  # mid-recovery, proxy.recovery.driver.finish asks instead
             msg = (
                 "Lost connection to backend during query (replay-proxy: the backend connection was replaced; "
                 "the previous statement's results, such as FOUND_ROWS() and warnings, are gone)"

@@ -1,5 +1,5 @@
-"""The backend link as a state machine (proxy.relay.link) and recovery's decide step
-(proxy.recovery.steps.decide), without sockets: fake connections, a real tracker."""
+"""The backend link as a state machine (proxy.relay.link) and recovery's judging step
+(proxy.recovery.driver.judge), without sockets: fake connections, a real tracker."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from proxy.config import parse_config
 from proxy.hooks import Hooks, Veto
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.response import ResponseTracker, expect_for
-from proxy.recovery import steps as reconnect
+from proxy.recovery.driver import judge
+from proxy.recovery.loss import Loss, SessionParts
 from proxy.recovery.plan import Outcome, Sent
 from proxy.relay.inflight import NOT_SENT, SENT, Inflight
 from proxy.relay.link import BackendLink, LinkState
@@ -128,7 +129,7 @@ async def test_settled_waits_for_a_send_under_way(autojump_clock):
     assert done == [1.0]
 
 
-# --- decide ------------------------------------------------------------------------------------
+# --- judge -------------------------------------------------------------------------------------
 
 CONFIG = parse_config({"backend": {"addresses": ["127.0.0.1:3306"]}, "users": [{"name": "app", "password": "pw"}]})
 
@@ -138,28 +139,16 @@ def command(sql: str) -> Command:
     return Command(payload, encode_packet(payload, 0)[0], 0, len(payload))
 
 
-def loss(t: SessionTracker, inflight: Inflight | None = None, config=CONFIG, hooks: Hooks | None = None) -> reconnect.Loss:
+def loss(t: SessionTracker, inflight: Inflight | None = None, config=CONFIG, hooks: Hooks | None = None, rejected=False) -> Loss:
     link = BackendLink(t, 64 << 20)
     link.replace(FakeBackend())
     link.ready()
-    old = link.lost()
     stats = types.SimpleNamespace(recovered=lambda *a: None)
     target = types.SimpleNamespace(stats=stats)
-    return reconnect.Loss(
-        t.info.logger(logging.getLogger("test")),
-        "127.0.0.1:1",
-        config,
-        link,
-        t,
-        target,
-        hooks or Hooks([]),
-        t.info,
-        None,
-        "test",
-        old,
-        inflight,
-        False,
-    )
+    parts = SessionParts(t.info.logger(logging.getLogger("test")), "127.0.0.1:1", config, link, t, target, hooks or Hooks([]), t.info, None)
+    lost = Loss(parts, "test", inflight, False, rejected)
+    lost.old = link.lost()
+    return lost
 
 
 def in_flight(t: SessionTracker, sql: str, state: int = SENT) -> Inflight:
@@ -182,19 +171,19 @@ def in_flight(t: SessionTracker, sql: str, state: int = SENT) -> Inflight:
 )
 async def test_decide_reads_how_far_the_command_got(sql, state, rejected, sent, outcome):
     t = tracker()
-    lost = loss(t, in_flight(t, sql, state))
-    plan = await reconnect.decide(lost, rejected)
+    lost = loss(t, in_flight(t, sql, state), rejected=rejected)
+    plan = await judge(lost)
     assert (lost.sent, plan.outcome) == (sent, outcome)
-    assert lost.link.recoveries == 1 and lost.link.losses_in_a_row == 1
+    assert lost.parts.link.recoveries == 1 and lost.parts.link.losses_in_a_row == 1
 
 
 async def test_decide_backs_off_and_gives_up_after_the_window_on_losses_in_a_row(autojump_clock):
     t = tracker()
     inflight = in_flight(t, "SELECT 1", NOT_SENT)
     lost = loss(t, inflight)
-    lost.link.losses_in_a_row = 3  # lost again and again before anything completed
+    lost.parts.link.losses_in_a_row = 3  # lost again and again before anything completed
     await trio.sleep(CONFIG.recovery.buffer_window)
-    plan = await reconnect.decide(lost, False)
+    plan = await judge(lost)
     assert plan.outcome is Outcome.FAIL_RETRYABLE and "kept failing" in plan.reason
     assert trio.current_time() > CONFIG.recovery.buffer_window  # it backed off first
 
@@ -206,12 +195,12 @@ async def test_a_plugin_vetoes_a_replay():
 
     t = tracker()
     lost = loss(t, in_flight(t, "SELECT 1"), hooks=Hooks([("noreplay", NoReplay())]))
-    plan = await reconnect.decide(lost, False)
+    plan = await judge(lost)
     assert plan.outcome is Outcome.FAIL_CONNECTION and "not today" in plan.reason
 
 
 async def test_recovery_disabled_is_a_connection_error():
     t = tracker()
     config = attrs.evolve(CONFIG, recovery=attrs.evolve(CONFIG.recovery, enabled=False))
-    plan = await reconnect.decide(loss(t, None, config=config), False)
+    plan = await judge(loss(t, None, config=config))
     assert plan.outcome is Outcome.FAIL_CONNECTION
