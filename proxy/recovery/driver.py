@@ -111,6 +111,8 @@ async def _lost(loss: Loss, slots: Slots) -> Decision | None:
     if loss.clean and p.config.recovery.enabled:
         if await killed_by_operator(p.link, p.target, p.config.backend.io_timeout, p.log, slots.last_activity):
             raise killed(p.target.stats, "the server closed the connection and is still up: killed by an operator")
+    if loss.old is not None:  # its server may be going away: new connections try the others first
+        p.target.suspect(loss.old.address)
     plan = await judge(loss)
     loss.stage = Stage.RECONNECT
     move = moves.opening(plan.outcome, inflight is not None)

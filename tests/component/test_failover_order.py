@@ -109,3 +109,16 @@ async def test_one_address_is_never_suspect():
     target = Target(make_config(backend={"addresses": [str(A)]}))
     target.suspect(A)
     assert not target.health_of(A).suspect
+
+
+async def test_a_session_whose_server_dropped_it_reconnects_to_another_and_so_do_new_sessions(make_rig, nursery, autojump_clock):
+    servers = TwoServers(nursery)
+    rig = make_rig(_config(health_interval="0s"), server=servers)
+    client = await rig.client()
+    assert len(servers.a.live()) == 1 and not servers.b.live()
+    servers.a.restart()  # A's server drops every connection and is back at once
+    await client.query("SELECT 1")  # answered after the session's recovery
+    assert len(servers.b.live()) == 1, "the session went back to the server that had just dropped it"
+    newcomer = await rig.client()
+    await newcomer.query("SELECT 1")
+    assert len(servers.b.live()) == 2 and not servers.a.live()
