@@ -73,13 +73,13 @@ def routes(proxy, upgrader=None) -> dict[str, Route]:
 
     def session(query: dict[str, str]) -> tuple[int, str, bytes]:
         """A session's backend connection, for another worker translating ``KILL <id>``
-        (``kill=1``: that KILL is about to be sent, as ``BackendLink.kill_relayed`` notes)."""
+        (``kill=1``: that KILL is about to be sent, as ``BackendLink.kill_relayed_now`` notes)."""
         found = target.session_by_id(int(query.get("id", "0") or 0)) if query.get("id", "").isdigit() else None
         backend = found.link.backend if found is not None else None
         if backend is None:
             return json_answer(404, {"error": "no such session"})
         if query.get("kill") == "1":
-            found.link.kill_relayed = (backend.connection_id, trio.current_time())
+            found.link.kill_relayed_now(backend.connection_id)
         return json_answer(200, {"backend": str(backend.address), "backend_connection": backend.connection_id})
 
     session.wants_query = True  # type: ignore[attr-defined]

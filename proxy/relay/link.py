@@ -2,16 +2,19 @@
 states and TiProxy's ``BackendConnManager``).
 
 ``BackendLink`` holds the connection, how the session logs in to it, the packet limit it
-sets, and what a new connection still owes the client. Its state says what the relay may do:
+sets, and what a new connection still owes the client. Its state says what the relay may do;
+every change of state goes through ``_go``, which checks it against ``TRANSITIONS`` (as h11's
+``_state.py``) and raises ``LinkStateError`` on any other:
 
     DOWN --replace--> RESTORING --ready--> UP --lost--> LOST --replace--> RESTORING ...
                                            UP --begin_move--> MOVING --replace, moved--> UP
                                            UP --begin_swap--> SWAPPING --replace--> RESTORING ...
+    any --close--> CLOSED
 
 Commands go out only while UP. While MOVING or SWAPPING the old connection's end is on
 purpose, and the backend task waits for ``replaced``. ``replace(new)`` is the one way a new
 connection comes in (the login, COM_CHANGE_USER, recovery, a move off a draining backend); a
-restore then runs on it before ``ready()``.
+restore then runs on it before ``ready()`` (at a login, ``ready()`` follows at once).
 """
 
 from __future__ import annotations
@@ -23,16 +26,43 @@ import trio
 from proxy.backend import Backend, Login
 from proxy.protocol.framing import encode_packet
 
-__all__ = ["BackendLink", "LinkState", "effective_limit"]
+__all__ = ["BackendLink", "LinkState", "LinkStateError", "TRANSITIONS", "effective_limit"]
 
 
 class LinkState(enum.Enum):
-    DOWN = "down"  # no connection yet (before the login), or closed for good
+    DOWN = "down"  # no connection yet (before the login)
     RESTORING = "restoring"  # a new connection, made to look like the session before use
     UP = "up"  # commands go to it
     LOST = "lost"  # it went away: recovery replaces it
     MOVING = "moving"  # its address is draining: a replacement opens between transactions
     SWAPPING = "swapping"  # COM_CHANGE_USER: closed on purpose, a new login under way
+    CLOSED = "closed"  # the session ended: closed for good
+
+
+S = LinkState
+
+# The allowed moves: state -> {event (the method) -> next state}. Anything else is a bug of the
+# caller's, refused before any field changes.
+TRANSITIONS: dict[LinkState, dict[str, LinkState]] = {
+    S.DOWN: {"replace": S.RESTORING, "close": S.CLOSED},  # the client's login
+    S.RESTORING: {
+        "replace": S.RESTORING,  # the restore failed on it: recovery tries another
+        "ready": S.UP,
+        "close": S.CLOSED,
+    },
+    S.UP: {"lost": S.LOST, "begin_move": S.MOVING, "begin_swap": S.SWAPPING, "close": S.CLOSED},
+    S.LOST: {"replace": S.RESTORING, "close": S.CLOSED},
+    # The old connection stays open (and the state MOVING) until the new one is ready.
+    S.MOVING: {"replace": S.MOVING, "moved": S.UP, "move_failed": S.UP, "close": S.CLOSED},
+    S.SWAPPING: {"replace": S.RESTORING, "close": S.CLOSED},
+    # A move runs beside the session's tasks and may end after the session did: its new
+    # connection is closed then (``replace``, ``moved``, ``move_failed`` close what they get).
+    S.CLOSED: {"replace": S.CLOSED, "moved": S.CLOSED, "move_failed": S.CLOSED, "close": S.CLOSED},
+}
+
+
+class LinkStateError(RuntimeError):
+    """A move the link's state machine does not allow (a bug in the caller)."""
 
 
 def effective_limit(configured: int, backend: Backend | None) -> int:
@@ -45,9 +75,9 @@ def effective_limit(configured: int, backend: Backend | None) -> int:
 class BackendLink:
     def __init__(self, tracking, configured_limit: int) -> None:
         self.tracking = tracking  # proxy.session.tracker.SessionTracker: told of every new connection
-        self.state = LinkState.DOWN
+        self.state = LinkState.DOWN  # written by _go only
         self.backend: Backend | None = None
-        self.login: Login | None = None  # how the session logs in (set at the client's login)
+        self.login: Login | None = None  # how the session logs in (set_login)
         self.configured_limit = configured_limit
         self.limit = configured_limit  # effective max_allowed_packet
         self.largest = configured_limit - 1  # the largest command payload the server takes
@@ -59,7 +89,7 @@ class BackendLink:
         self.recoveries = 0
         self.move_requested = False  # its address is draining: move between transactions
         # (connection id, when): another session's KILL of this connection went through the
-        # proxy; a server that counts no KILLs (TiDB) closes it without a word.
+        # proxy; a server that counts no KILLs (TiDB) closes it without a word (kill_relayed_now).
         self.kill_relayed: tuple[int, float] | None = None
         self.replaced = trio.Event()  # set when a move or a COM_CHANGE_USER has its new connection
         self._sends = 0  # sends of the in-flight command under way
@@ -73,28 +103,43 @@ class BackendLink:
     def connection_id(self) -> int | None:
         return self.backend.connection_id if self.backend is not None else None
 
+    def _go(self, event: str) -> LinkState:
+        """The one writer of ``state``: the move ``event`` makes from here, if allowed."""
+        allowed = TRANSITIONS[self.state]
+        new = allowed.get(event)
+        if new is None:
+            raise LinkStateError(
+                f"backend link: {event} is not allowed while {self.state.name} (allowed: {', '.join(allowed) or 'nothing'})"
+            )
+        self.state = new
+        return new
+
     # ------------------------------------------------------------------ transitions
 
     def replace(self, new: Backend) -> None:
         """``new`` is the session's connection from now on; it is restored, then ``ready()``.
         (A move stays MOVING meanwhile: its old connection is open until the new one is ready.)"""
+        if self._go("replace") is LinkState.CLOSED:
+            new.close()  # a move that ended after the session
+            return
+        self._take(new)
+
+    def _take(self, new: Backend) -> None:
         self.backend = new
         self.limit = effective_limit(self.configured_limit, new)
         self.tracking.backend_changed(str(new.address), new.handshake.server_version)
         # MariaDB takes a command smaller than max_allowed_packet, TiDB one of that size too.
         self.largest = self.limit if self.tracking.dialect.flavor == "tidb" else self.limit - 1
-        if self.state is not LinkState.MOVING:
-            self.state = LinkState.RESTORING
 
     def ready(self) -> None:
         """The connection serves the session's commands."""
-        self.state = LinkState.UP
+        self._go("ready")
         self.replaced.set()
 
     def lost(self) -> Backend | None:
         """The connection went away (or is going): close it; recovery replaces it. Returns it."""
+        self._go("lost")
         old = self.backend
-        self.state = LinkState.LOST
         self.owes_results = True
         self.lost_at = trio.current_time()
         if old is not None:
@@ -104,29 +149,35 @@ class BackendLink:
     def begin_move(self) -> Backend | None:
         """Replace a draining connection between transactions; the old one stays open until the
         new one is ready (``moved``), or is taken back (``move_failed``)."""
-        self.state = LinkState.MOVING
+        self._go("begin_move")
         self.replaced = trio.Event()
         return self.backend
 
     def moved(self, old: Backend | None) -> None:
+        closed = self._go("moved") is LinkState.CLOSED
         self.move_requested = False
         if old is not None:
             old.channel.send_nowait(encode_packet(b"\x01", 0)[0])  # COM_QUIT
             old.close()
-        self.ready()
+        if not closed:
+            self.replaced.set()
 
     def move_failed(self, old: Backend | None, owed: bool, ids) -> None:
         """Back to the old connection (``ids``: the tracker's prepared ids on it)."""
+        if self._go("move_failed") is LinkState.CLOSED:
+            if old is not None:
+                old.close()
+            return
         if old is not None:
-            self.replace(old)
+            self._take(old)
         self.tracking.restore_backend_ids(ids)
         self.owes_results = owed
-        self.ready()
+        self.replaced.set()
 
     def begin_swap(self) -> None:
         """COM_CHANGE_USER: the connection is closed on purpose; a new login follows."""
+        self._go("begin_swap")
         old = self.backend
-        self.state = LinkState.SWAPPING
         self.replaced = trio.Event()
         self.backend = None
         if old is not None:
@@ -139,7 +190,21 @@ class BackendLink:
             if self.up and not backend.channel.closed:
                 backend.channel.send_nowait(encode_packet(b"\x01", 0)[0])
             backend.close()
-        self.state = LinkState.DOWN
+        self._go("close")
+
+    # ------------------------------------------------------------------ other fields
+
+    def set_login(self, login: Login) -> None:
+        """How the session logs in from now on: at the client's login, and at COM_CHANGE_USER
+        once the old connection is closed."""
+        if self.state not in (LinkState.DOWN, LinkState.SWAPPING):
+            raise LinkStateError(f"backend link: the login changes only while DOWN or SWAPPING, not {self.state.name}")
+        self.login = login
+
+    def kill_relayed_now(self, connection_id: int) -> None:
+        """Another session's KILL of connection ``connection_id`` is about to go through the
+        proxy (a server that counts no KILLs, TiDB, closes it without a word)."""
+        self.kill_relayed = (connection_id, trio.current_time())
 
     # ------------------------------------------------------------------ sends under way
 

@@ -59,7 +59,7 @@ async def handshake(s: Session) -> bool:
         await s.send_client(make_err(*Err.CON_COUNT, "Too many connections"), seq)
         s.close_reason = f"{len(s.target.sessions)} sessions open (listen.max_connections)"
         return False
-    s.link.login = _login_for(s, user, resp.database, resp.charset, resp.connect_attrs)
+    s.link.set_login(_login_for(s, user, resp.database, resp.charset, resp.connect_attrs))
     started = trio.current_time()
     try:
         backend = await _connect_within_window(s)
@@ -237,7 +237,7 @@ async def change_user(s: Session, cmd: Command) -> None:
         s.log.warning("COM_CHANGE_USER to %r refused", change.username, **outcome("login_refused", Err.ACCESS_DENIED[0]))
         return
     s.link.begin_swap()
-    s.link.login = _login_for(s, user, change.database, collation, change.connect_attrs)
+    s.link.set_login(_login_for(s, user, change.database, collation, change.connect_attrs))
     started = trio.current_time()
     try:
         backend = await _connect_within_window(s)
