@@ -30,6 +30,7 @@ import urllib.request
 import trio
 
 from proxy.config import Config, ConfigError, load_config
+from proxy.handover import sdnotify
 from proxy.worker_identity import MAX_WORKERS, SESSION_ID_BASE, SESSION_ID_SPAN, WorkerInfo
 
 __all__ = ["WorkerInfo", "supervise", "SESSION_ID_BASE", "SESSION_ID_SPAN", "MAX_WORKERS"]
@@ -108,6 +109,7 @@ class Supervisor:
             nursery.start_soon(self.watch)
             if self.config.admin.enabled:
                 await nursery.start(serve_gathering_admin, self)
+            sdnotify.notify("READY=1")  # a Type=notify unit: the supervisor is up, its workers starting
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2) as signals:
                 async for signum in signals:
                     if signum == signal.SIGUSR2:
