@@ -7,6 +7,7 @@ the error now if a command waits, else at its next command).
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING
 
 import attrs
@@ -22,11 +23,20 @@ from proxy.sqltext import Analysis, ServerReading
 if TYPE_CHECKING:
     from proxy.recovery.plan import StatementFacts
 
-__all__ = ["Inflight", "NOT_SENT", "SENDING", "SENT", "SEND_FAILED", "SessionClosed", "ConnectionFailed"]
+__all__ = ["Inflight", "SendState", "NOT_SENT", "SENDING", "SENT", "SEND_FAILED", "SessionClosed", "ConnectionFailed"]
 
-# Send states of an in-flight command.
-NOT_SENT, SENDING, SENT, SEND_FAILED = range(4)
-_STATE_NAMES = {NOT_SENT: "not sent", SENDING: "sending", SENT: "sent", SEND_FAILED: "send failed"}
+
+class SendState(enum.Enum):
+    """How far the sending of an in-flight command got (recovery judges by it)."""
+
+    NOT_SENT = "not sent"  # waiting to be sent (for a new connection, after a loss)
+    SENDING = "sending"  # its bytes are going out
+    SENT = "sent"  # all of it went to the server
+    SEND_FAILED = "send failed"  # the connection broke on the way: the backend task recovers
+
+
+# The members by their old module-level names.
+NOT_SENT, SENDING, SENT, SEND_FAILED = SendState.NOT_SENT, SendState.SENDING, SendState.SENT, SendState.SEND_FAILED
 
 
 @attrs.define(slots=True, eq=False)
@@ -38,7 +48,7 @@ class Inflight:
     verb: bytes | None = None  # COM_QUERY on the fast path: its verb (sqltext.triage)
     analysis: Analysis | None = None  # COM_QUERY off the fast path: the text judged
     reading: ServerReading | None = None  # how the server reads text as it is sent
-    state: int = NOT_SENT
+    state: SendState = SendState.NOT_SENT
     forwarded: bool = False  # part of the response already reached the client
     prepare_ok: bytearray | None = None  # a PREPARE's response, held whole: its statement id is rewritten
     captured: bytearray | None = None  # the response to one of the proxy's own commands, kept for it
@@ -62,7 +72,7 @@ class Inflight:
 
     def restart(self, deprecate_eof: bool) -> None:
         """Make it ready to be sent again on a new connection, from a clean slate."""
-        self.state = NOT_SENT
+        self.state = SendState.NOT_SENT
         self.tracker = ResponseTracker(self.tracker.expect, deprecate_eof, self.tracker.hashing)
         for kept in (self.prepare_ok, self.captured):
             if kept is not None:
@@ -86,7 +96,7 @@ class Inflight:
             what += " " + self.verb.decode()
         elif self.analysis is not None:
             what += " " + " ".join(st.kind.value.upper() for st in self.analysis.statements[:5])
-        return f"{what} ({_STATE_NAMES[self.state]}{', partly answered' if self.forwarded else ''})"
+        return f"{what} ({self.state.value}{', partly answered' if self.forwarded else ''})"
 
 
 class SessionClosed(Exception):
