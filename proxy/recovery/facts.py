@@ -18,7 +18,7 @@ from proxy.session.state import PreparedStatement
 from proxy.session.transaction import JournalEntry
 from proxy.sqltext import Analysis, Kind, ServerReading
 from proxy.sqltext.expressions import reads_last_results
-from proxy.sqltext.idempotence import changes_no_rows, claim
+from proxy.sqltext.idempotence import claim, repeatable
 
 if TYPE_CHECKING:
     from proxy.hooks import Hooks
@@ -110,7 +110,7 @@ def statement_facts(code: int, analysis: Analysis | None, *, complete: bool = Tr
         idem = idempotent
     else:
         idem = all(
-            changes_no_rows(text[a:b], analysis.dialect, analysis.nbe) or claim(text[a:b], analysis.dialect, analysis.nbe) is not None
+            repeatable(text[a:b], analysis.dialect, analysis.nbe) or claim(text[a:b], analysis.dialect, analysis.nbe) is not None
             for a, b in analysis.spans
         )
     return StatementFacts(

@@ -22,7 +22,7 @@ from proxy.recovery.facts import PluginAnswers, text_of
 from proxy.recovery.tablekeys import KeyCache, lower_text
 from proxy.session.state import PreparedStatement, SessionState
 from proxy.sqltext import Dialect, ServerReading, SqlParseError, Token, TokenKind, analyze, iter_tokens, quote_string
-from proxy.sqltext.idempotence import Claim, changes_no_rows, claim, proves
+from proxy.sqltext.idempotence import Claim, claim, proves, repeatable
 from proxy.sqltext.inserts import InsertHead, insert_head, insert_rows, insert_target
 from proxy.sqltext.tokens import name
 
@@ -67,7 +67,7 @@ async def unproven(backend: Backend, commands: list[JournalEntry | Inflight], tr
         text = analysis.text
         for start, end in analysis.spans:
             part = text[start:end]
-            if changes_no_rows(part, analysis.dialect, analysis.nbe):
+            if repeatable(part, analysis.dialect, analysis.nbe):
                 continue
             if await answers.idempotent(part):
                 continue  # a plugin's policy vouches for it

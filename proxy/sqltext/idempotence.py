@@ -45,7 +45,7 @@ from proxy.sqltext.lexer import IDC, NAME_KINDS, WS, SqlParseError, Token, Token
 from proxy.sqltext.setstmt import SetScope, parse_set
 from proxy.sqltext.statement import TRANSACTION_KINDS, Kind
 
-__all__ = ["Claim", "TableKeys", "claim", "proves", "is_idempotent"]
+__all__ = ["Claim", "TableKeys", "claim", "proves", "is_idempotent", "repeatable"]
 
 
 @attrs.frozen
@@ -106,7 +106,7 @@ def proves(c: Claim, keys: TableKeys, foreign_key_checks: bool = True) -> bool:
 def is_idempotent(sql: str, *, dialect: Dialect = UNKNOWN, no_backslash_escapes: bool = False) -> bool:
     """The text-only test: no rows changed, or a keyed write of constants (``claim``). Without
     the table's keys this is necessary, not sufficient."""
-    return changes_no_rows(sql, dialect, no_backslash_escapes) or claim(sql, dialect, no_backslash_escapes) is not None
+    return repeatable(sql, dialect, no_backslash_escapes) or claim(sql, dialect, no_backslash_escapes) is not None
 
 
 def changes_no_rows(sql: str, dialect: Dialect = UNKNOWN, nbe: bool = False) -> bool:
@@ -125,6 +125,33 @@ def changes_no_rows(sql: str, dialect: Dialect = UNKNOWN, nbe: bool = False) -> 
     if st.kind in (Kind.SET_TRANSACTION, Kind.USE):
         return st.session_only
     return st.kind in (Kind.SELECT, Kind.SHOW) and st.read_only and st.session_unrestorable is None
+
+
+def repeatable(sql: str, dialect: Dialect = UNKNOWN, nbe: bool = False) -> bool:
+    """Safe to run again whatever the keys: it changes no rows, or it is an ALTER TABLE that only
+    sets the table's AUTO_INCREMENT to a number (DM's full load ends each table with one;
+    running it twice leaves what running it once does)."""
+    return changes_no_rows(sql, dialect, nbe) or _sets_auto_increment(sql, dialect, nbe)
+
+
+def _sets_auto_increment(sql: str, dialect: Dialect, nbe: bool) -> bool:
+    """``ALTER TABLE [db.]t AUTO_INCREMENT [=] <digits>``, nothing else."""
+    try:
+        tokens = tk.statement_tokens(sql, nbe, dialect)
+    except (SqlParseError, RecursionError):
+        return False
+    words = [t.text.upper() if t.kind is TokenKind.WORD else None for t in tokens]
+    if words[:2] != ["ALTER", "TABLE"] or len(tokens) < 5 or tokens[2].kind not in NAME_KINDS:
+        return False
+    i = 3
+    if tokens[i].text == "." and i + 1 < len(tokens) and tokens[i + 1].kind in NAME_KINDS:
+        i += 2
+    if i >= len(tokens) or words[i] != "AUTO_INCREMENT":
+        return False
+    i += 1
+    if i < len(tokens) and tokens[i].kind is TokenKind.PUNCT and tokens[i].text == "=":
+        i += 1
+    return i == len(tokens) - 1 and tokens[i].kind is TokenKind.NUMBER and tokens[i].text.isdigit()
 
 
 _SESSION_SET_SCOPES = frozenset({SetScope.SESSION, SetScope.USER, SetScope.NAMES, SetScope.CHARSET,
