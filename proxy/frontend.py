@@ -163,14 +163,14 @@ class Proxy:
                 target.stats.sessions_opened += 1
                 session.log.info(
                     "open: user=%s client=%s backend=%s backend_conn=%d",
-                    session.info.user,
+                    session.parts.info.user,
                     client_address,
-                    session.info.backend_address,
+                    session.parts.info.backend_address,
                     session.link.connection_id if session.link.backend else -1,
                     extra={"event": "session_opened"},
                 )
                 if target.hooks.session_opened:
-                    await target.hooks.notify(target.hooks.session_opened, session.info)
+                    await target.hooks.notify(target.hooks.session_opened, session.parts.info)
                 await session.run()
         except SessionClosed as exc:
             session.close_reason = str(exc)
@@ -189,9 +189,9 @@ class Proxy:
             if opened:
                 session.log.info(
                     "closed: user=%s client=%s backend=%s duration=%.3fs commands=%d recoveries=%d reason=%s",
-                    session.info.user,
+                    session.parts.info.user,
                     client_address,
-                    session.info.backend_address,
+                    session.parts.info.backend_address,
                     trio.current_time() - started,
                     session.commands,
                     session.recoveries,
@@ -200,7 +200,7 @@ class Proxy:
                 )
                 if target.hooks.session_closed:
                     with trio.CancelScope(shield=True):
-                        await target.hooks.notify(target.hooks.session_closed, session.info)
+                        await target.hooks.notify(target.hooks.session_closed, session.parts.info)
             elif session.close_reason:
                 session.log.info("not admitted: %s", session.close_reason, extra={"event": "not_admitted"})
             else:

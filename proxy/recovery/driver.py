@@ -215,8 +215,7 @@ async def judge(loss: Loss) -> Plan:
         unsent = inflight.state in (NOT_SENT, SEND_FAILED)
         loss.sent = moves.how_far(unsent, inflight.forwarded, loss.rejected, in_flight is not None and in_flight.commits)
     plan = _plan(loss, in_flight, journal)
-    link.losses_in_a_row += 1
-    delay = moves.backoff_delay(link.losses_in_a_row, rec.backoff_initial, rec.backoff_max)
+    delay = moves.backoff_delay(link.count_loss(), rec.backoff_initial, rec.backoff_max)
     if delay is not None:
         await trio.sleep(delay)
         waited = trio.current_time() - inflight.arrived if inflight is not None else None
@@ -224,7 +223,7 @@ async def judge(loss: Loss) -> Plan:
         if isinstance(after, GiveUp):
             raise failure(p, after.reason)
         plan = after
-    link.recoveries += 1
+    link.count_recovery()
     _log_loss(loss, plan)
     if hooks.backend_lost:
         await hooks.notify(hooks.backend_lost, p.info, loss.reason)
@@ -304,7 +303,7 @@ async def finish(loss: Loss, waiting: Inflight | None, owed: bool) -> None:
     p, backend, replayed = loss.parts, loss.backend, loss.replayed
     link = p.link
     if replayed:
-        link.owes_results = False  # the replayed journal left what the client's statements left
+        link.results_replayed()
     sending = waiting is not None and waiting.state == NOT_SENT and not waiting.internal
     if (
         sending

@@ -38,6 +38,11 @@ class MarkerTable:
         self._lock = trio.Lock()
         self._ready: bool | None = None
 
+    @property
+    def ready(self) -> bool:
+        """Prepared (``ensure``): until then, and after the backend refused, markers are off."""
+        return self._ready is True
+
     async def ensure(self, backend: Backend) -> bool:
         """False when the backend refuses: markers are then off, with an error in the log."""
         async with self._lock:
@@ -68,6 +73,11 @@ class CommitMarkers:
         self.session_id = session_id
         self.slot = os.urandom(16).hex()
         self.written = 0  # number of the last marker written (committed or not)
+
+    @property
+    def on(self) -> bool:
+        """Written before a COMMIT: once the table is prepared (at the session's login)."""
+        return self.table.ready
 
     def upsert_sql(self) -> tuple[int, bytes]:
         """(number, COM_QUERY payload) of the marker of the transaction about to commit."""

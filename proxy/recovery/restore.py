@@ -116,8 +116,7 @@ async def move(parts: SessionParts) -> bool:
     connection's end)."""
     link, tracking = parts.link, parts.tracking
     state = tracking.state
-    old = link.begin_move()
-    owed, link.owes_results = link.owes_results, True  # a command arriving meanwhile runs on the new one
+    old = link.begin_move()  # a command arriving meanwhile runs on the new one
     started = trio.current_time()
     backend = None
     ids = tracking.backend_ids()
@@ -131,7 +130,7 @@ async def move(parts: SessionParts) -> bool:
         parts.log.warning("could not move off draining backend %s: %s", old.address if old else "-", exc, **outcome("move_failed"))
         if backend is not None:
             backend.close()
-        link.move_failed(old, owed, ids)  # the statements' ids on the old connection still hold
+        link.move_failed(old, ids)  # the statements' ids on the old connection still hold
         return False
     link.moved(old)
     moved_ms = round((trio.current_time() - started) * 1000)

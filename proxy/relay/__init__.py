@@ -1,8 +1,11 @@
 """One client session, split by concern:
 
 - ``tasks``: the ``Session`` (the client task's state), its client task and sending commands;
+- ``relay``: ``Relay``, the session as the modules below take it (a Protocol ``Session``
+  fulfils: they do not import ``tasks``), and ``FirstAnswer``;
 - ``link``: the backend connection's life as a state machine (``BackendLink``: up, lost,
-  moving, swapping; ``replace(new)`` for the login, COM_CHANGE_USER, recovery and moves);
+  moving, swapping, closed, each move checked against ``TRANSITIONS``; ``replace(new)`` for
+  the login, COM_CHANGE_USER, recovery and moves);
 - ``responses``: the backend task (stream each response, complete it, notice a closing
   server) and ``on_lost``, which runs recovery's steps and answers the client;
 - ``inflight``: the command in flight and the exceptions that end a session;

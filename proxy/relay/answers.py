@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -22,22 +22,16 @@ from proxy.session.intake import Command
 from proxy.sqltext import Kind
 
 if TYPE_CHECKING:
-    from proxy.relay.tasks import Session
+    from proxy.relay.relay import Relay
 
-__all__ = ["FirstAnswer", "LostTransaction", "Failed"]
-
-
-class FirstAnswer(Protocol):
-    async def answer(self, s: Session, cmd: Command) -> bool:
-        """Answer ``cmd`` in the server's place? True: answered, the command goes no further."""
-        ...
+__all__ = ["LostTransaction", "Failed"]
 
 
 @attrs.frozen
 class LostTransaction:
     payload: bytes  # the 1213
 
-    async def answer(self, s: Session, cmd: Command) -> bool:
+    async def answer(self, s: Relay, cmd: Command) -> bool:
         if cmd.code == Commands.COM_QUERY and _is_rollback(s.tracking.triage(cmd.payload)[1]):
             # The client wants to roll back a transaction that is already gone: that is fine.
             await s.send_client(make_ok(s.tracking.status_word()), cmd.seq_end + 1)
@@ -50,7 +44,7 @@ class LostTransaction:
 class Failed:
     payload: bytes  # the connection error
 
-    async def answer(self, s: Session, cmd: Command) -> bool:
+    async def answer(self, s: Relay, cmd: Command) -> bool:
         await s.send_client(self.payload, cmd.seq_end + 1)
         raise SessionClosed(parse_err(self.payload).message)
 

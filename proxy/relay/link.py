@@ -11,8 +11,9 @@ every change of state goes through ``_go``, which checks it against ``TRANSITION
                                            UP --begin_swap--> SWAPPING --replace--> RESTORING ...
     any --close--> CLOSED
 
-Commands go out only while UP. While MOVING or SWAPPING the old connection's end is on
-purpose, and the backend task waits for ``replaced``. ``replace(new)`` is the one way a new
+Commands go out only while UP (a COM_CHANGE_USER, too, waits for UP). While MOVING or
+SWAPPING the old connection's end (or its server's last words) is on purpose, and the backend
+task waits for ``replaced``. ``replace(new)`` is the one way a new
 connection comes in (the login, COM_CHANGE_USER, recovery, a move off a draining backend); a
 restore then runs on it before ``ready()`` (at a login, ``ready()`` follows at once).
 """
@@ -85,13 +86,14 @@ class BackendLink:
         # statement's results (FOUND_ROWS(), warnings...) stayed on the old one.
         self.owes_results = False
         self.lost_at = 0.0  # when the connection was last lost
-        self.losses_in_a_row = 0  # losses since a command last completed
-        self.recoveries = 0
-        self.move_requested = False  # its address is draining: move between transactions
+        self.losses_in_a_row = 0  # losses since a command last completed (count_loss, completed)
+        self.recoveries = 0  # count_recovery
+        self.move_requested = False  # its address is draining: move between transactions (want_move)
         # (connection id, when): another session's KILL of this connection went through the
         # proxy; a server that counts no KILLs (TiDB) closes it without a word (kill_relayed_now).
         self.kill_relayed: tuple[int, float] | None = None
         self.replaced = trio.Event()  # set when a move or a COM_CHANGE_USER has its new connection
+        self._owed_before_move = False  # owes_results when the move began
         self._sends = 0  # sends of the in-flight command under way
         self._settled: trio.Event | None = None
 
@@ -151,6 +153,9 @@ class BackendLink:
         new one is ready (``moved``), or is taken back (``move_failed``)."""
         self._go("begin_move")
         self.replaced = trio.Event()
+        # A command arriving meanwhile runs on the new connection; the old one's debt is back
+        # if the move fails.
+        self._owed_before_move, self.owes_results = self.owes_results, True
         return self.backend
 
     def moved(self, old: Backend | None) -> None:
@@ -162,7 +167,7 @@ class BackendLink:
         if not closed:
             self.replaced.set()
 
-    def move_failed(self, old: Backend | None, owed: bool, ids) -> None:
+    def move_failed(self, old: Backend | None, ids) -> None:
         """Back to the old connection (``ids``: the tracker's prepared ids on it)."""
         if self._go("move_failed") is LinkState.CLOSED:
             if old is not None:
@@ -171,7 +176,7 @@ class BackendLink:
         if old is not None:
             self._take(old)
         self.tracking.restore_backend_ids(ids)
-        self.owes_results = owed
+        self.owes_results = self._owed_before_move
         self.replaced.set()
 
     def begin_swap(self) -> None:
@@ -193,6 +198,32 @@ class BackendLink:
         self._go("close")
 
     # ------------------------------------------------------------------ other fields
+
+    def want_move(self) -> None:
+        """Its address is draining: move off it as soon as the session is idle."""
+        self.move_requested = True
+
+    def drop_move(self) -> None:
+        """The session cannot be moved (its state cannot be restored): it stays where it is."""
+        self.move_requested = False
+
+    def completed(self) -> None:
+        """A command's response completed on it: losses are no longer in a row."""
+        self.losses_in_a_row = 0
+
+    def count_loss(self) -> int:
+        """Recovery judged a loss: the losses since a command last completed, this one included."""
+        self.losses_in_a_row += 1
+        return self.losses_in_a_row
+
+    def count_recovery(self) -> None:
+        """Recovery goes ahead with a plan (after any backoff)."""
+        self.recoveries += 1
+
+    def results_replayed(self) -> None:
+        """The journal replayed on the new connection left the results the client's statements
+        left: a command may read them again."""
+        self.owes_results = False
 
     def set_login(self, login: Login) -> None:
         """How the session logs in from now on: at the client's login, and at COM_CHANGE_USER

@@ -29,7 +29,7 @@ from proxy.target import BackendProfile
 from proxy.tls import backend_tls, describe, server_context, start_tls
 
 if TYPE_CHECKING:
-    from proxy.relay.tasks import Session
+    from proxy.relay.relay import Relay
 
 __all__ = ["handshake", "change_user"]
 
@@ -39,7 +39,7 @@ SECURE_TRANSPORT_REQUIRED = (3159, "HY000")
 _INSECURE_MESSAGE = "Connections using insecure transport are prohibited while --require_secure_transport=ON."
 
 
-async def handshake(s: Session) -> bool:
+async def handshake(s: Relay) -> bool:
     """Authenticate the client and open its backend connection. False: session refused.
 
     The client's credentials are judged first, whatever the backend's state: a wrong password
@@ -47,7 +47,8 @@ async def handshake(s: Session) -> bool:
     to recovery.buffer_window (DM gives a new connection 30 s, GetBaseConn's context, so it
     gets its connection when the backend is back within that, and 1105 otherwise).
     listen.handshake_timeout bounds the client's part only."""
-    timeout = s.config.listen.handshake_timeout
+    config, target = s.parts.config, s.parts.target
+    timeout = config.listen.handshake_timeout
     with trio.move_on_after(timeout) as scope:
         resp, user, seq = await _client_login(s)
     if scope.cancelled_caught:
@@ -55,9 +56,9 @@ async def handshake(s: Session) -> bool:
         return False
     if user is None:
         return False
-    if len(s.target.sessions) >= s.config.listen.max_connections:
+    if len(target.sessions) >= config.listen.max_connections:
         await s.send_client(make_err(*Err.CON_COUNT, "Too many connections"), seq)
-        s.close_reason = f"{len(s.target.sessions)} sessions open (listen.max_connections)"
+        s.close_reason = f"{len(target.sessions)} sessions open (listen.max_connections)"
         return False
     s.link.set_login(_login_for(s, user, resp.database, resp.charset, resp.connect_attrs))
     started = trio.current_time()
@@ -70,8 +71,8 @@ async def handshake(s: Session) -> bool:
     s.tracking.logged_in(user, resp.database, resp.charset, backend.status)
     s.link.replace(backend)
     s.link.ready()
-    if s.markers is not None and not await s.target.markers.ensure(backend):
-        s.markers = None
+    if s.parts.markers is not None:
+        await target.markers.ensure(backend)  # markers are off for good if it fails (CommitMarkers.on)
     await s.send_client(make_ok(backend.status), seq)
     return True
 
@@ -85,20 +86,21 @@ _UTF8MB4_GENERAL_CI = 45
 _PROFILE_WAIT = 2.0
 
 
-async def _greeting_profile(s: Session) -> BackendProfile:
+async def _greeting_profile(s: Relay) -> BackendProfile:
     """The backend's version and abilities for the greeting; while the backend cannot be
     reached, listen.server_version and abilities every backend has. The client is always
     greeted: an ERR in place of the greeting is what the mariadb client, which starts TLS by
     default, reports as "Received error packet before completion of TLS handshake"."""
+    config = s.parts.config
     try:
-        with trio.move_on_after(min(s.config.backend.connect_timeout, _PROFILE_WAIT)):
-            return await s.target.profile()
+        with trio.move_on_after(min(config.backend.connect_timeout, _PROFILE_WAIT)):
+            return await s.parts.target.profile()
     except BackendError as exc:
-        s.log.info("backend not reachable for the greeting (%s); greeting as %s", exc, s.config.listen.server_version)
-    return BackendProfile(s.config.listen.server_version, int(_UNKNOWN_BACKEND_CAPABILITIES), _UTF8MB4_GENERAL_CI)
+        s.log.info("backend not reachable for the greeting (%s); greeting as %s", exc, config.listen.server_version)
+    return BackendProfile(config.listen.server_version, int(_UNKNOWN_BACKEND_CAPABILITIES), _UTF8MB4_GENERAL_CI)
 
 
-async def _client_login(s: Session) -> tuple[HandshakeResponse | None, str | None, int]:
+async def _client_login(s: Relay) -> tuple[HandshakeResponse | None, str | None, int]:
     """Greeting, handshake response, authentication: (response, user or None, next seq)."""
     client = s.client
     profile = await _greeting_profile(s)
@@ -106,7 +108,7 @@ async def _client_login(s: Session) -> tuple[HandshakeResponse | None, str | Non
     offered = (PROXY_CAPABILITIES & profile.capabilities) | (
         Capabilities.CLIENT_PROTOCOL_41 | Capabilities.CLIENT_SECURE_CONNECTION | Capabilities.CLIENT_PLUGIN_AUTH
     )
-    tls = s.config.listen.tls
+    tls = s.parts.config.listen.tls
     if tls is not None:
         offered |= Capabilities.CLIENT_SSL
     greeting = ServerHandshake(profile.server_version, s.id, s.scramble, offered, profile.collation, int(AUTOCOMMIT), NATIVE)
@@ -126,7 +128,7 @@ async def _client_login(s: Session) -> tuple[HandshakeResponse | None, str | Non
         except PeerClosed as exc:
             s.close_reason = f"TLS handshake with the client failed: {exc}"
             return resp, None, 0
-        s.log.debug("client %s: %s", s.client_address, describe(client))
+        s.log.debug("client %s: %s", s.parts.client_address, describe(client))
         packet = await client.read_packet(MAX_LOGIN_PACKET)
         resp = parse_handshake_response(packet.payload)
         if resp.ssl_request:
@@ -137,7 +139,9 @@ async def _client_login(s: Session) -> tuple[HandshakeResponse | None, str | Non
         await s.send_client(make_err(*SECURE_TRANSPORT_REQUIRED, _INSECURE_MESSAGE), packet.seq + 1)
         s.close_reason = "client logged in without TLS (listen.tls.require)"
         s.log.warning(
-            "client %s refused: no TLS (listen.tls.require)", s.client_address, **outcome("login_refused", SECURE_TRANSPORT_REQUIRED[0])
+            "client %s refused: no TLS (listen.tls.require)",
+            s.parts.client_address,
+            **outcome("login_refused", SECURE_TRANSPORT_REQUIRED[0]),
         )
         return resp, None, 0
     if resp.capabilities & Capabilities.CLIENT_COMPRESS:
@@ -151,23 +155,23 @@ async def _client_login(s: Session) -> tuple[HandshakeResponse | None, str | Non
     s.client_caps = resp.capabilities & offered
     s.deprecate_eof = bool(s.client_caps & Capabilities.CLIENT_DEPRECATE_EOF)
     s.tracking.set_multi_statements(bool(s.client_caps & Capabilities.CLIENT_MULTI_STATEMENTS))
-    auth = ServerAuth(s.scramble, s.target.passwords, _host(s))
+    auth = ServerAuth(s.scramble, s.parts.target.passwords, _host(s))
     user, seq = await _authenticate(s, auth, auth.start(resp), packet.seq + 1)
     if user is None:
         s.login_refused = True
         s.close_reason = f"login refused for user {resp.username!r}"
         s.log.warning(
-            "login refused for user %r from %s", resp.username, s.client_address, **outcome("login_refused", Err.ACCESS_DENIED[0])
+            "login refused for user %r from %s", resp.username, s.parts.client_address, **outcome("login_refused", Err.ACCESS_DENIED[0])
         )
     return resp, user, seq
 
 
-def _host(s: Session) -> str:
-    return s.client_address.rsplit(":", 1)[0]
+def _host(s: Relay) -> str:
+    return s.parts.client_address.rsplit(":", 1)[0]
 
 
-def _login_for(s: Session, user: str, database: str | None, collation: int, connect_attrs: dict[str, str]) -> Login:
-    cfg = s.config.user(user)
+def _login_for(s: Relay, user: str, database: str | None, collation: int, connect_attrs: dict[str, str]) -> Login:
+    cfg = s.parts.config.user(user)
     assert cfg is not None
     return Login(
         user=cfg.resolved_backend_user(),
@@ -176,11 +180,11 @@ def _login_for(s: Session, user: str, database: str | None, collation: int, conn
         collation=collation,
         capabilities=s.client_caps,
         connect_attrs=connect_attrs,
-        tls=backend_tls(s.config.backend.tls),
+        tls=backend_tls(s.parts.config.backend.tls),
     )
 
 
-async def _authenticate(s: Session, auth: ServerAuth, result, seq: int) -> tuple[str | None, int]:
+async def _authenticate(s: Relay, auth: ServerAuth, result, seq: int) -> tuple[str | None, int]:
     while True:
         for payload in result.packets:
             await s.send_client(payload, seq)
@@ -196,7 +200,7 @@ async def _authenticate(s: Session, auth: ServerAuth, result, seq: int) -> tuple
     return result.user, seq
 
 
-async def _send_backend_error(s: Session, exc: BackendError, seq: int, waited: float) -> None:
+async def _send_backend_error(s: Relay, exc: BackendError, seq: int, waited: float) -> None:
     if exc.err is not None and not exc.retryable:
         payload = make_err(exc.err.code, exc.err.sqlstate, exc.err.message)
     elif exc.retryable:
@@ -208,27 +212,31 @@ async def _send_backend_error(s: Session, exc: BackendError, seq: int, waited: f
     await s.send_client(payload, seq)
 
 
-async def _connect_within_window(s: Session) -> Backend:
+async def _connect_within_window(s: Relay) -> Backend:
     """Log into the backend, retrying retryable failures for up to recovery.buffer_window."""
-    rec = s.config.recovery
+    rec = s.parts.config.recovery
     deadline = trio.current_time() + rec.buffer_window
     delays = backoff_delays(rec.backoff_initial, rec.backoff_max)
     while True:
         try:
-            return await s.target.connect(s.link.login)
+            return await s.parts.target.connect(s.link.login)
         except BackendError as exc:
             if not exc.retryable or trio.current_time() + rec.backoff_initial >= deadline:
                 raise
             await trio.sleep(min(next(delays), max(0.0, deadline - trio.current_time())))
 
 
-async def change_user(s: Session, cmd: Command) -> None:
+async def change_user(s: Relay, cmd: Command) -> None:
     """COM_CHANGE_USER: authenticate the new user against the proxy's users, then give the
-    session a fresh backend connection logged in as that user."""
+    session a fresh backend connection logged in as that user. While a recovery or a move
+    replaces the connection, it waits, as a command does (a PING goes first), and gets the
+    error the recovery gives instead, if any."""
+    if not s.link.up and await s.run_internal(b"\x0e", cmd.seq_end) is None:
+        return
     state = s.tracking.state
     change = parse_change_user(cmd.payload, s.client_caps)
     collation = change.charset or state.collation
-    auth = ServerAuth(s.scramble, s.target.passwords, _host(s))
+    auth = ServerAuth(s.scramble, s.parts.target.passwords, _host(s))
     resp = HandshakeResponse(
         s.client_caps, 0, collation, change.username, change.auth_response, change.database, change.auth_plugin, change.connect_attrs
     )

@@ -19,7 +19,7 @@ from proxy.sessionlog import outcome
 from proxy.sqltext.split import CannotSplit, count_rows, split_values_statement
 
 if TYPE_CHECKING:
-    from proxy.relay.tasks import Session
+    from proxy.relay.relay import Relay
 
 __all__ = ["refuse", "refuse_long_data", "split", "MergedWarnings", "SplitWarnings", "asks_max_packet", "tell_effective_limit"]
 
@@ -44,17 +44,17 @@ def tell_effective_limit(cmd: Command, limit: int, backend: Backend | None) -> C
     return Command(payload, encode_packet(payload, 0)[0], cmd.seq_end, len(payload))
 
 
-async def refuse(s: Session, size: int, seq_end: int, code: int, why: str = "") -> None:
+async def refuse(s: Relay, size: int, seq_end: int, code: int, why: str = "") -> None:
     """ERR 1153 naming the size, the limit and where the limit comes from."""
     limit = s.link.limit
-    configured = s.config.limits.max_allowed_packet
+    configured = s.parts.config.limits.max_allowed_packet
     backend = s.link.backend.max_allowed_packet if s.link.backend is not None else None
     origin = f"[limits] max_allowed_packet = {configured}"
     if backend and backend < configured:
         origin = f"the backend's @@max_allowed_packet = {backend}"
     msg = (
         f"Got a packet bigger than 'max_allowed_packet' bytes: {size} bytes, max_allowed_packet {limit} "
-        f"(target {s.target.name}, limit from {origin}); not sent to the backend{why}"
+        f"(target {s.parts.target.name}, limit from {origin}); not sent to the backend{why}"
     )
     s.log.warning(
         "refused %s of %d bytes (limit %d)%s",
@@ -64,12 +64,13 @@ async def refuse(s: Session, size: int, seq_end: int, code: int, why: str = "") 
         why,
         **outcome("refused", Err.NET_PACKET_TOO_LARGE[0]),
     )
-    if s.hooks.oversized_packet:
-        await s.hooks.notify(s.hooks.oversized_packet, s.info, size, limit)
+    hooks = s.parts.hooks
+    if hooks.oversized_packet:
+        await hooks.notify(hooks.oversized_packet, s.parts.info, size, limit)
     await s.send_client(make_err(*Err.NET_PACKET_TOO_LARGE, msg), seq_end + 1)
 
 
-async def refuse_long_data(s: Session, cmd: Command, stmt: PreparedStatement) -> None:
+async def refuse_long_data(s: Relay, cmd: Command, stmt: PreparedStatement) -> None:
     """Long data of ``stmt`` was held back from the server (over the limit, or the session's
     spool full): refuse the execute that would use it, and clear what the server got of it."""
     why = stmt.long_data_refused
@@ -77,7 +78,7 @@ async def refuse_long_data(s: Session, cmd: Command, stmt: PreparedStatement) ->
     await s.run_internal(b"\x1a" + struct.pack("<I", stmt.client_id), cmd.seq_end)
     s.tracking.long_data_dropped(stmt)
     if why is not None and why.startswith("the session's"):
-        msg = (f"Got a packet bigger than 'max_allowed_packet' bytes: {why} (target {s.target.name}); the statement's "
+        msg = (f"Got a packet bigger than 'max_allowed_packet' bytes: {why} (target {s.parts.target.name}); the statement's "
                "long data was not sent to the backend: send less long data at once, or raise limits.long_data_spool")  # fmt: skip
         s.log.warning("refused COM_STMT_EXECUTE: %s", why, **outcome("refused", Err.NET_PACKET_TOO_LARGE[0]))
         await s.send_client(make_err(*Err.NET_PACKET_TOO_LARGE, msg), cmd.seq_end + 1)
@@ -85,7 +86,7 @@ async def refuse_long_data(s: Session, cmd: Command, stmt: PreparedStatement) ->
     await refuse(s, size, cmd.seq_end, cmd.code, " (parameter data sent with COM_STMT_SEND_LONG_DATA)")
 
 
-async def split(s: Session, cmd: Command) -> None:
+async def split(s: Relay, cmd: Command) -> None:
     """Split mode: run an oversized multi-row INSERT/REPLACE as several statements under the
     limit, atomically, and answer with one OK that adds up their results."""
     limit = s.link.limit
@@ -147,7 +148,7 @@ async def split(s: Session, cmd: Command) -> None:
         s.first_answer = SplitWarnings(merged)  # SHOW WARNINGS right after this gets all pieces' warnings
 
 
-async def _collect_warnings(s: Session, merged: MergedWarnings, seq_end: int) -> bool:
+async def _collect_warnings(s: Relay, merged: MergedWarnings, seq_end: int) -> bool:
     """SHOW WARNINGS after one piece of a split statement, renumbered to the whole statement.
     False: the client was already answered (recovery)."""
     frames = bytearray()
@@ -166,7 +167,7 @@ class SplitWarnings:
     def __init__(self, merged: MergedWarnings) -> None:
         self.merged = merged
 
-    async def answer(self, s: Session, cmd: Command) -> bool:
+    async def answer(self, s: Relay, cmd: Command) -> bool:
         if cmd.code != C.COM_QUERY or not _SHOW_WARNINGS.match(cmd.payload, 1):
             return False
         merged = self.merged

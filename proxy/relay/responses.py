@@ -33,7 +33,7 @@ from proxy.sqltext import Kind
 from proxy.sqltext.tokens import quote_ident
 
 if TYPE_CHECKING:
-    from proxy.relay.tasks import Session
+    from proxy.relay.relay import Relay
 
 __all__ = ["backend_task", "complete", "on_lost"]
 
@@ -43,7 +43,7 @@ KILLED = 1927  # ER_CONNECTION_KILLED: a shutdown, or an operator's KILL
 SERVER_GOING_AWAY = frozenset({1053, KILLED})
 
 
-async def backend_task(s: Session) -> None:
+async def backend_task(s: Relay) -> None:
     link = s.link
     try:
         while True:
@@ -67,11 +67,14 @@ async def backend_task(s: Session) -> None:
                 continue
             inflight = s.inflight
             if inflight is None or inflight.state == NOT_SENT:
+                if link.state is LinkState.MOVING:  # the old connection's last words: the move goes on
+                    await link.replaced.wait()
+                    continue
                 err = _unsolicited_err(data)
                 if err is not None and err.code == KILLED and await _killed_by_operator(s):
                     # An operator killed this session's connection: the client hears the
                     # server's error at its next command, and the session ends, as direct.
-                    s.target.stats.recovered("killed_1927", 0.0)
+                    s.parts.target.stats.recovered("killed_1927", 0.0)
                     s.first_answer = Failed(make_err(err.code, err.sqlstate, err.message))
                     return
                 await on_lost(s, f"backend sent {_describe_unsolicited(data)} while idle")
@@ -94,11 +97,11 @@ def _kills(inflight: Inflight | None) -> bool:
     return inflight is not None and inflight.analysis is not None and inflight.analysis.keywords(0, 1) == ("KILL",)
 
 
-async def _killed_by_operator(s: Session) -> bool:
-    return await killed_by_operator(s.link, s.target, s.config.backend.io_timeout, s.log, s.last_activity)
+async def _killed_by_operator(s: Relay) -> bool:
+    return await killed_by_operator(s.link, s.parts.target, s.parts.config.backend.io_timeout, s.log, s.last_activity)
 
 
-async def on_lost(s: Session, reason: str, rejected: bool = False, clean: bool = False) -> None:
+async def on_lost(s: Relay, reason: str, rejected: bool = False, clean: bool = False) -> None:
     """The backend connection is gone (or going): recovery (``proxy.recovery.driver.recover``)
     runs its steps and says what to do; this does it. ``rejected``: the server answered the
     command in flight with a going-away error, so it did not run it; ``clean``: the server
@@ -128,12 +131,12 @@ async def on_lost(s: Session, reason: str, rejected: bool = False, clean: bool =
             return
 
 
-async def on_response_data(s: Session, inflight: Inflight, data: bytes) -> None:
+async def on_response_data(s: Relay, inflight: Inflight, data: bytes) -> None:
     tracker = inflight.tracker
     try:
         end = tracker.feed(data)
     except ProtocolError as exc:
-        raise connection_error(s.log, s.link, s.target.stats, f"protocol error in backend response: {exc}") from None
+        raise connection_error(s.log, s.link, s.parts.target.stats, f"protocol error in backend response: {exc}") from None
     if end < 0:
         if inflight.prepare_ok is not None:
             inflight.prepare_ok += data
@@ -158,7 +161,7 @@ async def on_response_data(s: Session, inflight: Inflight, data: bytes) -> None:
         if error.code == KILLED and await _killed_by_operator(s):
             # Not a shutdown: an operator's KILL. It is not undone by running the command
             # again; the client gets the server's error and the session ends, as direct.
-            s.target.stats.recovered("killed_1927", 0.0)
+            s.parts.target.stats.recovered("killed_1927", 0.0)
             await complete(s, inflight, data)
             raise SessionClosed(f"backend connection killed by an operator ({error})")
         # Rejected -- nothing ran -- only when the error is the first result: after an OK of
@@ -173,7 +176,7 @@ async def on_response_data(s: Session, inflight: Inflight, data: bytes) -> None:
         await on_lost(s, f"backend sent {_describe_unsolicited(extra)} after a response")
 
 
-async def _refuse_local_infile(s: Session, inflight: Inflight) -> None:
+async def _refuse_local_infile(s: Relay, inflight: Inflight) -> None:
     """The server asked for a client file (LOAD DATA LOCAL). Send it an empty one; the
     client gets an ERR instead of the request."""
     backend = s.link.backend
@@ -184,13 +187,13 @@ async def _refuse_local_infile(s: Session, inflight: Inflight) -> None:
     await backend.channel.send(encode_packet(b"", seq)[0])
 
 
-async def complete(s: Session, inflight: Inflight, last: bytes) -> None:
+async def complete(s: Relay, inflight: Inflight, last: bytes) -> None:
     """The response is complete: update session and transaction state, then let the
     client have the rest of it."""
     tracker = inflight.tracker
     captures = s.tracking.completed(inflight)
     if inflight.analysis is not None and any(st.kind is Kind.DDL for st in inflight.analysis.statements):
-        s.target.keys.clear()  # safe mode reads table keys again
+        s.parts.target.keys.clear()  # safe mode reads table keys again
     if captures:
         # Read the values back before the client hears "OK": a loss now is a loss with the
         # SET still in flight, and recovery simply sends it again.
@@ -214,7 +217,7 @@ async def complete(s: Session, inflight: Inflight, last: bytes) -> None:
     else:
         out = last
     s.inflight = None
-    s.link.losses_in_a_row = 0
+    s.link.completed()
     s.last_activity = trio.current_time()
     inflight.command.release()
     if s.link.move_requested and s.idle():
@@ -223,7 +226,7 @@ async def complete(s: Session, inflight: Inflight, last: bytes) -> None:
         await s.client.send(out)
     if inflight.done is not None:
         inflight.done.set()
-    if s._result_hooks:
+    if s.result_hooks:
         error = tracker.error
         result = ResultInfo(
             ok=error is None,
@@ -236,8 +239,9 @@ async def complete(s: Session, inflight: Inflight, last: bytes) -> None:
             in_transaction=s.tracking.tx.active,
         )
         command = inflight.command
-        info = CommandInfo.for_session(s.info, command.code, command.payload, command.complete)
-        await s.hooks.notify(s.hooks.result_received, s.info, info, result)
+        hooks, session_info = s.parts.hooks, s.parts.info
+        info = CommandInfo.for_session(session_info, command.code, command.payload, command.complete)
+        await hooks.notify(hooks.result_received, session_info, info, result)
 
 
 def _rewrite_prepare_ok(inflight: Inflight) -> bytes:
@@ -250,7 +254,7 @@ def _rewrite_prepare_ok(inflight: Inflight) -> bytes:
     return bytes(held)
 
 
-async def _capture_variables(s: Session, names: list[str]) -> None:
+async def _capture_variables(s: Relay, names: list[str]) -> None:
     """Read back the variables that were set from an expression (session ones by name, user
     ones as ``@name``), so a restore can set the values they took."""
     backend = s.link.backend

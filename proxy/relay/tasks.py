@@ -30,9 +30,9 @@ from proxy.recovery.loss import SessionParts
 from proxy.recovery.markers import CommitMarkers
 from proxy.recovery.restore import move
 from proxy.relay import login, oversize, responses
-from proxy.relay.answers import FirstAnswer
 from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, SENT, Inflight, SessionClosed
 from proxy.relay.link import BackendLink, LinkState
+from proxy.relay.relay import FirstAnswer
 from proxy.session.intake import Command, Oversized, read_command
 from proxy.session.longdata import LongDataSpool
 from proxy.session.tracker import SessionTracker
@@ -71,27 +71,25 @@ _KILL = re.compile(rb"\s*KILL\s+((?:CONNECTION\s+|QUERY\s+)?)(\d+)\s*;?\s*$", re
 
 
 class Session:
+    """One client's relay (``relay.relay.Relay``, as login, answers, oversize and responses
+    take it). What does not change while it lives is in ``parts``, built once."""
+
     def __init__(self, target: Target, client: Channel, client_address: str, session_id: int) -> None:
-        self.target = target
-        self.config = config = target.config
-        self.hooks = target.hooks
-        # Resolved once: with no plugin implementing them, these hooks cost one attribute test.
-        self._command_hooks = bool(self.hooks.command_received)
-        self._result_hooks = bool(self.hooks.result_received)
-        self._split_mode = config.limits.oversized == "split"
-        rec = config.recovery
-        self.markers = CommitMarkers(target.markers, session_id) if rec.commit_marker and rec.enabled else None
-        self.client = client
-        self.client_address = client_address
-        self.id = session_id
-        self.info = SessionInfo(session_id, target.name, "", client_address, opened_at=trio.current_time())
-        self.log = self.info.logger(log)  # every line about the session carries its fields
-        limits = config.limits
-        self.tracking = SessionTracker(self.info, rec.journal_max_bytes, rec.journal_max_statements, rec.idempotent == "safe-mode",
+        config, hooks, rec, limits = target.config, target.hooks, target.config.recovery, target.config.limits
+        info = SessionInfo(session_id, target.name, "", client_address, opened_at=trio.current_time())
+        self.log = info.logger(log)  # every line about the session carries its fields
+        self.tracking = SessionTracker(info, rec.journal_max_bytes, rec.journal_max_statements, rec.idempotent == "safe-mode",
                                        LongDataSpool(limits.spool_threshold, limits.long_data_spool))  # fmt: skip
-        self.link = BackendLink(self.tracking, config.limits.max_allowed_packet)  # the backend connection's life
-        # What recovery needs of the session, built once (proxy.recovery.loss).
-        self.parts = SessionParts(self.log, client_address, config, self.link, self.tracking, target, self.hooks, self.info, self.markers)
+        self.link = BackendLink(self.tracking, limits.max_allowed_packet)  # the backend connection's life
+        markers = CommitMarkers(target.markers, session_id) if rec.commit_marker and rec.enabled else None
+        # Config, plugins, target, info, commit markers...: for the relay's modules and recovery.
+        self.parts = SessionParts(self.log, client_address, config, self.link, self.tracking, target, hooks, info, markers)
+        self.id = session_id
+        # Resolved once: with no plugin implementing them, these hooks cost one attribute test.
+        self._command_hooks = bool(hooks.command_received)
+        self.result_hooks = bool(hooks.result_received)
+        self._split_mode = limits.oversized == "split"
+        self.client = client
         self.client_caps = 0
         self.deprecate_eof = False
         self.scramble = b""
@@ -153,12 +151,12 @@ class Session:
 
     def request_move(self) -> None:
         """Its backend address is draining: move to another connection as soon as it is idle."""
-        self.link.move_requested = True
+        self.link.want_move()
         if self.idle() and self.link.up:
             self.start_move()
 
     def start_move(self) -> None:
-        self.target.spawn(self._move)
+        self.parts.target.spawn(self._move)
 
     async def _move(self) -> None:
         """Move an idle session off its draining backend (``proxy.recovery.restore.move``), then
@@ -168,7 +166,7 @@ class Session:
             return
         if state.unrestorable is not None:
             self.log.warning("cannot move off a draining backend: %s", state.unrestorable)
-            link.move_requested = False
+            link.drop_move()
             return
         await move(self.parts)
         waiting = self.inflight
@@ -177,17 +175,18 @@ class Session:
 
     def describe(self) -> dict:
         """For /status: who, where, what state (no statement text)."""
+        info = self.parts.info
         return {
             "id": self.id,
-            "user": self.info.user,
-            "client": self.client_address,
-            "backend": self.info.backend_address,
+            "user": info.user,
+            "client": self.parts.client_address,
+            "backend": info.backend_address,
             "backend_connection": self.link.connection_id,
             "in_transaction": self.tracking.tx.active,
             "command_in_flight": self.inflight is not None,
             "commands": self.commands,
             "recoveries": self.link.recoveries,
-            "opened_s_ago": round(trio.current_time() - self.info.opened_at, 1),
+            "opened_s_ago": round(trio.current_time() - info.opened_at, 1),
             "restorable": self.tracking.state is None or self.tracking.state.unrestorable is None,
         }
 
@@ -229,10 +228,11 @@ class Session:
             await self._submit(cmd)
 
     async def _read_command(self) -> Command | None:
-        limits = self.config.limits
+        config = self.parts.config
+        limits = config.limits
         max_size = self.link.largest  # like the server
         keep = max(max_size, limits.split_max_statement) if self._split_mode else max_size
-        idle_timeout = self.config.listen.idle_timeout
+        idle_timeout = config.listen.idle_timeout
         while True:
             try:
                 if idle_timeout:
@@ -272,7 +272,8 @@ class Session:
 
     async def _run_command_hooks(self, cmd: Command) -> Command | None:
         try:
-            verdict = await self.hooks.run_command_chain(self.info, CommandInfo.for_session(self.info, cmd.code, cmd.payload, cmd.complete))
+            info = self.parts.info
+            verdict = await self.parts.hooks.run_command_chain(info, CommandInfo.for_session(info, cmd.code, cmd.payload, cmd.complete))
         except PluginError as exc:
             self.log.error("%s", exc, **outcome("plugin_error", Err.UNKNOWN_ERROR[0]))
             await self.answer_error(cmd, *Err.UNKNOWN_ERROR, str(exc))
@@ -325,7 +326,8 @@ class Session:
             verb, analysis = await trio.to_thread.run_sync(tracking.triage, cmd.payload)
         # A marker only for a transaction that wrote: a read-only one (START TRANSACTION READ
         # ONLY) would refuse it, and replaying reads is always safe.
-        if self.markers is not None and tracking.tx.active and tracking.tx.writes and _is_commit(analysis):
+        markers = self.parts.markers
+        if markers is not None and tracking.tx.active and tracking.tx.writes and _is_commit(analysis) and markers.on:
             if not await self._write_commit_marker(cmd):
                 return
         tracker = ResponseTracker(expect_for(code), self.deprecate_eof, tracking.wants_fingerprint(analysis))
@@ -354,15 +356,16 @@ class Session:
         if m is None:
             return cmd
         session_id = int(m.group(2))
-        session = self.target.session_by_id(session_id)
+        target = self.parts.target
+        session = target.session_by_id(session_id)
         killing = not m.group(1).upper().startswith(b"QUERY")
         victim = session.link.backend if session is not None else None
         if victim is not None:
             address, connection_id = str(victim.address), victim.connection_id
             if killing:  # the server may not count KILLs (TiDB): tell the victim's recovery
-                session.link.kill_relayed = (connection_id, trio.current_time())
+                session.link.kill_relayed_now(connection_id)
         else:
-            worker = self.target.worker
+            worker = target.worker
             found = await backend_connection_of(worker, session_id, killing) if worker is not None else None
             if found is None:
                 return cmd  # not a proxy session: the server will judge the id
@@ -379,7 +382,8 @@ class Session:
     async def _write_commit_marker(self, commit: Command) -> bool:
         """Upsert this session's marker row inside the transaction about to commit, so that a
         lost COMMIT answer can be resolved exactly. False: the client was already answered."""
-        number, payload = self.markers.upsert_sql()
+        markers = self.parts.markers
+        number, payload = markers.upsert_sql()
         tracker = await self.run_internal(payload, commit.seq_end)
         if tracker is None:
             return False
@@ -392,7 +396,7 @@ class Session:
             )
             await self.send_client(make_err(err.code, err.sqlstate, err.message), commit.seq_end + 1)
             return False
-        self.markers.written = self._next_marker = number
+        markers.written = self._next_marker = number
         return True
 
     async def run_internal(self, payload: bytes, seq_end: int, capture: bytearray | None = None) -> ResponseTracker | None:

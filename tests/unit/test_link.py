@@ -96,8 +96,8 @@ async def test_a_move_keeps_the_old_connection_until_the_new_one_is_ready():
 
     link.begin_move()
     link.replace(FakeBackend("10.0.0.3:4000"))
-    link.move_failed(new, owed=False, ids=ids)  # back to the connection it had
-    assert link.up and link.backend is new and t.generation == ids[0] and not link.owes_results
+    link.move_failed(new, ids=ids)  # back to the connection it had, and to its debt (the first move's)
+    assert link.up and link.backend is new and t.generation == ids[0] and link.owes_results
 
 
 async def test_a_change_of_user_closes_the_connection_on_purpose():

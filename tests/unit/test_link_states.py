@@ -70,7 +70,7 @@ EVENTS = {
     "lost": lambda link: link.lost(),
     "begin_move": lambda link: link.begin_move(),
     "moved": lambda link: link.moved(link.backend),
-    "move_failed": lambda link: link.move_failed(link.backend, False, link.tracking.backend_ids()),
+    "move_failed": lambda link: link.move_failed(link.backend, link.tracking.backend_ids()),
     "begin_swap": lambda link: link.begin_swap(),
     "close": lambda link: link.close(),
 }
@@ -121,7 +121,7 @@ async def test_a_move_that_ends_after_the_session_closes_its_connections():
     link.replace(new)
     link.close()  # after the move's connection came in: that one is the session's, and closed
     assert new.channel.closed and not old.channel.closed
-    link.move_failed(old, False, link.tracking.backend_ids())
+    link.move_failed(old, link.tracking.backend_ids())
     assert old.channel.closed and link.state is S.CLOSED and link.backend is new
 
 
@@ -143,3 +143,29 @@ async def test_a_relayed_kill_is_noted_with_its_time(autojump_clock):
     await trio.sleep(5)
     link.kill_relayed_now(42)
     assert link.kill_relayed == (42, 5.0)
+
+
+async def test_a_failed_move_gives_back_the_debt_the_link_had():
+    for owed in (False, True):
+        link = link_in(S.UP)
+        link.owes_results = owed
+        old = link.begin_move()
+        assert link.owes_results  # a command arriving meanwhile runs on the new connection
+        link.move_failed(old, link.tracking.backend_ids())
+        assert link.up and link.owes_results is owed
+
+
+async def test_the_counters_other_modules_keep_through_methods():
+    link = link_in(S.UP)
+    assert (link.count_loss(), link.count_loss()) == (1, 2)
+    link.completed()
+    assert link.losses_in_a_row == 0 and link.count_loss() == 1
+    link.count_recovery()
+    assert link.recoveries == 1
+    link.want_move()
+    assert link.move_requested
+    link.drop_move()
+    assert not link.move_requested
+    link.owes_results = True
+    link.results_replayed()
+    assert not link.owes_results
