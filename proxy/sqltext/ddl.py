@@ -21,9 +21,10 @@ that the server stores without running begins.
 from __future__ import annotations
 
 import proxy.sqltext.tokens as tk
-from proxy.sqltext.lexer import NAME_KINDS, Token
+from proxy.sqltext.dialect import Dialect
+from proxy.sqltext.lexer import NAME_KINDS, SqlParseError, Token, TokenKind
 
-__all__ = ["structural_names", "unrun_body", "object_word"]
+__all__ = ["structural_names", "unrun_body", "object_word", "sets_auto_increment"]
 
 # What CREATE makes: the first of these words outside parentheses (CREATE OR REPLACE
 # DEFINER = u SQL SECURITY INVOKER VIEW ...).
@@ -287,3 +288,23 @@ class _Walk:
         # Partitioning follows the last spec without a comma (``ENGINE=InnoDB PARTITION BY
         # HASH (a)``) or is the spec itself (``REORGANIZE PARTITION p INTO (PARTITION ...)``).
         self.partitioning(a, b)
+
+
+def sets_auto_increment(sql: str, dialect: Dialect, nbe: bool) -> bool:
+    """``ALTER TABLE [db.]t AUTO_INCREMENT [=] <digits>``, nothing else."""
+    try:
+        tokens = tk.statement_tokens(sql, nbe, dialect)
+    except (SqlParseError, RecursionError):
+        return False
+    words = [t.text.upper() if t.kind is TokenKind.WORD else None for t in tokens]
+    if words[:2] != ["ALTER", "TABLE"] or len(tokens) < 5 or tokens[2].kind not in NAME_KINDS:
+        return False
+    i = 3
+    if tokens[i].text == "." and i + 1 < len(tokens) and tokens[i + 1].kind in NAME_KINDS:
+        i += 2
+    if i >= len(tokens) or words[i] != "AUTO_INCREMENT":
+        return False
+    i += 1
+    if i < len(tokens) and tokens[i].kind is TokenKind.PUNCT and tokens[i].text == "=":
+        i += 1
+    return i == len(tokens) - 1 and tokens[i].kind is TokenKind.NUMBER and tokens[i].text.isdigit()

@@ -39,6 +39,7 @@ import attrs
 
 import proxy.sqltext.tokens as tk
 from proxy.sqltext.classify import classify
+from proxy.sqltext.ddl import sets_auto_increment
 from proxy.sqltext.dialect import UNKNOWN, Dialect
 from proxy.sqltext.inserts import InsertHead, insert_head, insert_target, table_name, table_ref_end
 from proxy.sqltext.lexer import IDC, NAME_KINDS, WS, SqlParseError, Token, TokenKind, quoted_string
@@ -128,30 +129,9 @@ def changes_no_rows(sql: str, dialect: Dialect = UNKNOWN, nbe: bool = False) -> 
 
 
 def repeatable(sql: str, dialect: Dialect = UNKNOWN, nbe: bool = False) -> bool:
-    """Safe to run again whatever the keys: it changes no rows, or it is an ALTER TABLE that only
-    sets the table's AUTO_INCREMENT to a number (DM's full load ends each table with one;
-    running it twice leaves what running it once does)."""
-    return changes_no_rows(sql, dialect, nbe) or _sets_auto_increment(sql, dialect, nbe)
-
-
-def _sets_auto_increment(sql: str, dialect: Dialect, nbe: bool) -> bool:
-    """``ALTER TABLE [db.]t AUTO_INCREMENT [=] <digits>``, nothing else."""
-    try:
-        tokens = tk.statement_tokens(sql, nbe, dialect)
-    except (SqlParseError, RecursionError):
-        return False
-    words = [t.text.upper() if t.kind is TokenKind.WORD else None for t in tokens]
-    if words[:2] != ["ALTER", "TABLE"] or len(tokens) < 5 or tokens[2].kind not in NAME_KINDS:
-        return False
-    i = 3
-    if tokens[i].text == "." and i + 1 < len(tokens) and tokens[i + 1].kind in NAME_KINDS:
-        i += 2
-    if i >= len(tokens) or words[i] != "AUTO_INCREMENT":
-        return False
-    i += 1
-    if i < len(tokens) and tokens[i].kind is TokenKind.PUNCT and tokens[i].text == "=":
-        i += 1
-    return i == len(tokens) - 1 and tokens[i].kind is TokenKind.NUMBER and tokens[i].text.isdigit()
+    """Safe to run again whatever the keys: it changes no rows, or it only sets a table's
+    AUTO_INCREMENT to a number (DM's full load ends each table so; twice is once)."""
+    return changes_no_rows(sql, dialect, nbe) or sets_auto_increment(sql, dialect, nbe)
 
 
 _SESSION_SET_SCOPES = frozenset({SetScope.SESSION, SetScope.USER, SetScope.NAMES, SetScope.CHARSET,
