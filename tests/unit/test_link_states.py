@@ -4,43 +4,17 @@ change nothing."""
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import trio
 
 from proxy.relay.link import TRANSITIONS, BackendLink, LinkState, LinkStateError
-from proxy.session.info import SessionInfo
-from proxy.session.tracker import AUTOCOMMIT, SessionTracker
+from tests.unit.test_link import FakeBackend, tracker
 
 S = LinkState
 
 
-class FakeChannel:
-    def __init__(self) -> None:
-        self.closed = False
-        self.sent: list[bytes] = []
-
-    def send_nowait(self, data: bytes) -> None:
-        self.sent.append(data)
-
-
-class FakeBackend:
-    def __init__(self, address: str = "127.0.0.1:3306") -> None:
-        self.address = address
-        self.handshake = types.SimpleNamespace(server_version="5.5.5-10.11.19-MariaDB")
-        self.max_allowed_packet = 1 << 20
-        self.connection_id = 7
-        self.channel = FakeChannel()
-
-    def close(self) -> None:
-        self.channel.closed = True
-
-
 def new_link() -> BackendLink:
-    tracking = SessionTracker(SessionInfo(1, "test", "app", "127.0.0.1:1"), 1 << 20, 1000)
-    tracking.logged_in("app", "test", 45, AUTOCOMMIT)
-    return BackendLink(tracking, 64 << 20)
+    return BackendLink(tracker(), 64 << 20)
 
 
 def link_in(state: LinkState) -> BackendLink:
