@@ -29,6 +29,11 @@ class BackendProfile:
     collation: int
 
 
+def _rank(health: AddressHealth) -> int:
+    """Where an address goes in the order new connections try: usable, suspect, then the rest."""
+    return 2 if not health.usable else 1 if health.suspect else 0
+
+
 class Target:
     def __init__(self, config: Config, hooks=None, opener=open_backend_socket) -> None:
         from proxy.hooks import Hooks
@@ -126,12 +131,7 @@ class Target:
         addrs = self.addresses
         preferred = self._preferred if self._preferred < len(addrs) else 0
         order = addrs[preferred:] + addrs[:preferred]
-        health = [self.health_of(a) for a in order]
-        return (
-            [h.address for h in health if h.usable and not h.suspect]
-            + [h.address for h in health if h.usable and h.suspect]
-            + [h.address for h in health if not h.usable]
-        )
+        return sorted(order, key=lambda a: _rank(self.health_of(a)))  # stable: the last that worked stays first
 
     async def profile(self) -> BackendProfile:
         """The backend's greeting, learned once (a connection opened, greeted and closed)."""
