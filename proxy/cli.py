@@ -9,7 +9,7 @@ one keeps serving); --check validates the config file alone and exits.
 
 Signals: SIGTERM or SIGINT drains (sessions close between transactions, the rest after
 listen.drain_timeout); SIGHUP reloads the config file (an invalid one is rejected and the
-running config kept); SIGUSR2 upgrades, as ``upgrade`` does (the outcome in the log). Every
+running config kept); SIGUSR2 upgrades, as the upgrade command does (the outcome in the log). Every
 key is documented in configs/example.toml.
 """
 

@@ -326,8 +326,11 @@ class Session:
             verb, analysis = await trio.to_thread.run_sync(tracking.triage, cmd.payload)
         # A marker only for a transaction that wrote: a read-only one (START TRANSACTION READ
         # ONLY) would refuse it, and replaying reads is always safe.
+        # A COMMIT prepared and executed (mysql-connector's prepared cursor) is judged by its
+        # statement's text.
         markers = self.parts.markers
-        if markers is not None and tracking.tx.active and tracking.tx.writes and _is_commit(analysis) and markers.on:
+        ends_with = statement.analysis if code == C.COM_STMT_EXECUTE and statement is not None else analysis
+        if markers is not None and tracking.tx.active and tracking.tx.writes and _is_commit(ends_with) and markers.on:
             if not await self._write_commit_marker(cmd):
                 return
         tracker = ResponseTracker(expect_for(code), self.deprecate_eof, tracking.wants_fingerprint(analysis))

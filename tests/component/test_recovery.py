@@ -6,6 +6,7 @@ Every test runs on trio's autojump clock, so backoff, buffer windows and timeout
 from __future__ import annotations
 
 import logging
+import struct
 
 import pytest
 import trio
@@ -467,6 +468,31 @@ async def test_commit_marker_resolves_an_in_doubt_commit_exactly(make_rig, autoj
     await c.must("INSERT INTO t VALUES (2, 'b')")
     await c.must("COMMIT")
     assert db.rows == {1: "a", 2: "b"} and len(db.markers) == 1
+
+
+@pytest.mark.parametrize("committed", [True, False])
+async def test_a_prepared_commit_in_doubt_is_resolved_by_its_marker(make_rig, autojump, committed):
+    """mysql-connector's prepared cursor sends COMMIT as COM_STMT_EXECUTE: it gets its marker
+    as a COM_QUERY COMMIT does, so a lost answer is resolved exactly instead of a 1158."""
+    rig = make_rig(make_config(recovery={"commit_marker": True}))
+    await trio.sleep(10)  # server up well before the connection: the old session gets KILLed
+    c = await rig.client()
+    commit = await c.prepare("COMMIT")
+    await c.must("BEGIN")
+    await c.must("INSERT INTO t VALUES (1, 'a')")
+    fired = []
+
+    async def lose_the_commits_answer(conn, payload):
+        if not fired and payload[0] == 0x17 and conn.stmts[struct.unpack_from("<I", payload, 1)[0]][0] == "COMMIT":
+            fired.append(payload)
+            return "run_then_drop" if committed else "drop"
+        return None
+
+    rig.server.intercept = lose_the_commits_answer
+    assert (await c.execute(commit)).ok
+    assert fired
+    db = rig.server.db
+    assert db.rows == {1: "a"} and db.commits == 1 and len(db.markers) == 1
 
 
 async def test_a_commit_marker_that_fails_is_the_commits_answer(make_rig, autojump):

@@ -94,4 +94,4 @@ def test_the_admin_start_up_line_lists_readmes_endpoints(tmp_path):
     log = proxy.stop()
     line = re.search(r"admin endpoint on http://\S+ \(([^)]*)\)", log)
     assert line, log
-    assert set(line.group(1).split(", ")) == readme_admin_paths() == {"/healthz", "/health", "/readyz", "/metrics", "/status"}
+    assert set(line.group(1).split(", ")) == readme_admin_paths() == {"/healthz", "/health", "/readyz", "/metrics", "/status", "/upgrade"}
