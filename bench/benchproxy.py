@@ -11,12 +11,15 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench import REPO
 from bench.procstat import process_tree
 from tests.lab.procs import kill_at_exit, wait_listening
 from tests.lab.proxy import ProxyProcess
+
+if TYPE_CHECKING:
+    from bench.callgrind import Wrap
 
 _WORKERS_FLAG: bool | None = None
 
@@ -39,20 +42,26 @@ class BenchProxy(ProxyProcess):
     through bench/instrumented_proxy.py (``counts``); stop() also ends worker processes the
     supervisor left behind."""
 
-    def __init__(self, workdir: Path, backend_port: int, *, args: list[str] | None = None, counts: bool = False, **overrides: Any) -> None:
+    def __init__(self, workdir: Path, backend_port: int, *, args: list[str] | None = None, counts: bool = False,
+                 source: Path = REPO, **overrides: Any) -> None:  # fmt: skip
+        """``source``: the checkout whose ``proxy`` package runs (another commit's, for before and after)."""
         super().__init__(workdir, backend_port, **overrides)
+        self.source = Path(source)
         self.args = list(args or [])
         self.counts_path = self.workdir / "loop-counts.json" if counts else None
         self.tree: list[int] = []
 
-    def start(self, timeout: float = 20) -> BenchProxy:
+    def start(self, timeout: float = 20, wrap: Wrap | None = None) -> BenchProxy:
+        """``wrap``: run the proxy under this command prefix and environment (bench/callgrind.py)."""
         self._log = open(self.log_path, "ab")
-        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys([str(self.source), str(REPO), os.environ.get("PYTHONPATH", "")])))
         if self.counts_path is not None:
             cmd = [sys.executable, "-m", "bench.instrumented_proxy", "--config", str(self.config_path), "--counts", str(self.counts_path)]
         else:
             cmd = [sys.executable, "-m", "proxy", "--config", str(self.config_path), *self.args]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        if wrap is not None:
+            cmd, env = wrap.command(cmd), wrap.environment(env)
+        self.proc = subprocess.Popen(cmd, cwd=self.source, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         kill_at_exit(self.proc)
         _LIVE_PROXIES.add(self)
         wait_listening(self.proc, self.port, timeout, "proxy", self.log_text)

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import REPO
 from bench.plugin_variants import PluginVariant
 from bench.servers import new_database, start_database
 from bench.stack import Stack, Target
@@ -52,6 +53,7 @@ class BenchEnv:
         workers: int | None = None,
         instrument: bool = False,
         perf: bool = False,
+        proxy_source: Path | None = None,
     ) -> None:
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="replay-bench-")).resolve()
@@ -71,6 +73,7 @@ class BenchEnv:
             instrument=instrument,
             problems=self.problems,
             log=self.log,
+            proxy_source=proxy_source or REPO,
         )
 
     def log(self, msg: str) -> None:

@@ -24,9 +24,13 @@ import subprocess
 import sys
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench import REPO
 from tests.lab.procs import ListeningChild
+
+if TYPE_CHECKING:
+    from bench.callgrind import Wrap
 
 KINDS = ("trio", "uvloop")
 BUFSIZE = 256 * 1024
@@ -170,7 +174,8 @@ class Floor(ListeningChild):
         self.counts_path = self.workdir / "loop-counts.json" if counts and kind == "trio" else None
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 20) -> Floor:
+    def start(self, timeout: float = 20, wrap: Wrap | None = None) -> Floor:
+        """``wrap``: run the pump under this command prefix and environment (bench/callgrind.py)."""
         reason = floor_unavailable_reason(self.kind)
         if reason:
             raise RuntimeError(reason)
@@ -178,6 +183,8 @@ class Floor(ListeningChild):
         if self.counts_path is not None:
             cmd += ["--counts", str(self.counts_path)]
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        if wrap is not None:
+            cmd, env = wrap.command(cmd), wrap.environment(env)
         self.launch(cmd, timeout, f"{self.kind} pump", cwd=REPO, env=env)
         return self
 

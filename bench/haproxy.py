@@ -11,12 +11,17 @@ Runs in the foreground (``-db``) as a child process; ``stop()`` (and interpreter
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tests.lab.mariadb import free_port
 from tests.lab.procs import ListeningChild
+
+if TYPE_CHECKING:
+    from bench.callgrind import Wrap
 
 
 def haproxy_unavailable_reason() -> str | None:
@@ -93,7 +98,8 @@ class HAProxy(ListeningChild):
         self.log_path = self.workdir / "haproxy.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 10) -> HAProxy:
+    def start(self, timeout: float = 10, wrap: Wrap | None = None) -> HAProxy:
+        """``wrap``: run HAProxy under this command prefix and environment (bench/callgrind.py)."""
         reason = haproxy_unavailable_reason()
         if reason:
             raise RuntimeError(reason)
@@ -102,5 +108,9 @@ class HAProxy(ListeningChild):
             raise RuntimeError(f"haproxy rejected {self.config_path}:\n{check.stdout}{check.stderr}")
         # Stopped with SIGTERM (hard stop), then SIGKILL: SIGUSR1, HAProxy's soft stop, could wait
         # for idle connections with client timeouts of 1 h.
-        self.launch(["haproxy", "-db", "-f", str(self.config_path)], timeout, "haproxy")
+        cmd = ["haproxy", "-db", "-f", str(self.config_path)]
+        if wrap is None:
+            self.launch(cmd, timeout, "haproxy")
+        else:
+            self.launch(wrap.command(cmd), timeout, "haproxy", env=wrap.environment(dict(os.environ)))
         return self

@@ -177,6 +177,7 @@ def render_table(results: dict[str, Any]) -> str:
         f"replay-proxy benchmark  {meta['date']}  host {meta['host']}  {meta['cores']} cores  {meta['kernel']}",
         f"rounds {meta['settings']['rounds']} (medians shown){'  QUICK MODE' if meta['settings']['quick'] else ''}"
         f"  sysbench ps-mode={meta['settings']['sysbench_ps_mode']}  commit {meta['versions'].get('git_commit', '?')}",
+        *([f"the proxy targets ran the proxy package of {meta['proxy_source']}"] if meta.get("proxy_source") else []),
         "client, server and intermediaries share the same cores: compare columns, not machines.",
         "",
     ]

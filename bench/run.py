@@ -23,12 +23,15 @@ import traceback
 from pathlib import Path
 
 from bench import REPO
+from bench.callgrind import callgrind_unavailable_reason
 from bench.env import BenchEnv
 from bench.hygiene import raise_nofile, sigterm_as_interrupt
+from bench.instructions import count_all
+from bench.instructions import render as render_instructions
 from bench.middle import Profile, flame_summary, perf_counts_instructions, perf_unavailable_reason, pyspy_unavailable_reason
 from bench.plugin_variants import DEFAULT_PLUGIN_CHAIN, PluginVariant
 from bench.report import finalize, new_workload_record, render_table, write_chart, write_json
-from bench.runinfo import missing_tools, run_meta
+from bench.runinfo import git_commit, missing_tools, run_meta
 from bench.stack import ALL_TARGETS
 from bench.workloads import LOOP_METRICS, PERF_METRICS, SYS_METRIC, Settings, Workload, WorkloadError, WorkloadSkipped
 from bench.workloads.bulk import BigResult, BigStatement
@@ -163,6 +166,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="T[,T]",
         help="targets profiled by --profile (Python processes: proxy, proxy+plugins, trio_pump, uvloop_pump; default %(default)s)",
     )
+    p.add_argument(
+        "--instructions",
+        action="store_true",
+        help="after the workloads, count the instructions per statement of haproxy, the pumps and the proxy under "
+        "callgrind (bench/instructions.py): a figure that repeats on a busy machine, beside CPU/stmt",
+    )
+    p.add_argument("--instructions-statements", type=int, default=1500, metavar="N",
+                   help="statements per counted run (N, then 2N; default %(default)s)")  # fmt: skip
+    p.add_argument("--instructions-repeat", type=int, default=2, metavar="K",
+                   help="fresh processes per counted target, to show the count repeats (default %(default)s)")  # fmt: skip
+    p.add_argument("--proxy-source", type=Path, metavar="DIR",
+                   help="run the proxy targets from this checkout's proxy package (e.g. a `git worktree` of another commit: "
+                   "figures before and after a change, with this checkout's benchmark)")  # fmt: skip
     p.add_argument("--out", type=Path, help="results folder (default bench/results/<timestamp>)")
     p.add_argument("--workdir", type=Path, help="where MariaDB and the proxies keep their files (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the work dir (databases, proxy logs) afterwards")
@@ -389,6 +405,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.perf and not perf_counts_instructions():
         perf_metrics = [m for m in perf_metrics if m.key != "instructions_per_stmt"]
         notes.append("--perf: no hardware counters here (perf stat: instructions <not supported>); software events only")
+    if args.instructions:
+        reason = callgrind_unavailable_reason()
+        if reason:
+            raise SystemExit(f"--instructions: {reason}")
     profiled = select_workloads(argparse.Namespace(only=args.profile, skip=[])) if args.profile else []
     profile_targets = [t.strip() for t in args.profile_targets.split(",") if t.strip()]
     if profiled:
@@ -416,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
             plugin_chain=None,
             backend=args.backend,
             commit_marker=args.commit_marker,
+            proxy_source=f"{args.proxy_source.resolve()} at {git_commit(args.proxy_source)}" if args.proxy_source else None,
             workers=args.workers_n,
             instrument=args.instrument,
             perf=args.perf,
@@ -439,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         instrument=args.instrument,
         perf=args.perf,
         proxy_overrides=overrides,
+        proxy_source=args.proxy_source.resolve() if args.proxy_source else None,
     )
     SysbenchSetup.done = False
     interrupted = False
@@ -450,6 +472,10 @@ def main(argv: list[str] | None = None) -> int:
             run_workload(
                 env, wl, settings, targets, results, (profile_targets, out, args.profile_gil) if wl.name in profiled_names else None
             )
+        if args.instructions:
+            env.stop_stack()  # callgrind's process runs alone beside the client and the database
+            SysbenchSetup.ensure(env, settings)
+            results["instructions"] = count_all(env, targets, settings, args.instructions_statements, args.instructions_repeat, out)
     except KeyboardInterrupt as e:
         interrupted = True
         env.log(f"interrupted ({e}); stopping everything and writing partial results")
@@ -465,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
         results["meta"]["interrupted"] = interrupted
         finalize(results)
         table = render_table(results)
+        if "instructions" in results:
+            table += "\n\n" + render_instructions(results["instructions"], results["workloads"])
         write_json(results, out / "results.json")
         (out / "table.txt").write_text(table + "\n")
         chart_note = write_chart(results, out / "chart.png")

@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from bench import REPO
@@ -59,19 +60,20 @@ def versions() -> dict[str, str]:
             out[name] = (res.stdout or res.stderr).strip().splitlines()[0]
         except (OSError, subprocess.TimeoutExpired, IndexError):
             pass
-    try:
-        out["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "proxy", "plugins"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        if dirty:
-            out["git_commit"] += " (+ uncommitted changes in proxy/ or plugins/)"
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+    commit = git_commit(REPO)
+    if commit:
+        out["git_commit"] = commit
     return out
+
+
+def git_commit(tree: Path) -> str | None:
+    """The checkout's short commit, marked when its proxy/ or plugins/ have uncommitted changes."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "proxy", "plugins"], cwd=tree, capture_output=True, text=True,
+                               timeout=10).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return commit + (" (+ uncommitted changes in proxy/ or plugins/)" if dirty else "")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import REPO
 from bench.benchproxy import BenchProxy, proxy_has_workers_flag
 from bench.floors import Floor, floor_unavailable_reason
 from bench.haproxy import HAProxy
@@ -65,6 +66,7 @@ class Stack:
         instrument: bool,
         problems: list[str],
         log: Callable[[str], None],
+        proxy_source: Path = REPO,
     ) -> None:
         self.workdir = workdir
         self.plugins = plugins
@@ -72,6 +74,7 @@ class Stack:
         self.haproxy_threads = haproxy_threads
         self.workers = workers
         self.instrument = instrument  # trio loop counts of the proxy and the trio pump
+        self.proxy_source = proxy_source  # the checkout whose proxy package the proxy targets run
         self.problems = problems
         self.log = log
         self.db_port: int | None = None
@@ -83,7 +86,7 @@ class Stack:
         self._stack_no = 0
         self._stack_names: list[str] | None = None
 
-    def _proxy_config(self, with_plugins: bool) -> dict[str, Any]:
+    def proxy_config(self, with_plugins: bool) -> dict[str, Any]:
         overrides: dict[str, Any] = {"log": {"level": "warning"}}
         for key, value in self.proxy_overrides.items():
             if isinstance(value, dict) and isinstance(overrides.get(key), dict):
@@ -106,7 +109,12 @@ class Stack:
             args = ["--workers", str(self.workers)]
         workdir = self.workdir / f"stack{self._stack_no}" / name.replace("+", "_")
         proxy = BenchProxy(
-            workdir, self.db_port, args=args, counts=self.instrument and name != "proxy_workers", **self._proxy_config(with_plugins)
+            workdir,
+            self.db_port,
+            args=args,
+            counts=self.instrument and name != "proxy_workers",
+            source=self.proxy_source,
+            **self.proxy_config(with_plugins),
         )
         if with_plugins:
             with proxy.config_path.open("a") as f:

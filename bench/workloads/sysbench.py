@@ -66,15 +66,18 @@ def parse_sysbench(out: str) -> dict[str, float]:
 
 
 def run_sysbench(
-    test: str, settings: Settings, port: int, threads: int, duration: float, rate: int | None = None, ps_mode: str | None = None
-) -> dict[str, float]:
+    test: str, settings: Settings, port: int, threads: int, duration: float, rate: int | None = None, ps_mode: str | None = None,
+    events: int = 0, timeout: float | None = None,
+) -> dict[str, float]:  # fmt: skip
+    """``events``: stop after this many events instead of after ``duration`` seconds."""
+    timeout = duration + 120 if timeout is None else timeout
     cmd = [
         "sysbench",
         test,
         *sysbench_args(settings, port, ps_mode),
         f"--threads={threads}",
-        f"--time={max(1, round(duration))}",
-        "--events=0",
+        f"--time={0 if events else max(1, round(duration))}",
+        f"--events={events}",
         "--percentile=95",
         "--report-interval=0",
     ]
@@ -82,9 +85,9 @@ def run_sysbench(
         cmd.append(f"--rate={rate}")
     cmd.append("run")
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 120, stdin=subprocess.DEVNULL)
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
-        raise WorkloadError(f"sysbench did not finish within {duration + 120:.0f} s: {' '.join(cmd)}") from e
+        raise WorkloadError(f"sysbench did not finish within {timeout:.0f} s: {' '.join(cmd)}") from e
     if res.returncode != 0:
         raise WorkloadError(f"sysbench exited with {res.returncode}: {' '.join(cmd)}\n{(res.stdout + res.stderr)[-3000:]}")
     return parse_sysbench(res.stdout)
