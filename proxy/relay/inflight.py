@@ -54,6 +54,9 @@ class Inflight:
     captured: bytearray | None = None  # the response to one of the proxy's own commands, kept for it
     refuse_infile: bool = False  # answering the server's LOCAL INFILE request with "no file"
     marker: int = 0  # commit-marker number written just before this COMMIT (0: none)
+    # A COMMIT of writes, or a write in autocommit: its loss after sending is a 1158 unless
+    # proved otherwise, so the connection is looked at before it goes (``Session.send_inflight``).
+    look_first: bool = False
     piece: Piece | None = None  # a COM_STMT_SEND_LONG_DATA: what the session keeps of it
     internal: bool = False  # the proxy's own command (split pieces): response not forwarded
     answered: bool = False  # recovery answered the client with an error instead

@@ -67,6 +67,7 @@ _REFUSED_COMMANDS = frozenset(
         C.COM_DAEMON,
     }
 )
+_WRITE_VERBS = frozenset({b"INSERT", b"REPLACE", b"UPDATE", b"DELETE"})  # of the fast path (sqltext.triage)
 _KILL = re.compile(rb"\s*KILL\s+((?:CONNECTION\s+|QUERY\s+)?)(\d+)\s*;?\s*$", re.I)
 
 
@@ -335,6 +336,10 @@ class Session:
                 return
         tracker = ResponseTracker(expect_for(code), self.deprecate_eof, tracking.wants_fingerprint(analysis))
         inflight = Inflight(cmd, tracker, statement, trio.current_time(), verb, analysis, tracking.reading)
+        if tracking.tx.active:
+            inflight.look_first = tracking.tx.writes and _is_commit(ends_with)
+        elif tracking.autocommit:
+            inflight.look_first = verb in _WRITE_VERBS or (ends_with is not None and ends_with.writes)
         if self._next_marker:
             inflight.marker, self._next_marker = self._next_marker, 0
         if code == C.COM_STMT_PREPARE:
@@ -425,6 +430,8 @@ class Session:
         backend = link.backend
         assert backend is not None
         cmd = inflight.command
+        if inflight.look_first and backend.channel.data_pending() and not await self._still_up(backend):
+            return  # the server closed before this command left: recovery sends it, as not run
         inflight.state = SENDING
         link.sending()
         try:
@@ -442,6 +449,15 @@ class Session:
             link.sent()
         if inflight.state == SENT and inflight.tracker.done:  # no response expected
             await responses.complete(self, inflight, b"")
+
+    async def _still_up(self, backend) -> bool:
+        """The server spoke (or closed) while the session was idle, and the backend task has not
+        read it yet: let it. Sending now would make a close the server made before it ever saw
+        the command look like one in the middle of it (a 1158 for a COMMIT or a write)."""
+        with trio.move_on_after(self.parts.config.backend.io_timeout):
+            while self.link.up and self.link.backend is backend and backend.channel.data_pending():
+                await trio.sleep(0.001)
+        return self.link.up and self.link.backend is backend
 
     # ------------------------------------------------------------------ answering locally
 
