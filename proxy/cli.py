@@ -103,6 +103,8 @@ async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, 
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2) as signals:
         async with trio.open_nursery() as nursery:
             inherited = await successor.take_listeners() if successor is not None else None
+            if inherited is not None:
+                proxy.ids_above(inherited.next_session_id - 1)  # the old process's sessions keep theirs when they move
 
             def take(role: str, address: Address) -> list | None:
                 return inherited.take(role, str(address)) if inherited is not None else None
@@ -118,7 +120,8 @@ async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, 
             admin_listeners = await open_listeners(config, admin_address, take("admin", admin_address)) if admin_address else []
             addresses = await nursery.start(proxy.serve)
             upgrader = None if proxy.worker is not None else Upgrader(path, lambda: _listening(proxy, admin_address, admin_listeners),
-                                                                     lambda: len(proxy.target.sessions), _upgrade_args(config))  # fmt: skip
+                                                                     lambda: len(proxy.target.sessions), proxy.next_session_id,
+                                                                     _upgrade_args(config))  # fmt: skip
             admin_stopped = trio.Event()  # set when the admin listener is handed over
             if admin_listeners:
                 await nursery.start(functools.partial(serve_admin, config, hooks, proxy, admin_address, listeners=admin_listeners,
@@ -130,7 +133,7 @@ async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, 
                 log.info("took over from pid %d: listeners adopted: %s; bound anew: %s; closed (no longer configured): %s",
                          inherited.old_pid, ", ".join(inherited.adopted) or "none", ", ".join(bound) or "none",
                          ", ".join(closed) or "none", extra={"event": "upgrade_took_over"})  # fmt: skip
-                nursery.start_soon(successor.serving, inherited, bound, closed)
+                nursery.start_soon(_take_over, successor, inherited, bound, closed, proxy)
             elif proxy.worker is None:
                 sdnotify.notify("READY=1")  # a Type=notify unit: the proxy serves
             task_status.started(addresses)
@@ -150,6 +153,7 @@ async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, 
                     continue
                 if event == _HANDED_OVER:
                     admin_stopped.set()  # the new process answers the admin endpoint from now on
+                    await _move_sessions(proxy, upgrader)
                     await proxy.drain()
                     log.info("upgrade: pid %d drained, exiting; pid %d serves", os.getpid(), upgrader.outcome.new_pid)
                 else:
@@ -159,6 +163,33 @@ async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, 
                     await proxy.drain()
                 nursery.cancel_scope.cancel()
                 break
+
+
+async def _take_over(successor, inherited, bound: list[str], closed: list[str], proxy) -> None:
+    """The new process of an upgrade: say it serves, then take the old one's sessions."""
+    from proxy.handover.sessions import adopt_sessions
+
+    if await successor.serving(inherited, bound, closed):
+        await adopt_sessions(successor.channel, proxy, inherited.old_pid, proxy.config.listen.handover_timeout)
+
+
+async def _move_sessions(proxy, upgrader) -> None:
+    """The old process of an upgrade: move each session to the new one at its next command
+    boundary, within listen.handover_timeout; log why each one left could not move."""
+    from proxy.handover.movable import why_not_movable
+    from proxy.handover.sessions import SessionMover
+
+    if upgrader.session_channel is None:
+        return
+    mover = SessionMover(upgrader.session_channel, upgrader.outcome.new_pid)
+    timeout = proxy.config.listen.handover_timeout
+    left = await mover.run(proxy, trio.current_time() + timeout)
+    for session in left:
+        reason = mover.refused.get(session.id) or mover.broken or why_not_movable(session) or "no command boundary was seen"
+        session.log.info("not moved to pid %d within %gs (listen.handover_timeout): %s; it drains here",
+                         mover.new_pid, timeout, reason, extra={"event": "session_not_moved"})  # fmt: skip
+    log.info("upgrade: %d session(s) moved to pid %d, %d left to drain", mover.moved, mover.new_pid, len(left),
+             extra={"event": "sessions_moved"})  # fmt: skip
 
 
 def _listening(proxy, admin_address: Address | None, admin_listeners: list) -> list:

@@ -120,6 +120,10 @@ class ListenConfig:
     # On SIGTERM: stop accepting, close each session once it is between transactions, and
     # close whatever is left after this long.
     drain_timeout: Duration = Duration(10)
+    # On an upgrade (SIGUSR2, replay-proxy upgrade): how long the old process waits for each
+    # session to reach a command boundary outside a transaction and move to the new process
+    # with its connections; the sessions left then are drained as on SIGTERM.
+    handover_timeout: Duration = Duration(30)
     # [listen.tls]: TLS for clients; without it an SSLRequest is refused.
     tls: ListenTLSConfig | None = None
     # Processes sharing the listen port (SO_REUSEPORT), one trio loop each: 1 for a sidecar;

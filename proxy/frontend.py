@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import socket
@@ -34,6 +35,7 @@ class Proxy:
         # from the server's own connection ids, so a KILL can tell which one it was given.
         self.worker = self.target.worker = worker
         self._first_id = worker.first_session_id if worker is not None else SESSION_ID_BASE
+        self._next_id_floor = self._first_id
         self._ids = itertools.count(self._first_id)
         self._ids_wrapped = False
         self.admission = Admission(config.listen)
@@ -124,6 +126,7 @@ class Proxy:
         skipping the ids of sessions still open (an id must fit the greeting's 4 bytes)."""
         while True:
             session_id = next(self._ids)
+            self._next_id_floor = session_id + 1
             if session_id >= self._first_id + SESSION_ID_SPAN:
                 self._ids, self._ids_wrapped = itertools.count(self._first_id), True
                 continue
@@ -146,28 +149,58 @@ class Proxy:
                 extra={"client": client_address, "target": target.name, "outcome": "refused", "code": refusal[0]},
             )
             return
-        session = Session(target, channel, client_address, session_id)
-        started = trio.current_time()
+        await self._run(Session(target, channel, client_address, session_id))
+
+    def adopt(self, session: Session, old_pid: int, age: float) -> None:
+        """A session an upgrade's old process handed over (``proxy.handover.sessions``): it runs
+        here from its next command on."""
+        self.ids_above(session.id)
+        assert self.target.nursery is not None
+        self.target.nursery.start_soon(functools.partial(self._run, session, moved_from=(old_pid, age)))
+
+    def next_session_id(self) -> int:
+        return self._next_id_floor
+
+    def ids_above(self, session_id: int) -> None:
+        """New sessions get ids above ``session_id`` (the old process of an upgrade gave it)."""
+        if session_id >= self._next_id_floor:
+            self._next_id_floor = session_id + 1
+            self._ids = itertools.count(self._next_id_floor)
+
+    async def _login(self, session: Session) -> bool:
+        host = session.parts.client_address.rsplit(":", 1)[0]
+        self.admission.enter(host)
+        try:
+            opened = await session.handshake()
+        finally:
+            self.admission.leave(host)
+        if not opened and session.login_refused:
+            self.admission.failed_login(host)
+            self.target.stats.logins_failed += 1
+        return opened
+
+    async def _run(self, session: Session, moved_from: tuple[int, float] | None = None) -> None:
+        """A session from its login (or, ``moved_from`` (pid, age), its arrival from the old
+        process of an upgrade) to its end, and the log lines of both."""
+        target = self.target
+        client_address = session.parts.client_address
+        channel = session.client
+        started = trio.current_time() - (moved_from[1] if moved_from else 0.0)
         opened = False
         try:
-            self.admission.enter(host)
-            try:
-                opened = await session.handshake()
-            finally:
-                self.admission.leave(host)
-            if not opened and session.login_refused:
-                self.admission.failed_login(host)
-                target.stats.logins_failed += 1
+            opened = moved_from is not None or await self._login(session)
             if opened:
                 target.sessions.add(session)
                 target.stats.sessions_opened += 1
+                moved = f" (moved from pid {moved_from[0]} by an upgrade)" if moved_from else ""
                 session.log.info(
-                    "open: user=%s client=%s backend=%s backend_conn=%d",
+                    "open: user=%s client=%s backend=%s backend_conn=%d%s",
                     session.parts.info.user,
                     client_address,
                     session.parts.info.backend_address,
                     session.link.connection_id if session.link.backend else -1,
-                    extra={"event": "session_opened"},
+                    moved,
+                    extra={"event": "session_moved_in" if moved_from else "session_opened"},
                 )
                 if target.hooks.session_opened:
                     await target.hooks.notify(target.hooks.session_opened, session.parts.info)

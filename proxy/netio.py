@@ -18,7 +18,7 @@ from trio.lowlevel import checkpoint, wait_readable, wait_writable
 from proxy.protocol.framing import Packet, PacketDecoder
 from proxy.protocol.packets import ProtocolError
 
-__all__ = ["Channel", "StreamChannel", "PeerClosed", "PeerFinished", "open_tcp"]
+__all__ = ["Channel", "StreamChannel", "PeerClosed", "PeerFinished", "WaitInterrupted", "open_tcp"]
 
 RECV_SIZE = 256 * 1024
 _YIELD_EVERY = 4 * 1024 * 1024  # bytes moved without blocking before a fairness checkpoint
@@ -26,6 +26,11 @@ _YIELD_EVERY = 4 * 1024 * 1024  # bytes moved without blocking before a fairness
 
 class PeerClosed(ConnectionError):
     """The other side closed the connection (EOF) or reset it."""
+
+
+class WaitInterrupted(Exception):
+    """``Channel.interrupt_wait``: the wait between two commands was ended on purpose (a
+    hand-over takes the connection); nothing of the next command has been read."""
 
 
 class PeerFinished(PeerClosed):
@@ -36,7 +41,7 @@ class PeerFinished(PeerClosed):
 class Channel:
     """One TCP connection: raw chunk I/O plus a packet decoder for whole-packet reads."""
 
-    __slots__ = ("sock", "name", "decoder", "_unyielded", "closed")
+    __slots__ = ("sock", "name", "decoder", "_unyielded", "closed", "between_commands", "_interrupting")
 
     def __init__(self, sock: socket.socket, name: str) -> None:
         sock.setblocking(False)
@@ -49,6 +54,10 @@ class Channel:
         self.decoder = PacketDecoder()
         self._unyielded = 0
         self.closed = False
+        # Parked in the wait before a command's first byte (``recv(wait_first=True)``,
+        # ``wait_data``): ``interrupt_wait`` may take the connection away now, losing nothing.
+        self.between_commands = False
+        self._interrupting = False
 
     async def recv(self, size: int = RECV_SIZE, wait_first: bool = False) -> bytes:
         """Next chunk of bytes; raises PeerClosed on EOF or reset.
@@ -58,7 +67,11 @@ class Channel:
         with EAGAIN — one syscall and one exception less per statement."""
         sock = self.sock
         if wait_first:
-            await self._park(wait_readable)
+            self.between_commands = True
+            try:
+                await self._park(wait_readable)
+            finally:
+                self.between_commands = False
         while True:
             try:
                 data = sock.recv(size)
@@ -107,12 +120,28 @@ class Channel:
         try:
             await wait(self.sock)
         except trio.ClosedResourceError:
+            if self._interrupting:
+                self._interrupting = False
+                raise WaitInterrupted(self.name) from None
             raise PeerClosed(f"{self.name}: closed") from None
 
     async def wait_data(self) -> None:
         """Until the peer sends something (or closes). Cancelling it loses nothing."""
         if not self.decoder.buffered():
-            await self._park(wait_readable)
+            self.between_commands = True
+            try:
+                await self._park(wait_readable)
+            finally:
+                self.between_commands = False
+
+    def interrupt_wait(self) -> bool:
+        """End the wait of the task parked between two commands with WaitInterrupted (the
+        socket stays open). False when no task is parked there or bytes of a command are here."""
+        if not self.between_commands or self.decoder.buffered() or self.closed:
+            return False
+        self._interrupting = True
+        trio.lowlevel.notify_closing(self.sock)
+        return True
 
     async def read_packet(self, max_size: int | None = None) -> Packet:
         """Next whole logical packet (for handshakes and the proxy's own exchanges). With

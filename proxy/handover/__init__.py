@@ -7,5 +7,7 @@ config now on disk, started by the running one).
   passed by SCM_RIGHTS; trio waits, each with a timeout;
 - ``sdnotify``: the datagram systemd's ``Type=notify`` expects (``READY=1``, ``MAINPID=``);
 - ``upgrade``: the two sides of an upgrade: the old process starts the new one and hands it
-  its listening sockets, the new one adopts them instead of binding and says when it serves.
+  its listening sockets, the new one adopts them instead of binding and says when it serves;
+- ``sessions``: then the live sessions, each at a command boundary with its client and backend
+  connections and what the proxy knows of it; the ones that cannot move drain.
 """

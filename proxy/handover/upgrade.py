@@ -5,10 +5,15 @@ old one then stops accepting and drains its sessions as SIGTERM does.
 
 The conversation on the hand-over channel (``fdpass``), version 1::
 
-    old -> new   offer        {"pid", "listeners": [{"role", "address", "count"}]} + the sockets
-    new -> old   serving      {"pid", "adopted": [...], "bound": [...], "closed": [...]}
+    old -> new   offer        {"pid", "listeners": [{"role", "address", "count"}], "next_session_id"} + the sockets
+    new -> old   serving      {"pid", "adopted": [...], "bound": [...], "closed": [...], "sessions"}
              or  failed       {"pid", "reason"}            (then the new process exits non-zero)
     old -> new   handed_over  {"pid", "mainpid_notified"}  (then the new one tells systemd)
+
+``sessions`` is the session format the new process reads (``sessions.FORMAT``): when it is
+this process's, the channel stays open and the live sessions follow (``sessions``); otherwise
+(or with none) they are drained here. ``next_session_id``: the new process numbers its own
+sessions from there, so that none takes the id of one that moves.
 
 A listener is adopted when the new config names the same address for the same role
 ("client": listen.address, "admin": the admin address); one whose address changed is closed
@@ -16,7 +21,6 @@ in the new process and bound afresh there. A new process that dies, answers ``fa
 stays silent past ``START_TIMEOUT`` leaves the old one serving, and the reason is logged and
 given to whoever asked (SIGUSR2: the log; ``replay-proxy upgrade``: its output).
 
-Live sessions do not move yet: the old process drains them.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import trio
 from proxy.handover import sdnotify
 from proxy.handover.fdpass import HandoverChannel
 from proxy.handover.protocol import ChannelClosed, HandoverError, Message, ProtocolError
+from proxy.handover.sessions import FORMAT as SESSION_FORMAT
 
 __all__ = ["START_TIMEOUT", "STEP_TIMEOUT", "describe", "Listening", "Outcome", "UpgradeFailed", "Upgrader", "Inherited", "Successor"]
 
@@ -84,7 +89,10 @@ class Upgrader:
     path: str | None
     listening: Callable[[], list[Listening]]
     sessions: Callable[[], int]
+    next_session_id: Callable[[], int]
     extra_args: list[str] = field(default_factory=list)
+    # Open after the hand-over when the new process takes sessions (``sessions.SessionMover``).
+    session_channel: HandoverChannel | None = None
     handed_over: trio.Event = field(default_factory=trio.Event)
     outcome: Outcome | None = None
     _process: trio.Process | None = None
@@ -114,7 +122,11 @@ class Upgrader:
             listening = self.listening()
             offer = Message(
                 "offer",
-                {"pid": pid, "listeners": [{"role": e.role, "address": e.address, "count": len(e.fds)} for e in listening]},
+                {
+                    "pid": pid,
+                    "listeners": [{"role": e.role, "address": e.address, "count": len(e.fds)} for e in listening],
+                    "next_session_id": self.next_session_id(),
+                },  # fmt: skip
                 [fd for entry in listening for fd in entry.fds],
             )
             await channel.send(offer, timeout=STEP_TIMEOUT)
@@ -137,7 +149,14 @@ class Upgrader:
             await channel.send(Message("handed_over", {"pid": pid, "mainpid_notified": mainpid_notified}), timeout=STEP_TIMEOUT)
         except HandoverError as exc:  # it serves already; its systemd notice waits for this, with its own timeout
             log.warning("upgrade: pid %d serves, but did not take the last word: %s", process.pid, exc)
-        channel.close()
+            channel.close()
+        if answer.fields.get("sessions") == SESSION_FORMAT and channel.sock.fileno() >= 0:
+            self.session_channel = channel
+        else:
+            if channel.sock.fileno() >= 0:
+                log.warning("upgrade: pid %d does not read this version's sessions (format %s, here %d): they are drained here",
+                            process.pid, answer.fields.get("sessions"), SESSION_FORMAT)  # fmt: skip
+            channel.close()
         self.outcome = Outcome(pid, process.pid, describe(listening), self.sessions(), round(trio.current_time() - started, 3))
         log.info(
             "upgrade: pid %d serves now (listeners handed over: %s; it adopted %s, bound %s) after %.3fs; pid %d stops "
@@ -191,8 +210,9 @@ class Upgrader:
 class Inherited:
     """The listening sockets the old process offered, by (role, address)."""
 
-    def __init__(self, old_pid: int, sockets: dict[tuple[str, str], list[socket.socket]]) -> None:
+    def __init__(self, old_pid: int, sockets: dict[tuple[str, str], list[socket.socket]], next_session_id: int = 0) -> None:
         self.old_pid = old_pid
+        self.next_session_id = next_session_id
         self._sockets = sockets
         self.adopted: list[str] = []
 
@@ -241,21 +261,23 @@ class Successor:
             count = int(entry["count"])
             by_address[(str(entry["role"]), str(entry["address"]))] = sockets[position : position + count]
             position += count
-        return Inherited(self.old_pid, by_address)
+        return Inherited(self.old_pid, by_address, int(offer.fields.get("next_session_id") or 0))
 
-    async def serving(self, inherited: Inherited, bound: list[str], closed: list[str]) -> None:
-        """Tell the old process this one serves; once it confirms, tell systemd (if under it)."""
+    async def serving(self, inherited: Inherited, bound: list[str], closed: list[str]) -> bool:
+        """Tell the old process this one serves; once it confirms, tell systemd (if under it).
+        True: the channel stays open for the old process's sessions (``sessions``)."""
         pid = os.getpid()
+        fields = {"pid": pid, "adopted": inherited.adopted, "bound": bound, "closed": closed, "sessions": SESSION_FORMAT}
+        confirmed = False
         try:
-            await self.channel.send(
-                Message("serving", {"pid": pid, "adopted": inherited.adopted, "bound": bound, "closed": closed}), timeout=STEP_TIMEOUT
-            )
+            await self.channel.send(Message("serving", fields), timeout=STEP_TIMEOUT)
             await self.channel.receive(timeout=STEP_TIMEOUT, expecting="confirmation of the hand-over")
+            confirmed = True
         except HandoverError as exc:
             log.warning("took over from pid %s without its confirmation: %s; serving on", inherited.old_pid, exc)
-        finally:
             self.channel.close()
         sdnotify.notify(f"MAINPID={pid}", "READY=1")
+        return confirmed
 
     def failed(self, reason: str) -> None:
         """The start failed (config, plugins, a port): tell the old process why, if it listens."""

@@ -43,6 +43,11 @@ class MarkerTable:
         """Prepared (``ensure``): until then, and after the backend refused, markers are off."""
         return self._ready is True
 
+    def known_ready(self) -> None:
+        """The process this one took over from had prepared the table (an upgrade)."""
+        if self._ready is None:
+            self._ready = True
+
     async def ensure(self, backend: Backend) -> bool:
         """False when the backend refuses: markers are then off, with an error in the log."""
         async with self._lock:

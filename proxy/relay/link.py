@@ -197,6 +197,19 @@ class BackendLink:
             backend.close()
         self._go("close")
 
+    def detach(self) -> None:
+        """The session moved to another process with this connection (an upgrade): close this
+        process's descriptor only -- the connection lives on there."""
+        if self.backend is not None:
+            self.backend.close()
+        self._go("close")
+
+    def adopted(self, owes_results: bool, recoveries: int) -> None:
+        """The connection came from the old process of an upgrade, in use as it was there."""
+        self.owes_results = owes_results
+        self.recoveries = recoveries
+        self.ready()
+
     # ------------------------------------------------------------------ other fields
 
     def want_move(self) -> None:

@@ -31,7 +31,7 @@ from proxy.tls import backend_tls, describe, server_context, start_tls
 if TYPE_CHECKING:
     from proxy.relay.relay import Relay
 
-__all__ = ["handshake", "change_user"]
+__all__ = ["handshake", "change_user", "login_for"]
 
 
 # What a server with --require-secure-transport answers a client that logs in in the clear.
@@ -60,7 +60,7 @@ async def handshake(s: Relay) -> bool:
         await s.send_client(make_err(*Err.CON_COUNT, "Too many connections"), seq)
         s.close_reason = f"{len(target.sessions)} sessions open (listen.max_connections)"
         return False
-    s.link.set_login(_login_for(s, user, resp.database, resp.charset, resp.connect_attrs))
+    s.link.set_login(login_for(s, user, resp.database, resp.charset, resp.connect_attrs))
     started = trio.current_time()
     try:
         backend = await _connect_within_window(s)
@@ -170,7 +170,7 @@ def _host(s: Relay) -> str:
     return s.parts.client_address.rsplit(":", 1)[0]
 
 
-def _login_for(s: Relay, user: str, database: str | None, collation: int, connect_attrs: dict[str, str]) -> Login:
+def login_for(s: Relay, user: str, database: str | None, collation: int, connect_attrs: dict[str, str]) -> Login:
     cfg = s.parts.config.user(user)
     assert cfg is not None
     return Login(
@@ -245,7 +245,7 @@ async def change_user(s: Relay, cmd: Command) -> None:
         s.log.warning("COM_CHANGE_USER to %r refused", change.username, **outcome("login_refused", Err.ACCESS_DENIED[0]))
         return
     s.link.begin_swap()
-    s.link.set_login(_login_for(s, user, change.database, collation, change.connect_attrs))
+    s.link.set_login(login_for(s, user, change.database, collation, change.connect_attrs))
     started = trio.current_time()
     try:
         backend = await _connect_within_window(s)

@@ -15,12 +15,12 @@ Login is in ``login``, oversized commands in ``oversize``, recovery in ``proxy.r
 from __future__ import annotations
 
 import logging
-import re
 
 import trio
 
-from proxy.hooks import AnswerOk, CommandInfo, PluginError, Reject, Rewrite, SessionInfo
-from proxy.netio import Channel, PeerClosed
+from proxy.handover.movable import why_not_movable
+from proxy.hooks import CommandInfo, SessionInfo
+from proxy.netio import Channel, PeerClosed, WaitInterrupted
 from proxy.protocol.constants import MAX_FRAME, Commands, Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import make_err, make_ok
@@ -31,15 +31,16 @@ from proxy.recovery.markers import CommitMarkers
 from proxy.recovery.restore import move
 from proxy.relay import login, oversize, responses
 from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, SENT, Inflight, SessionClosed
+from proxy.relay.kill import translate_kill
 from proxy.relay.link import BackendLink, LinkState
 from proxy.relay.relay import FirstAnswer
+from proxy.relay.verdicts import run_command_hooks
 from proxy.session.intake import Command, Oversized, read_command
 from proxy.session.longdata import LongDataSpool
 from proxy.session.tracker import SessionTracker
 from proxy.sessionlog import outcome
 from proxy.sqltext import Analysis, Kind
 from proxy.target import Target
-from proxy.worker_identity import backend_connection_of
 
 __all__ = ["Session", "SessionClosed"]
 
@@ -68,7 +69,6 @@ _REFUSED_COMMANDS = frozenset(
     }
 )
 _WRITE_VERBS = frozenset({b"INSERT", b"REPLACE", b"UPDATE", b"DELETE"})  # of the fast path (sqltext.triage)
-_KILL = re.compile(rb"\s*KILL\s+((?:CONNECTION\s+|QUERY\s+)?)(\d+)\s*;?\s*$", re.I)
 
 
 class Session:
@@ -97,6 +97,13 @@ class Session:
         self.inflight: Inflight | None = None
         self.first_answer: FirstAnswer | None = None  # what the next command gets before anything else
         self._cancel: trio.CancelScope | None = None
+        self._nursery: trio.Nursery | None = None
+        self._backend_scope: trio.CancelScope | None = None
+        self._backend_done: trio.Event | None = None
+        # An upgrade's SessionMover (proxy.handover.sessions) waiting for this session's next
+        # command boundary; ``moved_to``: the pid that has its connections now.
+        self.mover = None
+        self.moved_to: int | None = None
         self.commands = 0
         self._next_marker = 0  # marker number written for the COMMIT about to be submitted
         self.close_reason = ""
@@ -111,8 +118,8 @@ class Session:
     async def run(self) -> None:
         try:
             async with trio.open_nursery() as nursery:
-                self._cancel = nursery.cancel_scope
-                nursery.start_soon(responses.backend_task, self)
+                self._cancel, self._nursery = nursery.cancel_scope, nursery
+                self.start_backend_task()
                 try:
                     reason = await self._client_task()
                     self.close_reason = self.close_reason or reason
@@ -126,6 +133,24 @@ class Session:
             self.close_reason = str(cause)
         except SessionClosed as exc:
             self.close_reason = str(exc)
+
+    def start_backend_task(self) -> None:
+        assert self._nursery is not None
+        self._backend_scope, self._backend_done = trio.CancelScope(), trio.Event()
+        self._nursery.start_soon(self._backend_task, self._backend_scope, self._backend_done)
+
+    async def _backend_task(self, scope: trio.CancelScope, done: trio.Event) -> None:
+        try:
+            with scope:
+                await responses.backend_task(self)
+        finally:
+            done.set()
+
+    async def stop_backend_task(self) -> None:
+        """Stop reading the backend connection (an upgrade is about to hand it over)."""
+        if self._backend_scope is not None and self._backend_done is not None:
+            self._backend_scope.cancel()
+            await self._backend_done.wait()
 
     def end(self, reason: str) -> None:
         """Stop the session from outside (proxy shutdown)."""
@@ -192,7 +217,10 @@ class Session:
         }
 
     def close(self) -> None:
-        self.link.close()
+        if self.moved_to is not None:
+            self.link.detach()  # the connections live on in the new process: no COM_QUIT, no FIN
+        else:
+            self.link.close()
         self.client.close()
         self.tracking.close()
 
@@ -220,7 +248,7 @@ class Session:
                 await login.change_user(self, cmd)
                 continue
             if self._command_hooks:
-                cmd = await self._run_command_hooks(cmd)
+                cmd = await run_command_hooks(self, cmd)
                 if cmd is None:
                     continue
             if cmd.size > self.link.largest:  # kept whole because split mode may cut it into pieces
@@ -235,12 +263,18 @@ class Session:
         keep = max(max_size, limits.split_max_statement) if self._split_mode else max_size
         idle_timeout = config.listen.idle_timeout
         while True:
+            if self.mover is not None and not self.client.decoder.buffered() and await self._moved():
+                raise SessionClosed(f"moved to pid {self.moved_to} (upgrade)")
             try:
                 if idle_timeout:
                     await self._wait_for_command(idle_timeout)
                 cmd = await read_command(self.client, max_size, limits.spool_threshold, keep)
             except PeerClosed:
                 return None
+            except WaitInterrupted:  # an upgrade takes the session, between two commands
+                if self.mover is not None and await self._moved():
+                    raise SessionClosed(f"moved to pid {self.moved_to} (upgrade)") from None
+                continue
             if isinstance(cmd, Oversized):
                 await oversize.refuse(self, cmd.size, cmd.seq_end, cmd.code)
                 continue
@@ -253,6 +287,17 @@ class Session:
                 await self.answer_error(cmd, *Err.PACKETS_OUT_OF_ORDER, "Got packets out of order")
                 raise SessionClosed("client sent a command out of sequence")
             return cmd
+
+    async def _moved(self) -> bool:
+        """An upgrade asked for this session (``proxy.handover.sessions``): hand it over now if
+        it is movable (True: the new process has it)."""
+        mover = self.mover
+        if mover is None or why_not_movable(self) is not None:
+            return False
+        if await mover.move(self):
+            self.moved_to = mover.new_pid
+            return True
+        return False
 
     async def _wait_for_command(self, idle_timeout: float) -> None:
         """listen.idle_timeout: close a session that sends nothing for that long while no
@@ -270,33 +315,6 @@ class Session:
             if inflight.done is None:
                 inflight.done = trio.Event()
             await inflight.done.wait()
-
-    async def _run_command_hooks(self, cmd: Command) -> Command | None:
-        try:
-            info = self.parts.info
-            verdict = await self.parts.hooks.run_command_chain(info, CommandInfo.for_session(info, cmd.code, cmd.payload, cmd.complete))
-        except PluginError as exc:
-            self.log.error("%s", exc, **outcome("plugin_error", Err.UNKNOWN_ERROR[0]))
-            await self.answer_error(cmd, *Err.UNKNOWN_ERROR, str(exc))
-            return None
-        if verdict is None:
-            return cmd
-        if isinstance(verdict, Rewrite):
-            raw, last_seq = encode_packet(verdict.payload, 0)
-            if not cmd.complete or (last_seq - 1) & 0xFF != cmd.seq_end:
-                # Plugins see only the head of a spooled command; and the client's sequence ids
-                # must still match the response.
-                await self.answer_error(cmd, *Err.UNKNOWN_ERROR, "plugin rewrite of a command this large is not supported")
-                return None
-            return Command(verdict.payload, raw, cmd.seq_end, len(verdict.payload))
-        if isinstance(verdict, Reject):
-            await self.answer_error(cmd, verdict.code, verdict.sqlstate, verdict.message)
-        elif isinstance(verdict, AnswerOk):
-            ok = make_ok(
-                self.tracking.status_word(), verdict.affected_rows, verdict.last_insert_id, verdict.warnings, verdict.info.encode()
-            )
-            await self.send_client(ok, cmd.seq_end + 1)
-        return None
 
     async def _submit(self, cmd: Command) -> None:
         code = cmd.code
@@ -351,41 +369,10 @@ class Session:
         elif analysis is not None and analysis.single and analysis.first.kind is Kind.SELECT and oversize.asks_max_packet(cmd):
             cmd = inflight.command = oversize.tell_effective_limit(cmd, link.limit, link.backend)
         elif analysis is not None and analysis.first.kind is Kind.OTHER and analysis.keywords(0, 1) == ("KILL",):
-            cmd = inflight.command = await self._translate_kill(cmd)
+            cmd = inflight.command = await translate_kill(self, cmd)
         self.inflight = inflight
         if link.up:
             await self.send_inflight(inflight)
-
-    async def _translate_kill(self, cmd: Command) -> Command:
-        """Clients KILL by the connection id of the proxy's greeting (the mariadb CLI on Ctrl-C:
-        KILL QUERY <id>). Those ids are the proxy's own session numbers; the server knows the
-        session's current backend connection instead (another worker's session: ask it)."""
-        m = _KILL.match(cmd.payload, 1)
-        if m is None:
-            return cmd
-        session_id = int(m.group(2))
-        target = self.parts.target
-        session = target.session_by_id(session_id)
-        killing = not m.group(1).upper().startswith(b"QUERY")
-        victim = session.link.backend if session is not None else None
-        if victim is not None:
-            address, connection_id = str(victim.address), victim.connection_id
-            if killing:  # the server may not count KILLs (TiDB): tell the victim's recovery
-                session.link.kill_relayed_now(connection_id)
-        else:
-            worker = target.worker
-            found = await backend_connection_of(worker, session_id, killing) if worker is not None else None
-            if found is None:
-                return cmd  # not a proxy session: the server will judge the id
-            address, connection_id = found
-        backend = self.link.backend
-        if backend is None or address != str(backend.address):
-            self.log.info("KILL of proxy session %d, which is on backend %s, not this session's", session_id, address)
-        payload = b"\x03KILL %s%d" % (m.group(1), connection_id)
-        self.log.info(
-            "%s of proxy session %d sent as backend connection %d", payload[1:].decode(errors="replace"), session_id, connection_id
-        )
-        return Command(payload, encode_packet(payload, 0)[0], cmd.seq_end, len(payload))
 
     async def _write_commit_marker(self, commit: Command) -> bool:
         """Upsert this session's marker row inside the transaction about to commit, so that a

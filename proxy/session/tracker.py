@@ -109,6 +109,10 @@ class SessionTracker:
         """Which backend connection is in use (bumped by ``backend_changed``)."""
         return self.statements.generation
 
+    def adopt_reading(self, reading) -> None:
+        """The reading the session had in the process it moved from (an upgrade)."""
+        self.reading = self.info._reading = reading
+
     def set_multi_statements(self, on: bool) -> None:
         self._read(multi=on)
 

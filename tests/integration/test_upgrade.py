@@ -165,12 +165,13 @@ def test_sigusr2_hands_the_listeners_over_and_no_connection_is_refused(mariadb, 
         assert len(set(pids)) == 4
         assert (knocker.refused, knocker.other) == (0, []), f"{knocker.greeted} greeted"
         assert query_one(proxy.proxy.port, "SELECT 41 + 1") == 42  # the last new process serves
-        # the session open before the first upgrade was drained by the old process, as SIGTERM does
+        # the session open before the first upgrade moved with each upgrade, connections and all
         assert proxy.handed_over()[0][3] == 1
-        with pytest.raises(pymysql.err.OperationalError):
-            with held.cursor() as cur:
-                cur.execute("SELECT 1")
+        with held.cursor() as cur:
+            cur.execute("SELECT 1")
+            assert cur.fetchone() == (1,)
         text = proxy.stop()
+        assert len(re.findall(r"moved to pid \d+ with its client and backend connections", text)) == 3, text[-3000:]
         assert text.count("took over from pid") == 3
         assert f"took over from pid {pids[0]}: listeners adopted: " in text
         assert "bound anew: none" in text
@@ -178,6 +179,71 @@ def test_sigusr2_hands_the_listeners_over_and_no_connection_is_refused(mariadb, 
     finally:
         knocker.stop()
         proxy.stop()
+
+
+def test_sessions_move_with_their_connections_and_state(mariadb, tmp_path):
+    """The backend connection moves with the session: the server sees the same connection (its
+    id, a temporary table, variables, LAST_INSERT_ID()). A session in a transaction moves once
+    it commits; one with a prepared statement cannot move (its ids live in the old process)
+    and is drained, with the reason in the log."""
+    prepare_server(mariadb)
+    mariadb.query("CREATE TABLE test.moved (id INT AUTO_INCREMENT PRIMARY KEY, v INT)")
+    proxy = Upgraded(start_proxy(tmp_path / "proxy", mariadb.port, log={"level": "info"}))
+    port = proxy.proxy.port
+
+    def connect():
+        return pymysql.connect(host="127.0.0.1", port=port, user=APP_USER, password=APP_PASSWORD, database="test", autocommit=True)
+
+    def look(conn) -> tuple:
+        with conn.cursor() as cur:
+            cur.execute("SELECT CONNECTION_ID(), @x, @@session.time_zone, @@session.sql_mode, LAST_INSERT_ID(), "
+                        "(SELECT COUNT(*) FROM scratch)")  # fmt: skip
+            return cur.fetchone()
+
+    try:
+        idle, in_tx = connect(), connect()
+        for conn in (idle, in_tx):
+            with conn.cursor() as cur:
+                cur.execute("SET @x = 'kept', time_zone = '+05:30', sql_mode = 'ANSI_QUOTES'")
+                cur.execute("CREATE TEMPORARY TABLE scratch (a INT)")
+                cur.execute("INSERT INTO scratch VALUES (1), (2)")
+                cur.execute("INSERT INTO moved (v) VALUES (1)")
+        with in_tx.cursor() as cur:
+            cur.execute("BEGIN")
+            cur.execute("INSERT INTO moved (v) VALUES (2)")
+        before = {name: look(conn) for name, conn in (("idle", idle), ("in_tx", in_tx))}
+        prepared = pymysql_prepared(port)
+        old = proxy.pid
+        os.kill(old, signal.SIGUSR2)
+        wait_for(lambda: len(proxy.handed_over()) == 1, what="the hand-over")
+        time.sleep(1)  # the transaction stays open past the listeners' hand-over
+        with in_tx.cursor() as cur:
+            cur.execute("COMMIT")
+        proxy._moved(proxy.handed_over()[-1])  # the old process has exited
+        for name, conn in (("idle", idle), ("in_tx", in_tx)):
+            assert look(conn) == before[name], name  # the same backend connection, in the same state
+        with in_tx.cursor() as cur:
+            cur.execute("SELECT COUNT(*) FROM moved")
+            assert cur.fetchone() == (3,)
+        text = proxy.stop()
+        assert len(re.findall(r"moved to pid \d+ with its client and backend connections", text)) == 2, text[-4000:]
+        assert re.search(r"not moved to pid \d+ within 30s \(listen.handover_timeout\): 1 prepared statement\(s\); it drains here", text)
+        assert "(moved from pid" in text
+        prepared.close()
+    finally:
+        proxy.stop()
+
+
+def pymysql_prepared(port: int):
+    """A session with a server-side prepared statement open (mysql-connector's prepared cursor)."""
+    import mysql.connector
+
+    conn = mysql.connector.connect(host="127.0.0.1", port=port, user=APP_USER, password=APP_PASSWORD, database="test",
+                                   autocommit=True, use_pure=True)  # fmt: skip
+    cur = conn.cursor(prepared=True)
+    cur.execute("SELECT ? + 1", (1,))
+    assert cur.fetchall() == [(2,)]
+    return conn
 
 
 def test_upgrade_command_reports_a_failed_start_and_the_old_process_serves_on(mariadb, tmp_path):

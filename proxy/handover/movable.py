@@ -1,0 +1,40 @@
+"""Whether a session can move to the new process of an upgrade now (``proxy.handover.sessions``):
+its state must all be in the tracker and in the two connections, nothing half done."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from proxy.netio import Channel
+
+if TYPE_CHECKING:
+    from proxy.relay.relay import Relay
+
+__all__ = ["why_not_movable"]
+
+
+def why_not_movable(s: Relay) -> str | None:
+    """Why an upgrade cannot move this session to the new process now (None: it can, at its
+    next command boundary; ``proxy.handover.sessions``)."""
+    link, tracking = s.link, s.tracking
+    if not link.up or link.backend is None:
+        return f"its backend connection is {link.state.value}"
+    if s.inflight is not None:
+        return "a command is in flight"
+    if tracking.tx.active:
+        return "a transaction is open"
+    if tracking.pending is not None or tracking.xa is not None:
+        return "an ERR left the transaction's fate open" if tracking.pending is not None else f"an XA transaction is {tracking.xa}"
+    if tracking.prepared:
+        return f"{len(tracking.prepared)} prepared statement(s)"
+    if tracking.long_data.held:
+        return "long data is held"
+    if s.first_answer is not None:
+        return "an answer is owed to the next command"
+    if not (type(s.client) is Channel and type(link.backend.channel) is Channel):
+        return "a TLS connection (its state cannot be passed to another process)"
+    if link.backend.channel.decoder.buffered():
+        return "unread bytes from the backend"
+    if tracking.state is None:
+        return "not logged in"
+    return None

@@ -1,0 +1,260 @@
+"""Live sessions moved to the new process of an upgrade, each with its two connections.
+
+After the listeners (``upgrade``), the old process hands over every session that reaches a
+command boundary in time: its client connection and its backend connection (the descriptors,
+over the same channel, SCM_RIGHTS) and what the proxy knows of it (the tracker's session
+state, the login, the backend connection's greeting and server instance, the commit-marker
+slot). The backend connection itself moves, so the server keeps the session as it was --
+temporary tables, session variables, LAST_INSERT_ID() -- and never notices.
+
+A session moves when its client task is about to wait for the next command, or is waiting
+for it with nothing of it read yet (``Channel.between_commands``), with no command in flight, outside a transaction, with no
+prepared statement or long data, no XA or undecided ERR, no TLS on either side (Python cannot
+pass a TLS state) and its backend connection up. The old process interrupts that wait
+(``Channel.interrupt_wait``) of an idle one; the client task then stops the backend task (so that no byte of
+the connection is read in the old process once the new one may use it), sends the session, and
+waits for the answer. Adopted: the old process closes its descriptors without a word (no
+COM_QUIT, no FIN: the new process holds the connections). Refused: the session goes on here
+and is drained later, as on SIGTERM.
+
+The conversation, after the listeners' ``handed_over`` (``upgrade``):
+
+    old -> new   session   {"format", "id", ...} + [client socket, backend socket]
+    new -> old   adopted   {"id"}  or  refused {"id", "reason"}
+    old -> new   done      {"moved", "left"}   (then the channel closes)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import TYPE_CHECKING, Any
+
+import cattrs
+import trio
+
+from proxy.backend import Backend, Instance
+from proxy.config import Address
+from proxy.handover.fdpass import HandoverChannel
+from proxy.handover.movable import why_not_movable
+from proxy.handover.protocol import HandoverError, Message
+from proxy.netio import Channel
+from proxy.protocol.packets import ServerHandshake
+from proxy.session.state import SessionState
+from proxy.sqltext import ServerReading
+
+if TYPE_CHECKING:
+    from proxy.frontend import Proxy
+    from proxy.relay.tasks import Session
+
+__all__ = ["FORMAT", "SessionMover", "adopt_sessions"]
+
+log = logging.getLogger("replay_proxy.handover")
+
+FORMAT = 1  # of a session message; a new process refuses another
+ANSWER_TIMEOUT = 10.0  # the new process builds a session from a message: milliseconds
+POLL = 0.02  # how often the old process looks for sessions at a boundary
+
+
+def _fields(s: Session) -> dict[str, Any]:
+    """What the new process needs to run the session on, as JSON."""
+    backend = s.link.backend
+    assert backend is not None and s.tracking.state is not None and s.link.login is not None
+    hs = backend.handshake
+    now = trio.current_time()
+    markers = s.parts.markers
+    return {
+        "format": FORMAT,
+        "id": s.id,
+        "client_address": s.parts.client_address,
+        "age": now - s.parts.info.opened_at,
+        "commands": s.commands,
+        "client_caps": s.client_caps,
+        "deprecate_eof": s.deprecate_eof,
+        "scramble": s.scramble.hex(),
+        "autocommit": s.tracking.autocommit,
+        "reading": cattrs.unstructure(s.tracking.reading),
+        "state": cattrs.unstructure(s.tracking.state),
+        "login": {"collation": s.link.login.collation, "connect_attrs": s.link.login.connect_attrs},
+        "owes_results": s.link.owes_results,
+        "recoveries": s.link.recoveries,
+        "backend": {
+            "address": str(backend.address),
+            "handshake": {**cattrs.unstructure(hs), "scramble": hs.scramble.hex()},
+            "capabilities": backend.capabilities,
+            "status": backend.status,
+            "age": now - backend.connected_at,
+            "max_allowed_packet": backend.max_allowed_packet,
+            "instance": cattrs.unstructure(backend.instance) if backend.instance is not None else None,
+            "wait_timeout": backend.wait_timeout,
+        },
+        "marker": {"slot": markers.slot, "written": markers.written, "table_ready": markers.table.ready} if markers else None,
+    }
+
+
+class SessionMover:
+    """The old process's side: moves sessions over ``channel`` (the upgrade's, still open)
+    until ``deadline``; one message and its answer at a time."""
+
+    def __init__(self, channel: HandoverChannel, new_pid: int) -> None:
+        self.channel = channel
+        self.new_pid = new_pid
+        self._lock = trio.Lock()
+        self.moved = 0
+        self.refused: dict[int, str] = {}  # session id -> why the new process would not take it
+        self.broken: str | None = None  # the channel failed: nothing more moves
+
+    async def run(self, proxy: Proxy, deadline: float) -> list[Session]:
+        """Interrupt each session's wait for its next command once it can move, until all
+        moved or ``deadline`` (trio clock); the sessions left, to be drained."""
+        sessions = proxy.target.sessions
+        asked: set[int] = set()
+        while trio.current_time() < deadline and self.broken is None:
+            waiting = [s for s in sessions if s.id not in self.refused]
+            if not waiting:
+                break
+            for s in waiting:
+                if s.id not in asked:  # it hands itself over at its next boundary (Session._read_command)
+                    asked.add(s.id)
+                    s.mover = self
+                if s.mover is self and why_not_movable(s) is None:
+                    s.client.interrupt_wait()  # one idle in its wait for the next command goes now
+            await trio.sleep(POLL)
+        for s in sessions:
+            s.mover = None
+        left = list(sessions)
+        try:
+            async with self._lock:
+                await self.channel.send(Message("done", {"moved": self.moved, "left": len(left)}), timeout=ANSWER_TIMEOUT)
+        except HandoverError:
+            pass
+        self.channel.close()
+        return left
+
+    async def move(self, s: Session) -> bool:
+        """Called by ``s``'s client task, its wait interrupted: True once the new process has
+        the session (the caller then closes its descriptors silently)."""
+        s.mover = None
+        reason = why_not_movable(s)
+        if reason is not None or self.broken is not None:
+            return False
+        await s.stop_backend_task()
+        reason = why_not_movable(s)  # the backend task may have seen the connection go
+        if reason is not None:
+            s.start_backend_task()
+            return False
+        backend = s.link.backend
+        assert backend is not None
+        fields = _fields(s)
+        try:
+            async with self._lock:
+                await self.channel.send(Message("session", fields, [s.client.sock.fileno(), backend.channel.sock.fileno()]),
+                                        timeout=ANSWER_TIMEOUT)  # fmt: skip
+                answer = await self.channel.receive(timeout=ANSWER_TIMEOUT, expecting=f"an answer about session {s.id}")
+        except HandoverError as exc:
+            self.broken = str(exc)
+            s.log.warning("could not hand the session over to pid %d (%s): it stays here and drains", self.new_pid, exc)
+            s.start_backend_task()
+            return False
+        if answer.type != "adopted":
+            self.refused[s.id] = str(answer.fields.get("reason") or answer.type)
+            s.log.warning("pid %d refused the session (%s): it stays here and drains", self.new_pid, self.refused[s.id])
+            s.start_backend_task()
+            return False
+        self.moved += 1
+        s.log.info("moved to pid %d with its client and backend connections (backend connection %d)", self.new_pid,
+                   backend.connection_id, extra={"event": "session_moved"})  # fmt: skip
+        return True
+
+
+async def adopt_sessions(channel: HandoverChannel, proxy: Proxy, old_pid: int, wait: float) -> None:
+    """The new process's side: take every session the old process sends until it is done
+    (``wait``: the longest gap between two of its messages, listen.handover_timeout)."""
+    adopted = refused = 0
+    try:
+        while True:
+            message = await channel.receive(timeout=wait + ANSWER_TIMEOUT, expecting="a session or the end of the hand-over")
+            if message.type == "done":
+                break
+            if message.type != "session":
+                _close_fds(message.fds)
+                raise HandoverError(f"expected 'session' or 'done', got {message.type!r}")
+            session_id = message.fields.get("id")
+            try:
+                session = _thaw(proxy, message)
+            except Exception as exc:  # noqa: BLE001 -- any reason is the old process's to log; it keeps the session
+                _close_fds(message.fds)
+                refused += 1
+                log.warning("refused session %s from pid %d: %s", session_id, old_pid, exc)
+                await channel.send(Message("refused", {"id": session_id, "reason": str(exc)}), timeout=ANSWER_TIMEOUT)
+                continue
+            await channel.send(Message("adopted", {"id": session_id}), timeout=ANSWER_TIMEOUT)
+            adopted += 1
+            proxy.adopt(session, old_pid, message.fields.get("age", 0.0))
+    except HandoverError as exc:
+        log.warning("hand-over of sessions from pid %d ended early: %s", old_pid, exc)
+    finally:
+        channel.close()
+    log.info("took over %d session(s) from pid %d (%d refused)", adopted, old_pid, refused, extra={"event": "sessions_adopted"})
+
+
+def _close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _thaw(proxy: Proxy, message: Message) -> Session:
+    """The session of ``message`` on the descriptors it carries (ours, to close on failure)."""
+    from proxy.relay.login import login_for
+    from proxy.relay.tasks import Session
+
+    f = message.fields
+    if f.get("format") != FORMAT:
+        raise ValueError(f"session format {f.get('format')!r}, this version reads {FORMAT}")
+    if len(message.fds) != 2:
+        raise ValueError(f"{len(message.fds)} descriptors, expected 2 (client, backend)")
+    client_sock, backend_sock = (socket.socket(fileno=fd) for fd in message.fds)
+    try:
+        target = proxy.target
+        state = cattrs.structure(f["state"], SessionState)
+        if proxy.config.user(state.username) is None:
+            raise ValueError(f"user {state.username!r} is not in this config")
+        b = f["backend"]
+        address = Address.parse(b["address"])
+        if address not in proxy.config.backend.addresses:
+            raise ValueError(f"backend {address} is not in this config")
+        now = trio.current_time()
+        s = Session(target, Channel(client_sock, f"client {f['client_address']}"), f["client_address"], int(f["id"]))
+        s.parts.info.opened_at = now - float(f["age"])
+        s.commands = int(f["commands"])
+        s.client_caps = int(f["client_caps"])
+        s.deprecate_eof = bool(f["deprecate_eof"])
+        s.scramble = bytes.fromhex(f["scramble"])
+        hs = ServerHandshake(**{**b["handshake"], "scramble": bytes.fromhex(b["handshake"]["scramble"])})
+        backend = Backend(Channel(backend_sock, f"backend {address}"), address, hs, int(b["capabilities"]), int(b["status"]),
+                          now - float(b["age"]), b["max_allowed_packet"],
+                          cattrs.structure(b["instance"], Instance) if b["instance"] is not None else None,
+                          b["wait_timeout"])  # fmt: skip
+        tracking = s.tracking
+        login = f["login"]
+        tracking.logged_in(state.username, state.database, state.collation, backend.status)
+        tracking.state = state
+        tracking.autocommit = bool(f["autocommit"])
+        s.link.set_login(login_for(s, state.username, state.database, int(login["collation"]), dict(login["connect_attrs"])))
+        s.link.replace(backend)
+        tracking.adopt_reading(cattrs.structure(f["reading"], ServerReading))
+        s.link.adopted(bool(f["owes_results"]), int(f["recoveries"]))
+        marker = f.get("marker")
+        if marker is not None and s.parts.markers is not None:
+            s.parts.markers.slot, s.parts.markers.written = str(marker["slot"]), int(marker["written"])
+            if marker["table_ready"]:
+                target.markers.known_ready()
+        return s
+    except BaseException:
+        client_sock.close()
+        backend_sock.close()
+        raise
