@@ -234,6 +234,44 @@ def test_sessions_move_with_their_connections_and_state(mariadb, tmp_path):
         proxy.stop()
 
 
+def test_a_replicator_workload_sees_nothing_of_three_upgrades(mariadb, goclient, tmp_path):
+    """DM's driver (go-sql-driver, tests/goclient), 8 pinned connections committing
+    non-idempotent transactions (INSERT + counter) back to back, through three upgrades: no
+    error, every row once, and every session moved (none drained, none reconnected)."""
+    from tests.lab.goclient import run_goclient
+
+    prepare_server(mariadb)
+    tables = {"table": "up_rows", "counters_table": "up_counters"}
+    run_goclient("setup", port=mariadb.port, conns=8, **tables)
+    proxy = Upgraded(start_proxy(tmp_path / "proxy", mariadb.port, log={"level": "info"}))
+    expect = tmp_path / "workload.json"
+    result: dict = {}
+
+    def load() -> None:
+        result.update(run_goclient("workload", port=proxy.proxy.port, conns=8, duration=30, batch=5, sql="insert", out=expect,
+                                   timeout=120, check=False, **tables))  # fmt: skip
+
+    worker = threading.Thread(target=load, daemon=True)
+    try:
+        worker.start()
+        time.sleep(3)
+        for _ in range(3):
+            proxy.signal_upgrade()
+            time.sleep(2)
+        worker.join(120)
+        text = proxy.stop()
+    finally:
+        proxy.stop()
+    assert result.get("ok") and result["error_count"] == 0, result
+    assert result["committed_txns"] > 100, result
+    verified = run_goclient("verify", port=mariadb.port, expect=expect, **tables)
+    assert verified["ok"] and verified["checked_rows"] == result["committed_rows"], verified
+    moved = re.findall(r"upgrade: (\d+) session\(s\) moved to pid \d+, (\d+) left to drain", text)
+    assert moved == [("8", "0")] * 3, moved
+    assert "reconnect" not in text and "recovery" not in text, text[-3000:]
+    print(f"\n{result['committed_txns']} transactions, 0 errors, through 3 upgrades; hand-overs took {proxy.handovers} s")
+
+
 def pymysql_prepared(port: int):
     """A session with a server-side prepared statement open (mysql-connector's prepared cursor)."""
     import mysql.connector
