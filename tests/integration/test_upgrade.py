@@ -1,7 +1,8 @@
 """Upgrading the running proxy (``proxy.handover``): SIGUSR2 or ``replay-proxy upgrade`` start
 a new process of the code and config on disk, which adopts the listening sockets instead of
-binding; the old one drains and exits. Real processes in front of MariaDB (the hand-over is
-the proxy's own business, whatever the backend).
+binding; then the live sessions move, each with its client and backend connections, and the
+old one drains what could not move and exits. Real processes in front of MariaDB; the session
+moves on MariaDB and on TiDB.
 
 Shown here: no connection refused while clients connect in a tight loop through three
 upgrades (each connection gets a greeting, from one process or the other); a new process that
@@ -181,14 +182,15 @@ def test_sigusr2_hands_the_listeners_over_and_no_connection_is_refused(mariadb, 
         proxy.stop()
 
 
-def test_sessions_move_with_their_connections_and_state(mariadb, tmp_path):
+def test_sessions_move_with_their_connections_and_state(db, tmp_path):
     """The backend connection moves with the session: the server sees the same connection (its
     id, a temporary table, variables, LAST_INSERT_ID()). A session in a transaction moves once
     it commits; one with a prepared statement cannot move (its ids live in the old process)
     and is drained, with the reason in the log."""
-    prepare_server(mariadb)
-    mariadb.query("CREATE TABLE test.moved (id INT AUTO_INCREMENT PRIMARY KEY, v INT)")
-    proxy = Upgraded(start_proxy(tmp_path / "proxy", mariadb.port, log={"level": "info"}))
+    prepare_server(db)
+    db.query("DROP TABLE IF EXISTS test.moved")
+    db.query("CREATE TABLE test.moved (id INT AUTO_INCREMENT PRIMARY KEY, v INT)")
+    proxy = Upgraded(start_proxy(tmp_path / "proxy", db.port, log={"level": "info"}))
     port = proxy.proxy.port
 
     def connect():
@@ -234,16 +236,16 @@ def test_sessions_move_with_their_connections_and_state(mariadb, tmp_path):
         proxy.stop()
 
 
-def test_a_replicator_workload_sees_nothing_of_three_upgrades(mariadb, goclient, tmp_path):
+def test_a_replicator_workload_sees_nothing_of_three_upgrades(db, goclient, tmp_path):
     """DM's driver (go-sql-driver, tests/goclient), 8 pinned connections committing
     non-idempotent transactions (INSERT + counter) back to back, through three upgrades: no
     error, every row once, and every session moved (none drained, none reconnected)."""
     from tests.lab.goclient import run_goclient
 
-    prepare_server(mariadb)
+    prepare_server(db)
     tables = {"table": "up_rows", "counters_table": "up_counters"}
-    run_goclient("setup", port=mariadb.port, conns=8, **tables)
-    proxy = Upgraded(start_proxy(tmp_path / "proxy", mariadb.port, log={"level": "info"}))
+    run_goclient("setup", port=db.port, conns=8, **tables)
+    proxy = Upgraded(start_proxy(tmp_path / "proxy", db.port, log={"level": "info"}))
     expect = tmp_path / "workload.json"
     result: dict = {}
 
@@ -264,7 +266,7 @@ def test_a_replicator_workload_sees_nothing_of_three_upgrades(mariadb, goclient,
         proxy.stop()
     assert result.get("ok") and result["error_count"] == 0, result
     assert result["committed_txns"] > 100, result
-    verified = run_goclient("verify", port=mariadb.port, expect=expect, **tables)
+    verified = run_goclient("verify", port=db.port, expect=expect, **tables)
     assert verified["ok"] and verified["checked_rows"] == result["committed_rows"], verified
     moved = re.findall(r"upgrade: (\d+) session\(s\) moved to pid \d+, (\d+) left to drain", text)
     assert moved == [("8", "0")] * 3, moved
