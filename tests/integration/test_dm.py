@@ -8,12 +8,15 @@ Skipped, with one line, without the DM and tidb-server binaries (tests/lab/dm.py
 
 from __future__ import annotations
 
+import re
+import threading
 import time
 
 import pytest
 import yaml
 
 from tests.integration.conftest import start_proxy
+from tests.integration.upgrades import Upgraded
 from tests.lab.dm import DMCluster, dm_unavailable_reason
 from tests.lab.mariadb import MariaDB
 from tests.lab.proxy import REPO
@@ -95,6 +98,64 @@ def test_the_shipped_task_passes_check_task_and_replicates_through_a_restart(rep
     assert "the client gets 1158" not in proxy.log_text()  # (a connection id may hold the digits 1158)
     up_rows = up.query("SELECT id, customer_id, note, state FROM orders.orders ORDER BY id")
     assert tidb.query("SELECT id, customer_id, note, state FROM orders.orders ORDER BY id") == up_rows
+
+
+def test_dm_replicates_through_three_upgrades_of_the_proxy(replication):
+    """The proxy is upgraded three times (SIGUSR2) while DM replicates a steady stream of
+    transactions: DM's connections move to each new process with their backend connections,
+    so DM sees nothing -- no pause, no error in its log -- and every row arrives once."""
+    up, tidb, proxy, dm, tmp_path = replication
+    upgraded = Upgraded(proxy)
+    up.query("CREATE DATABASE orders CHARACTER SET utf8mb4")
+    up.query("CREATE TABLE orders.items (id BIGINT PRIMARY KEY, qty INT NOT NULL, note VARCHAR(64))")
+    path, task = shipped_task(tmp_path, proxy.port)
+    assert dm.ctl("start-task", str(path))["result"]
+    stop = threading.Event()
+    written = []
+
+    def write() -> None:  # 5-row transactions and an UPDATE, back to back
+        conn = up.admin()
+        n = 0
+        with conn.cursor() as cur:
+            while not stop.is_set():
+                cur.execute("BEGIN")
+                cur.execute("INSERT INTO orders.items VALUES " + ", ".join(f"({n + i}, {i}, 'w{n + i}')" for i in range(5)))
+                cur.execute(f"UPDATE orders.items SET qty = qty + 1 WHERE id = {n}")
+                cur.execute("COMMIT")
+                n += 5
+                written.append(n)
+                time.sleep(0.02)
+        conn.close()
+
+    writer = threading.Thread(target=write, daemon=True)
+    try:
+        wait_rows(tidb, "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = 'orders'", 1, 60)
+        writer.start()
+        time.sleep(3)
+        for _ in range(3):
+            upgraded.signal_upgrade()
+            time.sleep(3)
+        stop.set()
+        writer.join(30)
+        wait_rows(tidb, "SELECT COUNT(*) FROM orders.items", written[-1], 120)
+        status = dm.ctl("query-status", task["name"])
+        stages = [st["stage"] for src in status["sources"] for st in src["subTaskStatus"]]
+        assert stages == ["Running"], status
+        assert dm.pauses() == [], [p.fields for p in dm.pauses()]
+        assert "invalid connection" not in dm.worker_log_text(), "DM saw a connection break"
+        text = proxy.log_text()
+        moved = re.findall(r"upgrade: (\d+) session\(s\) moved to pid \d+, (\d+) left to drain", text)
+        assert len(moved) == 3 and all(int(n) > 0 and left == "0" for n, left in moved), moved
+        assert tidb.query("SELECT id, qty, note FROM orders.items ORDER BY id") == up.query(
+            "SELECT id, qty, note FROM orders.items ORDER BY id"
+        )
+        print(
+            f"\n{len(written)} upstream transactions; sessions moved per upgrade: {[int(n) for n, _ in moved]}; "
+            f"hand-overs {upgraded.handovers} s; 0 pauses"
+        )
+    finally:
+        stop.set()
+        upgraded.stop()
 
 
 def wait_rows(db, sql: str, expected: int, timeout: float) -> None:
