@@ -121,7 +121,7 @@ async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, 
             addresses = await nursery.start(proxy.serve)
             upgrader = None if proxy.worker is not None else Upgrader(path, lambda: _listening(proxy, admin_address, admin_listeners),
                                                                      lambda: len(proxy.target.sessions), proxy.next_session_id,
-                                                                     _upgrade_args(config))  # fmt: skip
+                                                                     _upgrade_args(config), _count_failure(proxy))  # fmt: skip
             admin_stopped = trio.Event()  # set when the admin listener is handed over
             if admin_listeners:
                 await nursery.start(functools.partial(serve_admin, config, hooks, proxy, admin_address, listeners=admin_listeners,
@@ -163,6 +163,13 @@ async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, 
                     await proxy.drain()
                 nursery.cancel_scope.cancel()
                 break
+
+
+def _count_failure(proxy):
+    def count() -> None:
+        proxy.target.stats.upgrades_failed += 1
+
+    return count
 
 
 async def _take_over(successor, inherited, bound: list[str], closed: list[str], proxy) -> None:

@@ -104,6 +104,10 @@ class Stats:
         self.held = [0] * (len(HELD_BUCKETS) + 1)
         self.held_sum = 0.0
         self.reloads = {"ok": 0, "rejected": 0}  # SIGHUPs, by outcome
+        # Sessions this process took over from the old one of an upgrade (``proxy.handover``):
+        # moved with their connections, refused by this process, or left to drain there.
+        self.upgrade_sessions = {"moved": 0, "refused": 0, "drained": 0}
+        self.upgrades_failed = 0  # upgrades of this process that failed (it serves on)
         self.last_reload_ok = True
         self.config_loaded_at = time.time()  # unix time the config in force was loaded (start or reload)
         self.build = {"version": _package_version(), "python": platform.python_version()}
@@ -260,6 +264,11 @@ class Stats:
                     {(a,): n for a, n in connections.items()})  # fmt: skip
         yield counter("config_reloads", "Config reloads (SIGHUP) by outcome: ok, or rejected (the running config kept)", 0,
                       ("outcome",), {(o,): n for o, n in self.reloads.items()})  # fmt: skip
+        yield counter("upgrade_sessions", "Sessions of the process this one took over from (an upgrade), by outcome: moved here with "
+                      "their connections, refused here, or drained there", 0, ("outcome",),
+                      {(o,): n for o, n in self.upgrade_sessions.items()})  # fmt: skip
+        yield counter("upgrades_failed", "Upgrades (SIGUSR2, replay-proxy upgrade) whose new process did not take over; this one serves on",
+                      self.upgrades_failed)  # fmt: skip
         yield gauge("config_last_reload_successful", "1 unless the last reload (SIGHUP) was rejected", float(self.last_reload_ok))
         yield gauge("config_last_reload_success_timestamp_seconds",
                     "Unix time the config in force was loaded (at start, or by the last accepted reload)", self.config_loaded_at)  # fmt: skip

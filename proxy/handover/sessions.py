@@ -176,6 +176,7 @@ async def adopt_sessions(channel: HandoverChannel, proxy: Proxy, old_pid: int, w
         while True:
             message = await channel.receive(timeout=wait + ANSWER_TIMEOUT, expecting="a session or the end of the hand-over")
             if message.type == "done":
+                proxy.target.stats.upgrade_sessions["drained"] += int(message.fields.get("left") or 0)
                 break
             if message.type != "session":
                 _close_fds(message.fds)
@@ -186,11 +187,13 @@ async def adopt_sessions(channel: HandoverChannel, proxy: Proxy, old_pid: int, w
             except Exception as exc:  # noqa: BLE001 -- any reason is the old process's to log; it keeps the session
                 _close_fds(message.fds)
                 refused += 1
+                proxy.target.stats.upgrade_sessions["refused"] += 1
                 log.warning("refused session %s from pid %d: %s", session_id, old_pid, exc)
                 await channel.send(Message("refused", {"id": session_id, "reason": str(exc)}), timeout=ANSWER_TIMEOUT)
                 continue
             await channel.send(Message("adopted", {"id": session_id}), timeout=ANSWER_TIMEOUT)
             adopted += 1
+            proxy.target.stats.upgrade_sessions["moved"] += 1
             proxy.adopt(session, old_pid, message.fields.get("age", 0.0))
     except HandoverError as exc:
         log.warning("hand-over of sessions from pid %d ended early: %s", old_pid, exc)

@@ -91,6 +91,7 @@ class Upgrader:
     sessions: Callable[[], int]
     next_session_id: Callable[[], int]
     extra_args: list[str] = field(default_factory=list)
+    on_failure: Callable[[], None] = lambda: None  # counted (replay_proxy_upgrades_failed_total)
     # Open after the hand-over when the new process takes sessions (``sessions.SessionMover``).
     session_channel: HandoverChannel | None = None
     handed_over: trio.Event = field(default_factory=trio.Event)
@@ -182,6 +183,7 @@ class Upgrader:
                 log.warning("upgrade (%s) ignored: %s", why, exc)
 
     def _failed(self, reason: str) -> UpgradeFailed:
+        self.on_failure()
         log.error("upgrade failed, pid %d keeps serving: %s", os.getpid(), reason, extra={"event": "upgrade_failed"})
         return UpgradeFailed(reason)
 

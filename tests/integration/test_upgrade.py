@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pymysql
@@ -171,6 +172,10 @@ def test_sessions_move_with_their_connections_and_state(db, tmp_path):
         with in_tx.cursor() as cur:
             cur.execute("SELECT COUNT(*) FROM moved")
             assert cur.fetchone() == (3,)
+        wait_for(lambda: "took over 2 session(s)" in proxy.proxy.log_text(), what="the new process's count of sessions")
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{proxy.proxy.admin_port}/metrics", timeout=10).read().decode()
+        counted = dict(re.findall(r'^replay_proxy_upgrade_sessions_total\{outcome="(\w+)",target="test"\} (\S+)$', metrics, re.MULTILINE))
+        assert counted == {"moved": "2.0", "refused": "0.0", "drained": "1.0"}, metrics[-3000:]
         text = proxy.stop()
         assert len(re.findall(r"moved to pid \d+ with its client and backend connections", text)) == 2, text[-4000:]
         assert re.search(r"not moved to pid \d+ within 30s \(listen.handover_timeout\): 1 prepared statement\(s\); it drains here", text)
