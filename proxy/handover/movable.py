@@ -25,8 +25,6 @@ def why_not_movable(s: Relay) -> str | None:
         return "a transaction is open"
     if tracking.pending is not None or tracking.xa is not None:
         return "an ERR left the transaction's fate open" if tracking.pending is not None else f"an XA transaction is {tracking.xa}"
-    if tracking.prepared:
-        return f"{len(tracking.prepared)} prepared statement(s)"
     if tracking.long_data.held:
         return "long data is held"
     if s.first_answer is not None:

@@ -3,13 +3,13 @@
 After the listeners (``upgrade``), the old process hands over every session that reaches a
 command boundary in time: its client connection and its backend connection (the descriptors,
 over the same channel, SCM_RIGHTS) and what the proxy knows of it (the tracker's session
-state, the login, the backend connection's greeting and server instance, the commit-marker
-slot). The backend connection itself moves, so the server keeps the session as it was --
+state, its prepared statements, the login, the backend connection's greeting and server
+instance, the commit-marker slot). The backend connection itself moves, so the server keeps the session as it was --
 temporary tables, session variables, LAST_INSERT_ID() -- and never notices.
 
 A session moves when its client task is about to wait for the next command, or is waiting
 for it with nothing of it read yet (``Channel.between_commands``), with no command in flight, outside a transaction, with no
-prepared statement or long data, no XA or undecided ERR, no TLS on either side (Python cannot
+long data held, no XA or undecided ERR, no TLS on either side (Python cannot
 pass a TLS state) and its backend connection up. The old process interrupts that wait
 (``Channel.interrupt_wait``) of an idle one; the client task then stops the backend task (so that no byte of
 the connection is read in the old process once the new one may use it), sends the session, and
@@ -76,6 +76,7 @@ def _fields(s: Session) -> dict[str, Any]:
         "autocommit": s.tracking.autocommit,
         "reading": cattrs.unstructure(s.tracking.reading),
         "state": cattrs.unstructure(s.tracking.state),
+        "prepared": s.tracking.statements.export(),
         "login": {"collation": s.link.login.collation, "connect_attrs": s.link.login.connect_attrs},
         "owes_results": s.link.owes_results,
         "recoveries": s.link.recoveries,
@@ -250,6 +251,7 @@ def _thaw(proxy: Proxy, message: Message) -> Session:
         s.link.set_login(login_for(s, state.username, state.database, int(login["collation"]), dict(login["connect_attrs"])))
         s.link.replace(backend)
         tracking.adopt_reading(cattrs.structure(f["reading"], ServerReading))
+        tracking.statements.adopt(f["prepared"], tracking.analyze)
         s.link.adopted(bool(f["owes_results"]), int(f["recoveries"]))
         marker = f.get("marker")
         if marker is not None and s.parts.markers is not None:

@@ -161,6 +161,36 @@ class PreparedStatements:
         if backend_id != stmt.client_id:
             self.remap_ids = True
 
+    # ------------------------------------------------------------------ an upgrade's hand-over
+
+    def export(self) -> dict:
+        """The statements as JSON, for the new process of an upgrade: the backend connection
+        moves with them, so their backend ids stay valid there (no long data: ``movable``)."""
+        return {
+            "remap_ids": self.remap_ids,
+            "next_id": self.next_id,
+            "statements": [
+                {"client_id": st.client_id, "prepare": st.prepare_payload.hex(), "num_params": st.num_params,
+                 "num_columns": st.num_columns, "backend_id": st.backend_id,
+                 "param_types": st.param_types.hex() if st.param_types is not None else None,
+                 "types_bound": st.types_bound_on_backend and st.generation == self.generation}
+                for st in self.prepared.values()
+            ],
+        }  # fmt: skip
+
+    def adopt(self, exported: dict, analyze) -> None:
+        """The statements ``export`` gave, on the backend connection in use now (``analyze``:
+        how the tracker judges a PREPARE's text, as at its PREPARE)."""
+        self.remap_ids, self.next_id = bool(exported["remap_ids"]), int(exported["next_id"])
+        for e in exported["statements"]:
+            payload = bytes.fromhex(e["prepare"])
+            stmt = PreparedStatement(int(e["client_id"]), payload, int(e["num_params"]), int(e["num_columns"]), int(e["backend_id"]))
+            stmt.param_types = bytes.fromhex(e["param_types"]) if e["param_types"] is not None else None
+            stmt.types_bound_on_backend = bool(e["types_bound"])
+            stmt.generation = self.generation
+            stmt.analysis = analyze(payload)
+            self.prepared[stmt.client_id] = stmt
+
     def backend_ids(self) -> BackendIds:
         """What ties the prepared statements to the current backend connection (a move that
         fails goes back to it: ``restore_backend_ids``)."""

@@ -129,13 +129,13 @@ def test_sigusr2_hands_the_listeners_over_and_no_connection_is_refused(mariadb, 
 
 def test_sessions_move_with_their_connections_and_state(db, tmp_path):
     """The backend connection moves with the session: the server sees the same connection (its
-    id, a temporary table, variables, LAST_INSERT_ID()). A session in a transaction moves once
-    it commits; one with a prepared statement cannot move (its ids live in the old process)
-    and is drained, with the reason in the log."""
+    id, a temporary table, variables, LAST_INSERT_ID(), a prepared statement under the same id).
+    A session in a transaction moves once it commits; one whose transaction stays open past
+    listen.handover_timeout is drained, with the reason in the log."""
     prepare_server(db)
     db.query("DROP TABLE IF EXISTS test.moved")
     db.query("CREATE TABLE test.moved (id INT AUTO_INCREMENT PRIMARY KEY, v INT)")
-    proxy = Upgraded(start_proxy(tmp_path / "proxy", db.port, log={"level": "info"}))
+    proxy = Upgraded(start_proxy(tmp_path / "proxy", db.port, log={"level": "info"}, listen={"handover_timeout": "4s"}))
     port = proxy.proxy.port
 
     def connect():
@@ -148,37 +148,41 @@ def test_sessions_move_with_their_connections_and_state(db, tmp_path):
             return cur.fetchone()
 
     try:
-        idle, in_tx = connect(), connect()
+        idle, in_tx, stuck = connect(), connect(), connect()
         for conn in (idle, in_tx):
             with conn.cursor() as cur:
                 cur.execute("SET @x = 'kept', time_zone = '+05:30', sql_mode = 'ANSI_QUOTES'")
                 cur.execute("CREATE TEMPORARY TABLE scratch (a INT)")
                 cur.execute("INSERT INTO scratch VALUES (1), (2)")
                 cur.execute("INSERT INTO moved (v) VALUES (1)")
-        with in_tx.cursor() as cur:
-            cur.execute("BEGIN")
-            cur.execute("INSERT INTO moved (v) VALUES (2)")
+        for conn in (in_tx, stuck):
+            with conn.cursor() as cur:
+                cur.execute("BEGIN")
+                cur.execute("INSERT INTO moved (v) VALUES (2)")
         before = {name: look(conn) for name, conn in (("idle", idle), ("in_tx", in_tx))}
-        prepared = pymysql_prepared(port)
-        old = proxy.pid
-        os.kill(old, signal.SIGUSR2)
+        prepared, statement = connector_prepared(port)
+        prepared_connection = _connection_id(prepared)
+        os.kill(proxy.pid, signal.SIGUSR2)
         wait_for(lambda: len(proxy.handed_over()) == 1, what="the hand-over")
         time.sleep(1)  # the transaction stays open past the listeners' hand-over
         with in_tx.cursor() as cur:
             cur.execute("COMMIT")
-        proxy._moved(proxy.handed_over()[-1])  # the old process has exited
+        proxy._moved(proxy.handed_over()[-1])  # the old process has exited (the stuck session drained)
         for name, conn in (("idle", idle), ("in_tx", in_tx)):
             assert look(conn) == before[name], name  # the same backend connection, in the same state
+        statement.execute("SELECT ? + 1", (41,))  # the statement prepared before the upgrade, by its id
+        assert statement.fetchall() == [(42,)]
+        assert _connection_id(prepared) == prepared_connection
         with in_tx.cursor() as cur:
             cur.execute("SELECT COUNT(*) FROM moved")
-            assert cur.fetchone() == (3,)
-        wait_for(lambda: "took over 2 session(s)" in proxy.proxy.log_text(), what="the new process's count of sessions")
+            assert cur.fetchone() == (3,)  # the stuck transaction's row died with its connection
+        wait_for(lambda: "took over 3 session(s)" in proxy.proxy.log_text(), what="the new process's count of sessions")
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{proxy.proxy.admin_port}/metrics", timeout=10).read().decode()
         counted = dict(re.findall(r'^replay_proxy_upgrade_sessions_total\{outcome="(\w+)",target="test"\} (\S+)$', metrics, re.MULTILINE))
-        assert counted == {"moved": "2.0", "refused": "0.0", "drained": "1.0"}, metrics[-3000:]
+        assert counted == {"moved": "3.0", "refused": "0.0", "drained": "1.0"}, metrics[-3000:]
         text = proxy.stop()
-        assert len(re.findall(r"moved to pid \d+ with its client and backend connections", text)) == 2, text[-4000:]
-        assert re.search(r"not moved to pid \d+ within 30s \(listen.handover_timeout\): 1 prepared statement\(s\); it drains here", text)
+        assert len(re.findall(r"moved to pid \d+ with its client and backend connections", text)) == 3, text[-4000:]
+        assert re.search(r"not moved to pid \d+ within 4s \(listen.handover_timeout\): a transaction is open; it drains here", text)
         assert "(moved from pid" in text
         prepared.close()
     finally:
@@ -223,8 +227,9 @@ def test_a_replicator_workload_sees_nothing_of_three_upgrades(db, goclient, tmp_
     print(f"\n{result['committed_txns']} transactions, 0 errors, through 3 upgrades; hand-overs took {proxy.handovers} s")
 
 
-def pymysql_prepared(port: int):
-    """A session with a server-side prepared statement open (mysql-connector's prepared cursor)."""
+def connector_prepared(port: int):
+    """A session with a server-side prepared statement open (mysql-connector's prepared cursor):
+    (connection, cursor)."""
     import mysql.connector
 
     conn = mysql.connector.connect(host="127.0.0.1", port=port, user=APP_USER, password=APP_PASSWORD, database="test",
@@ -232,7 +237,14 @@ def pymysql_prepared(port: int):
     cur = conn.cursor(prepared=True)
     cur.execute("SELECT ? + 1", (1,))
     assert cur.fetchall() == [(2,)]
-    return conn
+    return conn, cur
+
+
+def _connection_id(conn) -> int:
+    """Over the text protocol: the prepared cursor would replace its statement with this one."""
+    cur = conn.cursor()
+    cur.execute("SELECT CONNECTION_ID()")
+    return cur.fetchall()[0][0]
 
 
 def test_upgrade_command_reports_a_failed_start_and_the_old_process_serves_on(mariadb, tmp_path):
