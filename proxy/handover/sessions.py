@@ -41,6 +41,7 @@ from proxy.handover.movable import why_not_movable
 from proxy.handover.protocol import HandoverError, Message
 from proxy.netio import Channel
 from proxy.protocol.packets import ServerHandshake
+from proxy.relay.inflight import SessionClosed
 from proxy.session.state import SessionState
 from proxy.sqltext import ServerReading
 
@@ -154,10 +155,13 @@ class SessionMover:
                                         timeout=ANSWER_TIMEOUT)  # fmt: skip
                 answer = await self.channel.receive(timeout=ANSWER_TIMEOUT, expecting=f"an answer about session {s.id}")
         except HandoverError as exc:
+            # The new process may have the connections now, or not: both serving them would mix
+            # two sessions' bytes. This process lets go of them (no COM_QUIT) and the session ends.
             self.broken = str(exc)
-            s.log.warning("could not hand the session over to pid %d (%s): it stays here and drains", self.new_pid, exc)
-            s.start_backend_task()
-            return False
+            s.moved_to = self.new_pid
+            s.log.error("hand-over to pid %d failed midway (%s): the session is closed here", self.new_pid, exc,
+                        extra={"event": "session_move_failed"})  # fmt: skip
+            raise SessionClosed(f"hand-over to pid {self.new_pid} failed midway: {exc}") from None
         if answer.type != "adopted":
             self.refused[s.id] = str(answer.fields.get("reason") or answer.type)
             s.log.warning("pid %d refused the session (%s): it stays here and drains", self.new_pid, self.refused[s.id])
@@ -183,10 +187,15 @@ async def adopt_sessions(channel: HandoverChannel, proxy: Proxy, old_pid: int, w
                 _close_fds(message.fds)
                 raise HandoverError(f"expected 'session' or 'done', got {message.type!r}")
             session_id = message.fields.get("id")
-            try:
-                session = _thaw(proxy, message)
-            except Exception as exc:  # noqa: BLE001 -- any reason is the old process's to log; it keeps the session
+            if len(message.fds) != 2:
                 _close_fds(message.fds)
+                raise HandoverError(f"session {session_id} came with {len(message.fds)} descriptors, not 2 (client, backend)")
+            sockets = [socket.socket(fileno=fd) for fd in message.fds]  # ours from here: closed unless adopted
+            try:
+                session = _thaw(proxy, message.fields, *sockets)
+            except Exception as exc:  # noqa: BLE001 -- any reason is the old process's to log; it keeps the session
+                for sock in sockets:
+                    sock.close()
                 refused += 1
                 proxy.target.stats.upgrade_sessions["refused"] += 1
                 log.warning("refused session %s from pid %d: %s", session_id, old_pid, exc)
@@ -211,55 +220,47 @@ def _close_fds(fds: list[int]) -> None:
             pass
 
 
-def _thaw(proxy: Proxy, message: Message) -> Session:
-    """The session of ``message`` on the descriptors it carries (ours, to close on failure)."""
+def _thaw(proxy: Proxy, f: dict[str, Any], client_sock: socket.socket, backend_sock: socket.socket) -> Session:
+    """The session of a message's fields on its two connections (the caller closes them if this
+    raises)."""
     from proxy.relay.login import login_for
     from proxy.relay.tasks import Session
 
-    f = message.fields
     if f.get("format") != FORMAT:
         raise ValueError(f"session format {f.get('format')!r}, this version reads {FORMAT}")
-    if len(message.fds) != 2:
-        raise ValueError(f"{len(message.fds)} descriptors, expected 2 (client, backend)")
-    client_sock, backend_sock = (socket.socket(fileno=fd) for fd in message.fds)
-    try:
-        target = proxy.target
-        state = cattrs.structure(f["state"], SessionState)
-        if proxy.config.user(state.username) is None:
-            raise ValueError(f"user {state.username!r} is not in this config")
-        b = f["backend"]
-        address = Address.parse(b["address"])
-        if address not in proxy.config.backend.addresses:
-            raise ValueError(f"backend {address} is not in this config")
-        now = trio.current_time()
-        s = Session(target, Channel(client_sock, f"client {f['client_address']}"), f["client_address"], int(f["id"]))
-        s.parts.info.opened_at = now - float(f["age"])
-        s.commands = int(f["commands"])
-        s.client_caps = int(f["client_caps"])
-        s.deprecate_eof = bool(f["deprecate_eof"])
-        s.scramble = bytes.fromhex(f["scramble"])
-        hs = ServerHandshake(**{**b["handshake"], "scramble": bytes.fromhex(b["handshake"]["scramble"])})
-        backend = Backend(Channel(backend_sock, f"backend {address}"), address, hs, int(b["capabilities"]), int(b["status"]),
-                          now - float(b["age"]), b["max_allowed_packet"],
-                          cattrs.structure(b["instance"], Instance) if b["instance"] is not None else None,
-                          b["wait_timeout"])  # fmt: skip
-        tracking = s.tracking
-        login = f["login"]
-        tracking.logged_in(state.username, state.database, state.collation, backend.status)
-        tracking.state = state
-        tracking.autocommit = bool(f["autocommit"])
-        s.link.set_login(login_for(s, state.username, state.database, int(login["collation"]), dict(login["connect_attrs"])))
-        s.link.replace(backend)
-        tracking.adopt_reading(cattrs.structure(f["reading"], ServerReading))
-        tracking.statements.adopt(f["prepared"], tracking.analyze)
-        s.link.adopted(bool(f["owes_results"]), int(f["recoveries"]))
-        marker = f.get("marker")
-        if marker is not None and s.parts.markers is not None:
-            s.parts.markers.slot, s.parts.markers.written = str(marker["slot"]), int(marker["written"])
-            if marker["table_ready"]:
-                target.markers.known_ready()
-        return s
-    except BaseException:
-        client_sock.close()
-        backend_sock.close()
-        raise
+    target = proxy.target
+    state = cattrs.structure(f["state"], SessionState)
+    if proxy.config.user(state.username) is None:
+        raise ValueError(f"user {state.username!r} is not in this config")
+    b = f["backend"]
+    address = Address.parse(b["address"])
+    if address not in proxy.config.backend.addresses:
+        raise ValueError(f"backend {address} is not in this config")
+    now = trio.current_time()
+    s = Session(target, Channel(client_sock, f"client {f['client_address']}"), f["client_address"], int(f["id"]))
+    s.parts.info.opened_at = now - float(f["age"])
+    s.commands = int(f["commands"])
+    s.client_caps = int(f["client_caps"])
+    s.deprecate_eof = bool(f["deprecate_eof"])
+    s.scramble = bytes.fromhex(f["scramble"])
+    hs = ServerHandshake(**{**b["handshake"], "scramble": bytes.fromhex(b["handshake"]["scramble"])})
+    backend = Backend(Channel(backend_sock, f"backend {address}"), address, hs, int(b["capabilities"]), int(b["status"]),
+                      now - float(b["age"]), b["max_allowed_packet"],
+                      cattrs.structure(b["instance"], Instance) if b["instance"] is not None else None,
+                      b["wait_timeout"])  # fmt: skip
+    tracking = s.tracking
+    login = f["login"]
+    tracking.logged_in(state.username, state.database, state.collation, backend.status)
+    tracking.state = state
+    tracking.autocommit = bool(f["autocommit"])
+    s.link.set_login(login_for(s, state.username, state.database, int(login["collation"]), dict(login["connect_attrs"])))
+    s.link.replace(backend)
+    tracking.adopt_reading(cattrs.structure(f["reading"], ServerReading))
+    tracking.statements.adopt(f["prepared"], tracking.analyze)
+    s.link.adopted(bool(f["owes_results"]), int(f["recoveries"]))
+    marker = f.get("marker")
+    if marker is not None and s.parts.markers is not None:
+        s.parts.markers.slot, s.parts.markers.written = str(marker["slot"]), int(marker["written"])
+        if marker["table_ready"]:
+            target.markers.known_ready()
+    return s

@@ -189,6 +189,30 @@ def test_sessions_move_with_their_connections_and_state(db, tmp_path):
         proxy.stop()
 
 
+def test_a_session_the_new_config_does_not_know_stays_and_drains(mariadb, tmp_path):
+    """The new process refuses a session whose user its config no longer has: the old process
+    keeps it (its backend task back on) and drains it; the other session moves."""
+    prepare_server(mariadb)
+    proxy = Upgraded(start_proxy(tmp_path / "proxy", mariadb.port, log={"level": "info"}, listen={"handover_timeout": "3s"}))
+    try:
+        app = pymysql.connect(host="127.0.0.1", port=proxy.proxy.port, user=APP_USER, password=APP_PASSWORD, database="test")
+        root = pymysql.connect(host="127.0.0.1", port=proxy.proxy.port, user="root", password="", database="test")
+        config = proxy.proxy.config_path
+        config.write_text(config.read_text().replace('name = "root"', 'name = "someone_else"'))
+        proxy.signal_upgrade()
+        with app.cursor() as cur:
+            cur.execute("SELECT 1")
+            assert cur.fetchone() == (1,)
+        text = proxy.proxy.log_text()
+        assert re.search(r"refused the session \(user 'root' is not in this config\): it stays here and drains", text), text[-3000:]
+        assert "upgrade: 1 session(s) moved to pid" in text
+        with pytest.raises(pymysql.err.OperationalError):  # drained by the old process, which has exited
+            with root.cursor() as cur:
+                cur.execute("SELECT 1")
+    finally:
+        proxy.stop()
+
+
 def test_a_replicator_workload_sees_nothing_of_three_upgrades(db, goclient, tmp_path):
     """DM's driver (go-sql-driver, tests/goclient), 8 pinned connections committing
     non-idempotent transactions (INSERT + counter) back to back, through three upgrades: no
