@@ -135,8 +135,8 @@ class SessionMover:
         return left
 
     async def move(self, s: Session) -> bool:
-        """Called by ``s``'s client task, its wait interrupted: True once the new process has
-        the session (the caller then closes its descriptors silently)."""
+        """Called by ``s``'s client task, at a command boundary: True once the new process has
+        the session (its backend connection is let go here; the caller ends the session)."""
         s.mover = None
         reason = why_not_movable(s)
         if reason is not None or self.broken is not None:
@@ -158,7 +158,7 @@ class SessionMover:
             # The new process may have the connections now, or not: both serving them would mix
             # two sessions' bytes. This process lets go of them (no COM_QUIT) and the session ends.
             self.broken = str(exc)
-            s.moved_to = self.new_pid
+            s.link.detach()
             s.log.error("hand-over to pid %d failed midway (%s): the session is closed here", self.new_pid, exc,
                         extra={"event": "session_move_failed"})  # fmt: skip
             raise SessionClosed(f"hand-over to pid {self.new_pid} failed midway: {exc}") from None
@@ -168,6 +168,7 @@ class SessionMover:
             s.start_backend_task()
             return False
         self.moved += 1
+        s.link.detach()  # the connections live on in the new process: this one lets go, without a word
         s.log.info("moved to pid %d with its client and backend connections (backend connection %d)", self.new_pid,
                    backend.connection_id, extra={"event": "session_moved"})  # fmt: skip
         return True

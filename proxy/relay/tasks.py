@@ -89,21 +89,16 @@ class Session:
         # Resolved once: with no plugin implementing them, these hooks cost one attribute test.
         self._command_hooks = bool(hooks.command_received)
         self.result_hooks = bool(hooks.result_received)
-        self._split_mode = limits.oversized == "split"
         self.client = client
         self.client_caps = 0
         self.deprecate_eof = False
         self.scramble = b""
         self.inflight: Inflight | None = None
         self.first_answer: FirstAnswer | None = None  # what the next command gets before anything else
-        self._cancel: trio.CancelScope | None = None
-        self._nursery: trio.Nursery | None = None
-        self._backend_scope: trio.CancelScope | None = None
-        self._backend_done: trio.Event | None = None
+        self._tasks: _Tasks | None = None  # while it runs
         # An upgrade's SessionMover (proxy.handover.sessions) waiting for this session's next
-        # command boundary; ``moved_to``: the pid that has its connections now.
+        # command boundary.
         self.mover = None
-        self.moved_to: int | None = None
         self.commands = 0
         self._next_marker = 0  # marker number written for the COMMIT about to be submitted
         self.close_reason = ""
@@ -118,7 +113,7 @@ class Session:
     async def run(self) -> None:
         try:
             async with trio.open_nursery() as nursery:
-                self._cancel, self._nursery = nursery.cancel_scope, nursery
+                self._tasks = _Tasks(nursery)
                 self.start_backend_task()
                 try:
                     reason = await self._client_task()
@@ -135,9 +130,10 @@ class Session:
             self.close_reason = str(exc)
 
     def start_backend_task(self) -> None:
-        assert self._nursery is not None
-        self._backend_scope, self._backend_done = trio.CancelScope(), trio.Event()
-        self._nursery.start_soon(self._backend_task, self._backend_scope, self._backend_done)
+        tasks = self._tasks
+        assert tasks is not None
+        tasks.backend_scope, tasks.backend_done = trio.CancelScope(), trio.Event()
+        tasks.nursery.start_soon(self._backend_task, tasks.backend_scope, tasks.backend_done)
 
     async def _backend_task(self, scope: trio.CancelScope, done: trio.Event) -> None:
         try:
@@ -148,15 +144,16 @@ class Session:
 
     async def stop_backend_task(self) -> None:
         """Stop reading the backend connection (an upgrade is about to hand it over)."""
-        if self._backend_scope is not None and self._backend_done is not None:
-            self._backend_scope.cancel()
-            await self._backend_done.wait()
+        tasks = self._tasks
+        if tasks is not None and tasks.backend_scope is not None and tasks.backend_done is not None:
+            tasks.backend_scope.cancel()
+            await tasks.backend_done.wait()
 
     def end(self, reason: str) -> None:
         """Stop the session from outside (proxy shutdown)."""
-        if self._cancel is not None and not self._cancel.cancel_called:
+        if self._tasks is not None and not self._tasks.nursery.cancel_scope.cancel_called:
             self.close_reason = reason
-            self._cancel.cancel()
+            self._tasks.nursery.cancel_scope.cancel()
 
     def idle(self) -> bool:
         """Between transactions with nothing in flight: it can be closed or moved now."""
@@ -217,10 +214,7 @@ class Session:
         }
 
     def close(self) -> None:
-        if self.moved_to is not None:
-            self.link.detach()  # the connections live on in the new process: no COM_QUIT, no FIN
-        else:
-            self.link.close()
+        self.link.close()  # after a move the link is closed already (detach): no COM_QUIT
         self.client.close()
         self.tracking.close()
 
@@ -260,11 +254,11 @@ class Session:
         config = self.parts.config
         limits = config.limits
         max_size = self.link.largest  # like the server
-        keep = max(max_size, limits.split_max_statement) if self._split_mode else max_size
+        keep = max(max_size, limits.split_max_statement) if limits.oversized == "split" else max_size
         idle_timeout = config.listen.idle_timeout
         while True:
-            if self.mover is not None and not self.client.decoder.buffered() and await self._moved():
-                raise SessionClosed(f"moved to pid {self.moved_to} (upgrade)")
+            if self.mover is not None and not self.client.decoder.buffered():
+                await self._hand_over()
             try:
                 if idle_timeout:
                     await self._wait_for_command(idle_timeout)
@@ -272,8 +266,7 @@ class Session:
             except PeerClosed:
                 return None
             except WaitInterrupted:  # an upgrade takes the session, between two commands
-                if self.mover is not None and await self._moved():
-                    raise SessionClosed(f"moved to pid {self.moved_to} (upgrade)") from None
+                await self._hand_over()
                 continue
             if isinstance(cmd, Oversized):
                 await oversize.refuse(self, cmd.size, cmd.seq_end, cmd.code)
@@ -288,16 +281,12 @@ class Session:
                 raise SessionClosed("client sent a command out of sequence")
             return cmd
 
-    async def _moved(self) -> bool:
-        """An upgrade asked for this session (``proxy.handover.sessions``): hand it over now if
-        it is movable (True: the new process has it)."""
+    async def _hand_over(self) -> None:
+        """An upgrade asked for this session (``proxy.handover.sessions``): if it can move now,
+        hand it over and end here (SessionClosed); otherwise go on."""
         mover = self.mover
-        if mover is None or why_not_movable(self) is not None:
-            return False
-        if await mover.move(self):
-            self.moved_to = mover.new_pid
-            return True
-        return False
+        if mover is not None and why_not_movable(self) is None and await mover.move(self):
+            raise SessionClosed(f"moved to pid {mover.new_pid} (upgrade)")
 
     async def _wait_for_command(self, idle_timeout: float) -> None:
         """listen.idle_timeout: close a session that sends nothing for that long while no
@@ -486,3 +475,15 @@ def _first_cause(group: BaseExceptionGroup) -> BaseException:
         if not isinstance(exc, trio.Cancelled):
             return exc
     return group.exceptions[0]
+
+
+class _Tasks:
+    """A running session's tasks: the nursery of both, and how to stop and start the backend
+    task alone (an upgrade hands its connection over between two commands)."""
+
+    __slots__ = ("nursery", "backend_scope", "backend_done")
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self.nursery = nursery
+        self.backend_scope: trio.CancelScope | None = None
+        self.backend_done: trio.Event | None = None

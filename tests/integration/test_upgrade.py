@@ -227,17 +227,19 @@ def test_a_replicator_workload_sees_nothing_of_three_upgrades(db, goclient, tmp_
     result: dict = {}
 
     def load() -> None:
-        result.update(run_goclient("workload", port=proxy.proxy.port, conns=8, duration=30, batch=5, sql="insert", out=expect,
-                                   timeout=120, check=False, **tables))  # fmt: skip
+        result.update(run_goclient("workload", port=proxy.proxy.port, conns=8, duration=45, batch=5, sql="insert", out=expect,
+                                   timeout=150, check=False, **tables))  # fmt: skip
 
     worker = threading.Thread(target=load, daemon=True)
     try:
         worker.start()
         time.sleep(3)
-        for _ in range(3):
+        for n in range(3):
+            assert worker.is_alive(), f"the workload ended before upgrade {n + 1} (hand-overs so far: {proxy.handovers} s)"
             proxy.signal_upgrade()
             time.sleep(2)
-        worker.join(120)
+        assert worker.is_alive(), "the workload ended during the upgrades: the last one may have had no sessions to move"
+        worker.join(150)
         text = proxy.stop()
     finally:
         proxy.stop()
