@@ -96,6 +96,7 @@ _HANDED_OVER = "handed over"  # the event of an upgrade done: the new process se
 async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, task_status, successor=None) -> None:
     from proxy.admin import open_listeners, serve_admin
     from proxy.handover import sdnotify
+    from proxy.handover.sessions import move_sessions, take_over
     from proxy.handover.upgrade import Upgrader
 
     # The signals are caught before anything starts: a SIGTERM while starting (a supervisor
@@ -121,7 +122,7 @@ async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, 
             addresses = await nursery.start(proxy.serve)
             upgrader = None if proxy.worker is not None else Upgrader(path, lambda: _listening(proxy, admin_address, admin_listeners),
                                                                      lambda: len(proxy.target.sessions), proxy.next_session_id,
-                                                                     _upgrade_args(config), _count_failure(proxy))  # fmt: skip
+                                                                     _upgrade_args(config), proxy.target.stats.upgrade_failed)  # fmt: skip
             admin_stopped = trio.Event()  # set when the admin listener is handed over
             if admin_listeners:
                 await nursery.start(functools.partial(serve_admin, config, hooks, proxy, admin_address, listeners=admin_listeners,
@@ -133,7 +134,7 @@ async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, 
                 log.info("took over from pid %d: listeners adopted: %s; bound anew: %s; closed (no longer configured): %s",
                          inherited.old_pid, ", ".join(inherited.adopted) or "none", ", ".join(bound) or "none",
                          ", ".join(closed) or "none", extra={"event": "upgrade_took_over"})  # fmt: skip
-                nursery.start_soon(_take_over, successor, inherited, bound, closed, proxy)
+                nursery.start_soon(take_over, successor, inherited, bound, closed, proxy)
             elif proxy.worker is None:
                 sdnotify.notify("READY=1")  # a Type=notify unit: the proxy serves
             task_status.started(addresses)
@@ -153,7 +154,7 @@ async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, 
                     continue
                 if event == _HANDED_OVER:
                     admin_stopped.set()  # the new process answers the admin endpoint from now on
-                    await _move_sessions(proxy, upgrader)
+                    await move_sessions(proxy, upgrader)
                     await proxy.drain()
                     log.info("upgrade: pid %d drained, exiting; pid %d serves", os.getpid(), upgrader.outcome.new_pid)
                 else:
@@ -163,40 +164,6 @@ async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, 
                     await proxy.drain()
                 nursery.cancel_scope.cancel()
                 break
-
-
-def _count_failure(proxy):
-    def count() -> None:
-        proxy.target.stats.upgrades_failed += 1
-
-    return count
-
-
-async def _take_over(successor, inherited, bound: list[str], closed: list[str], proxy) -> None:
-    """The new process of an upgrade: say it serves, then take the old one's sessions."""
-    from proxy.handover.sessions import adopt_sessions
-
-    if await successor.serving(inherited, bound, closed):
-        await adopt_sessions(successor.channel, proxy, inherited.old_pid, proxy.config.listen.handover_timeout)
-
-
-async def _move_sessions(proxy, upgrader) -> None:
-    """The old process of an upgrade: move each session to the new one at its next command
-    boundary, within listen.handover_timeout; log why each one left could not move."""
-    from proxy.handover.movable import why_not_movable
-    from proxy.handover.sessions import SessionMover
-
-    if upgrader.session_channel is None:
-        return
-    mover = SessionMover(upgrader.session_channel, upgrader.outcome.new_pid)
-    timeout = proxy.config.listen.handover_timeout
-    left = await mover.run(proxy, trio.current_time() + timeout)
-    for session in left:
-        reason = mover.refused.get(session.id) or mover.broken or why_not_movable(session) or "no command boundary was seen"
-        session.log.info("not moved to pid %d within %gs (listen.handover_timeout): %s; it drains here",
-                         mover.new_pid, timeout, reason, extra={"event": "session_not_moved"})  # fmt: skip
-    log.info("upgrade: %d session(s) moved to pid %d, %d left to drain", mover.moved, mover.new_pid, len(left),
-             extra={"event": "sessions_moved"})  # fmt: skip
 
 
 def _listening(proxy, admin_address: Address | None, admin_listeners: list) -> list:

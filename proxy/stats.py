@@ -126,6 +126,9 @@ class Stats:
         self.held[bisect.bisect_left(HELD_BUCKETS, held)] += 1
         self.held_sum += held
 
+    def upgrade_failed(self) -> None:
+        self.upgrades_failed += 1
+
     def reloaded(self, ok: bool) -> None:
         """A SIGHUP's outcome: the new config is in force (``ok``), or it was rejected and the
         running one kept."""

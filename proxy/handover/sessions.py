@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from proxy.frontend import Proxy
     from proxy.relay.tasks import Session
 
-__all__ = ["FORMAT", "SessionMover", "adopt_sessions"]
+__all__ = ["FORMAT", "SessionMover", "adopt_sessions", "move_sessions", "take_over"]
 
 log = logging.getLogger("replay_proxy.handover")
 
@@ -172,6 +172,30 @@ class SessionMover:
         s.log.info("moved to pid %d with its client and backend connections (backend connection %d)", self.new_pid,
                    backend.connection_id, extra={"event": "session_moved"})  # fmt: skip
         return True
+
+
+async def move_sessions(proxy: Proxy, upgrader) -> None:
+    """The old process of an upgrade (``upgrade.Upgrader``, handed over): move each session to
+    the new one at its next command boundary, within listen.handover_timeout; log why each one
+    left could not move."""
+    if upgrader.session_channel is None:
+        return
+    mover = SessionMover(upgrader.session_channel, upgrader.outcome.new_pid)
+    timeout = proxy.config.listen.handover_timeout
+    left = await mover.run(proxy, trio.current_time() + timeout)
+    for session in left:
+        reason = mover.refused.get(session.id) or mover.broken or why_not_movable(session) or "no command boundary was seen"
+        session.log.info("not moved to pid %d within %gs (listen.handover_timeout): %s; it drains here",
+                         mover.new_pid, timeout, reason, extra={"event": "session_not_moved"})  # fmt: skip
+    log.info("upgrade: %d session(s) moved to pid %d, %d left to drain", mover.moved, mover.new_pid, len(left),
+             extra={"event": "sessions_moved"})  # fmt: skip
+
+
+async def take_over(successor, inherited, bound: list[str], closed: list[str], proxy: Proxy) -> None:
+    """The new process of an upgrade (``upgrade.Successor``): say it serves, then take the old
+    one's sessions."""
+    if await successor.serving(inherited, bound, closed):
+        await adopt_sessions(successor.channel, proxy, inherited.old_pid, proxy.config.listen.handover_timeout)
 
 
 async def adopt_sessions(channel: HandoverChannel, proxy: Proxy, old_pid: int, wait: float) -> None:
