@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from tests.lab.procs import alive
+
 MARKS_SOURCE = Path(__file__).with_name("callgrind_marks.c")
 ZERO = signal.SIGRTMIN + 5
 DUMP = signal.SIGRTMIN + 6
@@ -94,7 +96,7 @@ class Callgrind:
         os.kill(self.pid, sig)
         deadline = time.monotonic() + ANSWER_TIMEOUT
         while self.marks.read_bytes().count(answer) == before:
-            if not _alive(self.pid):
+            if not alive(self.pid):
                 raise CallgrindError(f"pid {self.pid} ended instead of answering {name}")
             if time.monotonic() > deadline:
                 raise CallgrindError(f"pid {self.pid} did not answer {name} within {ANSWER_TIMEOUT:.0f} s")
@@ -111,15 +113,6 @@ class Callgrind:
         if not path.exists():
             raise CallgrindError(f"callgrind wrote no {path.name} (dumps in {self.workdir}: {sorted(os.listdir(self.workdir))})")
         return path
-
-
-def _alive(pid: int) -> bool:
-    """Running (not gone, not a zombie); without reaping it: its Popen keeps its exit status."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def instructions(dump: Path) -> int:

@@ -12,7 +12,6 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 import tomllib
 import urllib.error
 import urllib.request
@@ -25,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.conftest import start_proxy
 from tests.lab import promql
 from tests.lab.fixtures import APP_PASSWORD, APP_USER, require
+from tests.lab.procs import wait_for
 from tests.lab.proxy import REPO, ProxyProcess
 
 pytestmark = pytest.mark.integration
@@ -57,15 +57,6 @@ def get(port: int, path: str, token: str | None = None) -> tuple[int, str, bytes
             return response.status, response.headers["Content-Type"], response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.headers["Content-Type"], exc.read()
-
-
-def wait_for(predicate, what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 def scrape(proxy: ProxyProcess, token: str | None = None) -> str:
@@ -123,7 +114,7 @@ def workload(proxy: ProxyProcess) -> None:
 
 def ready(proxy: ProxyProcess) -> None:
     """The first health check is done: backend_up has a value to show."""
-    wait_for(lambda: get(proxy.admin_port, "/readyz")[0] == 200, "/readyz 200")
+    wait_for(lambda: get(proxy.admin_port, "/readyz")[0] == 200, "/readyz 200", timeout=20, interval=0.1)
 
 
 def check_selectors(where: str, selectors, series: dict[str, list], grouping: set[str] = frozenset()) -> None:
@@ -178,7 +169,12 @@ def test_exposition_is_valid(chain, mariadb, tmp_path, promtool):
         open_session = connect(proxy)
         try:
             workload(proxy)
-            wait_for(lambda: 'replay_proxy_sessions_open{target="test"} 1.0' in scrape(proxy), "the workload's session to end")
+            wait_for(
+                lambda: 'replay_proxy_sessions_open{target="test"} 1.0' in scrape(proxy),
+                "the workload's session to end",
+                timeout=20,
+                interval=0.1,
+            )
             series = valid_exposition(scrape(proxy), promtool)
         finally:
             open_session.close()
@@ -198,7 +194,7 @@ def test_the_supervisors_merged_exposition_is_valid(mariadb, tmp_path, promtool)
     """--workers 2: /metrics gathers each worker's, labelled worker="i", still one family per name."""
     proxy = start_proxy(tmp_path, mariadb.port, listen={"workers": 2}, plugins={"chain": ["metrics"]})
     try:
-        wait_for(lambda: scrape(proxy).count("replay_proxy_build_info{") == 2, "both workers' metrics")
+        wait_for(lambda: scrape(proxy).count("replay_proxy_build_info{") == 2, "both workers' metrics", timeout=20, interval=0.1)
         workload(proxy)
         series = valid_exposition(scrape(proxy), promtool)
     finally:
@@ -284,7 +280,7 @@ def test_sighup_outcomes_and_a_new_admin_token_take_effect(mariadb, tmp_path, pr
         assert changed != original
         proxy.config_path.write_text(changed + '\n[plugins]\nchain = ["metrics"]\n')
         proxy.proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: "config reloaded" in proxy.log_text(), "the reload")
+        wait_for(lambda: "config reloaded" in proxy.log_text(), "the reload", timeout=20, interval=0.1)
 
         status, _, body = get(proxy.admin_port, "/metrics", "first-token-a1")
         assert status == 401, "the token the reload replaced still opens /metrics"
@@ -300,7 +296,7 @@ def test_sighup_outcomes_and_a_new_admin_token_take_effect(mariadb, tmp_path, pr
             changed.replace('token = "second-token-b2"', 'token = "third-token-c3"') + "\n[recovery]\nbufer_window = 3\n"
         )
         proxy.proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: "config reload rejected" in proxy.log_text(), "the rejection")
+        wait_for(lambda: "config reload rejected" in proxy.log_text(), "the rejection", timeout=20, interval=0.1)
         assert get(proxy.admin_port, "/metrics", "third-token-c3")[0] == 401  # a rejected file changes nothing
         rejected = valid_exposition(scrape(proxy, "second-token-b2"), promtool)
         assert {s.labels["outcome"]: s.value for s in rejected["replay_proxy_config_reloads_total"]} == {"ok": 1, "rejected": 1}
@@ -315,11 +311,16 @@ def test_sighup_gives_the_supervisor_of_workers_the_new_admin_token(mariadb, tmp
     """--workers 2: the supervisor serves the one admin endpoint, so it too reads the new token."""
     proxy = start_proxy(tmp_path, mariadb.port, listen={"workers": 2}, admin={"token": "first-token-a1"})
     try:
-        wait_for(lambda: get(proxy.admin_port, "/status", "first-token-a1")[0] == 200, "the supervisor's admin endpoint")
+        wait_for(
+            lambda: get(proxy.admin_port, "/status", "first-token-a1")[0] == 200,
+            "the supervisor's admin endpoint",
+            timeout=20,
+            interval=0.1,
+        )
         original = proxy.config_path.read_text()
         proxy.config_path.write_text(original.replace('token = "first-token-a1"', 'token = "second-token-b2"'))
         proxy.proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: get(proxy.admin_port, "/status", "second-token-b2")[0] == 200, "the new token")
+        wait_for(lambda: get(proxy.admin_port, "/status", "second-token-b2")[0] == 200, "the new token", timeout=20, interval=0.1)
         assert get(proxy.admin_port, "/status", "first-token-a1")[0] == 401
         log = proxy.log_text()
     finally:

@@ -28,6 +28,7 @@ from tests.integration.conftest import start_proxy
 from tests.lab.faultshim import FaultShim
 from tests.lab.fixtures import APP_PASSWORD, APP_USER, prepare_server
 from tests.lab.mariadb import free_port
+from tests.lab.procs import wait_for
 from tests.lab.proxy import REPO, write_config
 
 pytestmark = pytest.mark.integration
@@ -68,15 +69,6 @@ def get(port: int, path: str, token: str | None = None) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-def wait_for(predicate, timeout: float = 15, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def connect(port: int, **kw) -> pymysql.Connection:
     return pymysql.connect(host="127.0.0.1", port=port, user=APP_USER, password=APP_PASSWORD, database="test",
                            autocommit=True, **kw)  # fmt: skip
@@ -91,7 +83,7 @@ def test_probes_metrics_and_status(db_factory, tmp_path):
     proxy = start_proxy(tmp_path / "proxy", db.port, backend={"health_interval": "0.3s"})
     try:
         assert get(proxy.admin_port, "/healthz")[0] == 200
-        wait_for(lambda: get(proxy.admin_port, "/readyz")[0] == 200, what="/readyz 200")
+        wait_for(lambda: get(proxy.admin_port, "/readyz")[0] == 200, "/readyz 200", timeout=15, interval=0.1)
         conn = connect(proxy.port)
         with conn.cursor() as cur:
             cur.execute("BEGIN")
@@ -106,10 +98,10 @@ def test_probes_metrics_and_status(db_factory, tmp_path):
                                cwd=REPO, capture_output=True, text=True, timeout=30)  # fmt: skip
         assert table.returncode == 0 and "ready" in table.stdout and APP_USER in table.stdout, table.stderr
         db.stop()  # the backend goes away: not ready, still alive
-        wait_for(lambda: get(proxy.admin_port, "/readyz")[0] == 503, what="/readyz 503")
+        wait_for(lambda: get(proxy.admin_port, "/readyz")[0] == 503, "/readyz 503", timeout=15, interval=0.1)
         assert get(proxy.admin_port, "/healthz")[0] == 200
         db.start()
-        wait_for(lambda: get(proxy.admin_port, "/readyz")[0] == 200, what="/readyz 200 again")
+        wait_for(lambda: get(proxy.admin_port, "/readyz")[0] == 200, "/readyz 200 again", timeout=15, interval=0.1)
         conn.close()
     finally:
         proxy.stop()
@@ -125,12 +117,12 @@ def test_sighup_reloads_a_good_file_and_keeps_the_config_on_a_bad_one(db, tmp_pa
         # A good file: a user's proxy password changes.
         proxy.config_path.write_text(original.replace('password = "apppw"', 'password = "newpw"\nbackend_password = "apppw"'))
         proxy.proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: "config reloaded" in proxy.log_text(), what="reload")
+        wait_for(lambda: "config reloaded" in proxy.log_text(), "reload", timeout=15, interval=0.1)
         pymysql.connect(host="127.0.0.1", port=proxy.port, user=APP_USER, password="newpw", database="test").close()
         # A bad file: rejected, the running config stays.
         proxy.config_path.write_text(original + "\n[recovery]\nbufer_window = 3\n")
         proxy.proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: "config reload rejected" in proxy.log_text(), what="rejection")
+        wait_for(lambda: "config reload rejected" in proxy.log_text(), "rejection", timeout=15, interval=0.1)
         assert "did you mean buffer_window" in proxy.log_text()
         pymysql.connect(host="127.0.0.1", port=proxy.port, user=APP_USER, password="newpw", database="test").close()
         assert proxy.proc.poll() is None
@@ -159,10 +151,12 @@ def test_planned_restart_moves_idle_sessions_first(db, tmp_path):
             tx.execute("BEGIN")
             tx.execute("INSERT INTO planned VALUES (1, 1)")  # a transaction open while A starts draining
             endpoint.code = 500
-            wait_for(lambda: sum(s["backend"] == b for s in status(proxy)["sessions"]) == 3, what="idle sessions moved")
+            wait_for(
+                lambda: sum(s["backend"] == b for s in status(proxy)["sessions"]) == 3, "idle sessions moved", timeout=15, interval=0.1
+            )
             tx.execute("INSERT INTO planned VALUES (2, 2)")
             tx.execute("COMMIT")  # ends the transaction: that session moves too
-            wait_for(lambda: all(s["backend"] == b for s in status(proxy)["sessions"]), what="all sessions moved")
+            wait_for(lambda: all(s["backend"] == b for s in status(proxy)["sessions"]), "all sessions moved", timeout=15, interval=0.1)
             shim.close_all()  # A restarts: nothing of ours is there any more
             for i, conn in enumerate(conns):
                 with conn.cursor() as cur:
@@ -311,6 +305,6 @@ def test_idle_timeout_closes_idle_sessions_but_not_busy_ones(db, tmp_path):
             cur.execute("SELECT 1")
         assert lost.value.args[0] in (2006, 2013)  # the client sees its connection gone
         assert "idle for 1s (listen.idle_timeout)" in proxy.log_text()
-        wait_for(lambda: status(proxy)["sessions"] == [], what="sessions closed")
+        wait_for(lambda: status(proxy)["sessions"] == [], "sessions closed", timeout=15, interval=0.1)
     finally:
         proxy.stop()

@@ -21,6 +21,7 @@ import pytest
 
 from tests.integration.conftest import start_proxy
 from tests.lab.fixtures import APP_PASSWORD, APP_USER
+from tests.lab.procs import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -44,15 +45,6 @@ def stop_in_background(server) -> threading.Thread:
     return thread
 
 
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 def test_status_answers_500_during_graceful_wait_and_the_proxy_sees_it(tidb_factory, tmp_path):
     db = tidb_factory(graceful_wait=3)
     proxy = start_proxy(tmp_path / "proxy", db.port,
@@ -61,8 +53,8 @@ def test_status_answers_500_during_graceful_wait_and_the_proxy_sees_it(tidb_fact
         client = connect(proxy.port)
         assert db.status() == 200
         stopping = stop_in_background(db)
-        wait_for(lambda: db.status() == 500, 3, "TiDB's /status to answer 500")
-        wait_for(lambda: "is draining" in proxy.log_text(), 3, "the proxy to mark the address draining")
+        wait_for(lambda: db.status() == 500, "TiDB's /status to answer 500", timeout=3)
+        wait_for(lambda: "is draining" in proxy.log_text(), "the proxy to mark the address draining", timeout=3)
         # Still serving during the graceful wait: the client's query runs on the same TiDB.
         assert scalar(client, "SELECT 1") == 1
         # One address: nowhere to move to (a new connection would reach the same draining TiDB).
@@ -92,7 +84,7 @@ def test_a_command_in_shutdown_mode_is_dropped_directly_and_recovered_through_th
             cur.execute("BEGIN")
             cur.execute("INSERT INTO drained VALUES (1, 'holder')")
         stopping = stop_in_background(db)
-        wait_for(lambda: _refuses_connections(db.port), 10, "TiDB to close its listener")
+        wait_for(lambda: _refuses_connections(db.port), "TiDB to close its listener", timeout=10)
 
         with pytest.raises(pymysql.err.OperationalError) as direct_error:
             with direct_idle.cursor() as cur:

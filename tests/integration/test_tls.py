@@ -229,11 +229,12 @@ def test_required_mode_without_verification(tls_db, certs, proxy_factory):
 
 def test_health_checks_log_in_over_tls_too(tls_db, certs, proxy_factory):
     """A server that refuses plain logins must not look down to the health check."""
-    from tests.integration.test_operations import get, wait_for
+    from tests.integration.test_operations import get
+    from tests.lab.procs import wait_for
 
     backend = {**backend_tls(tls_db, certs.ca), "health_interval": "0.3s"}
     proc = proxy_factory(tls_db.port, backend=backend)
-    wait_for(lambda: get(proc.admin_port, "/readyz")[0] == 200, what="/readyz 200")
+    wait_for(lambda: get(proc.admin_port, "/readyz")[0] == 200, "/readyz 200", timeout=15, interval=0.1)
     time.sleep(1)  # a few more checks: still up, no failed login logged
     assert get(proc.admin_port, "/readyz")[0] == 200
     assert "is down" not in proc.log_text(), proc.log_text()

@@ -29,10 +29,10 @@ import pymysql
 import pytest
 
 from tests.integration.conftest import start_proxy
-from tests.integration.upgrades import Upgraded, alive, wait_for
+from tests.integration.upgrades import Upgraded
 from tests.lab.fixtures import APP_PASSWORD, APP_USER, prepare_server
 from tests.lab.mariadb import free_port
-from tests.lab.procs import kill_at_exit, wait_listening
+from tests.lab.procs import alive, kill_at_exit, wait_for, wait_listening
 from tests.lab.proxy import REPO, write_config
 
 pytestmark = pytest.mark.integration

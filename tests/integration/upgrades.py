@@ -7,30 +7,13 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 
+from tests.lab.procs import alive, wait_for
 from tests.lab.proxy import ProxyProcess
 
-__all__ = ["SERVES_NOW", "Upgraded", "alive", "wait_for"]
+__all__ = ["SERVES_NOW", "Upgraded"]
 
 SERVES_NOW = re.compile(r"upgrade: pid (\d+) serves now .* after ([0-9.]+)s; pid (\d+) stops accepting and drains (\d+) session")
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def wait_for(predicate, timeout: float = 60, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Upgraded:
@@ -65,7 +48,7 @@ class Upgraded:
     def stop(self) -> str:
         if alive(self.pid):
             os.kill(self.pid, signal.SIGTERM)
-            wait_for(lambda: not alive(self.pid), 30, what=f"pid {self.pid} to stop")
+            wait_for(lambda: not alive(self.pid), f"pid {self.pid} to stop", timeout=30)
         text = self.proxy.log_text()
         assert "Traceback" not in text, text[-5000:]
         return text

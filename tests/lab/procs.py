@@ -1,5 +1,6 @@
 """Child processes of the lab and the benchmarks (the proxy, HAProxy, the floors): wait until one
-listens, and never leave one running when the interpreter exits."""
+listens, tell whether one still runs, wait for a condition, and never leave one running when
+the interpreter exits."""
 
 from __future__ import annotations
 
@@ -66,6 +67,25 @@ def wait_listening(proc: subprocess.Popen, port: int, timeout: float, what: str,
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"{what} did not listen on {port} within {timeout} s:\n{log_text()[-3000:]}")
+
+
+def alive(pid: int) -> bool:
+    """Running (not gone, not a zombie); without reaping it: its Popen keeps its exit status."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_for(predicate: Callable[[], object], what: str = "condition", *, timeout: float = 60, interval: float = 0.05) -> None:
+    """Poll ``predicate`` until it holds; AssertionError naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def read_log(path: Path) -> str:
