@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import socket
 
@@ -35,8 +34,7 @@ class Proxy:
         # from the server's own connection ids, so a KILL can tell which one it was given.
         self.worker = self.target.worker = worker
         self._first_id = worker.first_session_id if worker is not None else SESSION_ID_BASE
-        self._next_id_floor = self._first_id
-        self._ids = itertools.count(self._first_id)
+        self._next_id = self._first_id
         self._ids_wrapped = False
         self.admission = Admission(config.listen)
         self.addresses: list[tuple[str, int]] = []
@@ -125,10 +123,10 @@ class Proxy:
         """The next id of this worker's range; once the range is used up it starts over,
         skipping the ids of sessions still open (an id must fit the greeting's 4 bytes)."""
         while True:
-            session_id = next(self._ids)
-            self._next_id_floor = session_id + 1
+            session_id = self._next_id
+            self._next_id += 1
             if session_id >= self._first_id + SESSION_ID_SPAN:
-                self._ids, self._ids_wrapped = itertools.count(self._first_id), True
+                self._next_id, self._ids_wrapped = self._first_id, True
                 continue
             if not self._ids_wrapped or self.target.session_by_id(session_id) is None:
                 return session_id
@@ -159,13 +157,11 @@ class Proxy:
         self.target.nursery.start_soon(functools.partial(self._run, session, moved_from=(old_pid, age)))
 
     def next_session_id(self) -> int:
-        return self._next_id_floor
+        return self._next_id
 
     def ids_above(self, session_id: int) -> None:
         """New sessions get ids above ``session_id`` (the old process of an upgrade gave it)."""
-        if session_id >= self._next_id_floor:
-            self._next_id_floor = session_id + 1
-            self._ids = itertools.count(self._next_id_floor)
+        self._next_id = max(self._next_id, session_id + 1)
 
     async def _login(self, session: Session) -> bool:
         host = session.parts.client_address.rsplit(":", 1)[0]

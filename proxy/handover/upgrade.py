@@ -151,13 +151,13 @@ class Upgrader:
         except HandoverError as exc:  # it serves already; its systemd notice waits for this, with its own timeout
             log.warning("upgrade: pid %d serves, but did not take the last word: %s", process.pid, exc)
             channel.close()
-        if answer.fields.get("sessions") == SESSION_FORMAT and channel.sock.fileno() >= 0:
-            self.session_channel = channel
         else:
-            if channel.sock.fileno() >= 0:
+            if answer.fields.get("sessions") == SESSION_FORMAT:
+                self.session_channel = channel
+            else:
                 log.warning("upgrade: pid %d does not read this version's sessions (format %s, here %d): they are drained here",
                             process.pid, answer.fields.get("sessions"), SESSION_FORMAT)  # fmt: skip
-            channel.close()
+                channel.close()
         self.outcome = Outcome(pid, process.pid, describe(listening), self.sessions(), round(trio.current_time() - started, 3))
         log.info(
             "upgrade: pid %d serves now (listeners handed over: %s; it adopted %s, bound %s) after %.3fs; pid %d stops "

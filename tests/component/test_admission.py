@@ -93,13 +93,11 @@ async def test_failed_logins_block_a_host_for_a_while(admission_rig, autojump):
 async def test_session_ids_start_over_within_their_range_skipping_open_sessions(admission_rig, autojump):
     """Session ids are the greeting's 4-byte connection id: after the last id of the range the
     numbering starts over at the first, and an id still in use is skipped."""
-    import itertools
-
     from proxy.worker_identity import SESSION_ID_BASE, SESSION_ID_SPAN
 
     rig = admission_rig()
     first = await rig.client()  # id SESSION_ID_BASE, stays open
-    rig.proxy._ids = itertools.count(SESSION_ID_BASE + SESSION_ID_SPAN - 1)
+    rig.proxy._next_id = SESSION_ID_BASE + SESSION_ID_SPAN - 1
     await rig.client()  # the last id of the range
     third = await rig.client()
     ids = sorted(s.id for s in rig.proxy.target.sessions)
