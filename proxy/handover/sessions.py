@@ -42,6 +42,7 @@ from proxy.handover.protocol import HandoverError, Message
 from proxy.netio import Channel
 from proxy.protocol.packets import ServerHandshake
 from proxy.relay.inflight import SessionClosed
+from proxy.relay.link import LinkState
 from proxy.session.state import SessionState
 from proxy.sqltext import ServerReading
 
@@ -106,6 +107,7 @@ class SessionMover:
         self.moved = 0
         self.refused: dict[int, str] = {}  # session id -> why the new process would not take it
         self.broken: str | None = None  # the channel failed: nothing more moves
+        self._over = False  # ``done`` is sent: a session that comes now stays
 
     async def run(self, proxy: Proxy, deadline: float) -> list[Session]:
         """Interrupt each session's wait for its next command once it can move, until all
@@ -125,25 +127,26 @@ class SessionMover:
             await trio.sleep(POLL)
         for s in sessions:
             s.mover = None
-        left = list(sessions)
-        try:
-            async with self._lock:
+        async with self._lock:  # after a move under way; one that comes later stays (``_over``)
+            self._over = True
+            left = [s for s in sessions if s.link.state is not LinkState.CLOSED]  # a moved one's link is detached
+            try:
                 await self.channel.send(Message("done", {"moved": self.moved, "left": len(left)}), timeout=ANSWER_TIMEOUT)
-        except HandoverError:
-            pass
-        self.channel.close()
+            except HandoverError:
+                pass
+            self.channel.close()
         return left
 
     async def move(self, s: Session) -> bool:
         """Called by ``s``'s client task, at a command boundary: True once the new process has
         the session (its backend connection is let go here; the caller ends the session)."""
+        if why_not_movable(s) is not None:
+            return False  # still asked: it tries again at its next boundary
         s.mover = None
-        reason = why_not_movable(s)
-        if reason is not None or self.broken is not None:
+        if self.broken is not None or self._over:
             return False
         await s.stop_backend_task()
-        reason = why_not_movable(s)  # the backend task may have seen the connection go
-        if reason is not None:
+        if why_not_movable(s) is not None:  # the backend task may have seen the connection go
             s.start_backend_task()
             return False
         backend = s.link.backend
@@ -151,6 +154,9 @@ class SessionMover:
         fields = _fields(s)
         try:
             async with self._lock:
+                if self._over:  # the deadline passed while it waited for the channel
+                    s.start_backend_task()
+                    return False
                 await self.channel.send(Message("session", fields, [s.client.sock.fileno(), backend.channel.sock.fileno()]),
                                         timeout=ANSWER_TIMEOUT)  # fmt: skip
                 answer = await self.channel.receive(timeout=ANSWER_TIMEOUT, expecting=f"an answer about session {s.id}")

@@ -18,7 +18,6 @@ import logging
 
 import trio
 
-from proxy.handover.movable import why_not_movable
 from proxy.hooks import CommandInfo, SessionInfo
 from proxy.netio import Channel, PeerClosed, WaitInterrupted
 from proxy.protocol.constants import MAX_FRAME, Commands, Err
@@ -285,7 +284,7 @@ class Session:
         """An upgrade asked for this session (``proxy.handover.sessions``): if it can move now,
         hand it over and end here (SessionClosed); otherwise go on."""
         mover = self.mover
-        if mover is not None and why_not_movable(self) is None and await mover.move(self):
+        if mover is not None and await mover.move(self):
             raise SessionClosed(f"moved to pid {mover.new_pid} (upgrade)")
 
     async def _wait_for_command(self, idle_timeout: float) -> None:
