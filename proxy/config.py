@@ -239,6 +239,10 @@ class RecoveryConfig:
         default="replay_proxy.commit_markers",
         validator=attrs.validators.matches_re(r"[A-Za-z0-9_$]+(\.[A-Za-z0-9_$]+)?"),
     )
+    # TiDB: a DDL whose answer was lost is looked up in TiDB's DDL job list (as DM does): done →
+    # OK, failed → its error, never queued → sent again; a job still running is waited for this long.
+    ddl_jobs: bool = True
+    ddl_job_wait: Duration = Duration(600)
 
 
 @attrs.frozen

@@ -67,3 +67,4 @@ class Err:
     # codes (2003, 2013) in an ERR packet as "2027 Malformed packet" and never show the message.
     BACKEND_UNAVAILABLE = (1105, "HY000")  # can't connect to the backend (DM does not retry it)
     CONNECTION_LOST = (1158, "08S01")  # lost the backend mid-command, outcome unknown: session ends
+    CANCELLED_DDL = (8214, "HY000")  # TiDB's "Cancelled DDL job": a DDL in doubt whose job failed

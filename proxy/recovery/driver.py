@@ -28,14 +28,15 @@ from proxy.backend import BackendError
 from proxy.hooks import CommandInfo
 from proxy.netio import PeerClosed
 from proxy.protocol.constants import Err
-from proxy.protocol.packets import ProtocolError, make_ok
+from proxy.protocol.packets import ProtocolError, make_err, make_ok
 from proxy.recovery import moves
+from proxy.recovery.ddljobs import state_of
 from proxy.recovery.facts import facts_of, needs_last_results
 from proxy.recovery.kills import killed, killed_by_operator
 from proxy.recovery.loss import Loss, Slots, Stage, failure, lost_transaction
 from proxy.recovery.moves import GiveUp, Move, Then
 from proxy.recovery.plan import Outcome, Plan, StatementFacts, plan_recovery
-from proxy.recovery.replay import resolve_marker, run_plan
+from proxy.recovery.replay import resolve_ddl, resolve_marker, run_plan
 from proxy.recovery.restore import Waited, reestablish
 from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, ConnectionFailed, Inflight
 from proxy.sessionlog import outcome
@@ -141,8 +142,10 @@ async def _reconnect(loss: Loss, slots: Slots) -> Decision | None:
 
 
 async def _resolve(loss: Loss, slots: Slots) -> Decision | None:
-    """Ask the COMMIT's marker (once) whether it committed."""
+    """Ask the COMMIT's marker (once) whether it committed; or the DDL's job how it ended."""
     p = loss.parts
+    if loss.plan.outcome is Outcome.RESOLVE_DDL:
+        return await _resolve_ddl(loss)
     loss.resolved = True
     try:
         committed = await resolve_marker(loss, loss.backend)
@@ -150,14 +153,49 @@ async def _resolve(loss: Loss, slots: Slots) -> Decision | None:
         return _again(loss, exc)
     move = moves.after_marker(committed, loss.plan.replay)
     if move is Move.ANSWER_OK:
-        p.link.ready()
-        loss.stage = Stage.OVER
-        return AnswerNow(make_ok(p.tracking.status_word()), last=True)
+        return _settled(loss, make_ok(p.tracking.status_word()), "its commit marker says the COMMIT committed: OK")
     if move is Move.OWE_1213:
         loss.stage = Stage.FINISH
         return AnswerNext(lost_transaction(p, f"transaction did not commit and cannot be replayed: {p.tracking.tx.not_replayable}"))
     loss.stage = Stage.REPLAY
     return None
+
+
+async def _resolve_ddl(loss: Loss) -> Decision | None:
+    """Find the DDL's job in TiDB's list: done → OK, failed → its error, never queued → sent
+    again (after the replay of what the transaction had, if any)."""
+    p = loss.parts
+    try:
+        job, error = await resolve_ddl(loss, loss.backend)
+    except _TRANSIENT as exc:
+        return _again(loss, exc)
+    move = moves.after_ddl_job(state_of(job.state) if job is not None else None)
+    if move is Move.REPLAY:
+        loss.stage = Stage.REPLAY
+        return None
+    if move is Move.ANSWER_OK:
+        return _settled(loss, make_ok(p.tracking.status_word()), f"DDL job {job.id} ended {job.state}: OK")
+    code, msg = error or (Err.CANCELLED_DDL[0], f"DDL job {job.id} ended {job.state}")
+    return _settled(loss, make_err(code, Err.CANCELLED_DDL[1], msg), f"DDL job {job.id} ended {job.state}: error {code}")
+
+
+def _settled(loss: Loss, answer: bytes, how: str) -> AnswerNow:
+    """The command in doubt is settled on the new connection, which serves the session now:
+    it gets ``answer``, the one it would have had (a recovery the client saw only as a delay)."""
+    p = loss.parts
+    p.link.ready()
+    loss.stage = Stage.OVER
+    waited = trio.current_time() - p.link.lost_at
+    p.log.warning(
+        "recovered on %s (connection %d) after %.0f ms; %s",
+        loss.backend.address,
+        loss.backend.connection_id,
+        waited * 1000,
+        how,
+        **outcome("resumed", None, waited_ms=round(waited * 1000)),
+    )
+    p.target.stats.recovered("resumed", waited)
+    return AnswerNow(answer, last=True)
 
 
 async def _replay(loss: Loss, slots: Slots) -> Decision | None:
@@ -271,6 +309,7 @@ def _plan(loss: Loss, in_flight: StatementFacts | None, journal: list[StatementF
         autocommit=tracking.autocommit,
         safe_mode=tracking.safe_mode,
         commit_marker=inflight is not None and inflight.marker > 0,
+        ddl_jobs=loss.parts.config.recovery.ddl_jobs and tracking.dialect.flavor == "tidb",
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from proxy.protocol.constants import Commands
+from proxy.recovery.ddljobs import job_text
 from proxy.recovery.plan import StatementFacts
 from proxy.session.completed import SESSION_ONLY_COMMANDS
 from proxy.session.state import PreparedStatement
@@ -119,4 +120,5 @@ def statement_facts(code: int, analysis: Analysis | None, *, complete: bool = Tr
         writes=analysis.writes,
         idempotent=idem,
         session_only=analysis.session_only,
+        ddl_job=code == C.COM_QUERY and job_text(analysis) is not None,
     )

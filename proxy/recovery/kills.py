@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from proxy.stats import Stats
     from proxy.target import Target
 
-__all__ = ["killed_by_operator", "killed", "kill_if_alive"]
+__all__ = ["killed_by_operator", "killed", "kill_if_alive", "old_session_gone"]
 
 
 async def killed_by_operator(link: BackendLink, target: Target, io_timeout: float, slog: SessionLog, last_activity: float) -> bool:
@@ -91,3 +91,29 @@ async def kill_if_alive(backend: Backend, old: Backend, slog: SessionLog) -> Non
             slog.info("killed old backend connection %d", old.connection_id)
         except BackendError:
             pass  # already gone
+
+
+async def old_session_gone(backend: Backend, old: Backend, io_timeout: float) -> bool:
+    """Is the old connection certainly dead, so that what it ran cannot still land (a COMMIT,
+    a DDL job)? Only on the same server: a restarted process, or a KILL and its absence from
+    PROCESSLIST."""
+    if backend.address != old.address:
+        return False  # another server: nothing here can prove it
+    restarted = await restarted_since(backend, old)
+    if restarted:
+        return True  # a new process: the old one and its sessions are gone
+    if restarted is None:
+        return False  # another server behind the address, or no way to tell: nothing proves it
+    conn_id = int(old.connection_id)  # the same server process: the id is still ours to KILL
+    try:
+        await kill_own(backend, conn_id)
+    except BackendError:
+        pass  # unknown thread: gone already
+    deadline = trio.current_time() + io_timeout
+    while True:
+        rows = await backend.query(f"SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {conn_id}")
+        if rows and rows[0][0] == b"0":
+            return True
+        if trio.current_time() >= deadline:
+            return False
+        await trio.sleep(0.1)

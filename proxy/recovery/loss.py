@@ -81,7 +81,7 @@ class Stage(enum.Enum):
 
     LOST = "lost"  # just lost: how far the command in flight got, and the plan
     RECONNECT = "reconnect"  # a new connection, the session restored on it
-    RESOLVE = "resolve"  # a COMMIT in doubt, settled by its commit marker
+    RESOLVE = "resolve"  # a COMMIT in doubt settled by its commit marker, a DDL by TiDB's job list
     REPLAY = "replay"  # what runs again proven safe, then the journal replayed
     FINISH = "finish"  # the new connection serves the session
     OVER = "over"
@@ -116,7 +116,11 @@ class Loss:
     @property
     def may_have_run(self) -> bool:
         """The command in flight may have run already, and the plan would run it again."""
-        return self.sent is Sent.MAYBE_EXECUTED and self.plan is not None and self.plan.outcome in (Outcome.RESUME, Outcome.RESOLVE)
+        return (
+            self.sent is Sent.MAYBE_EXECUTED
+            and self.plan is not None
+            and self.plan.outcome in (Outcome.RESUME, Outcome.RESOLVE, Outcome.RESOLVE_DDL)
+        )
 
 
 def connection_error(slog: SessionLog, link: BackendLink, stats: Stats, reason: str) -> ConnectionFailed:

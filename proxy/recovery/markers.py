@@ -22,7 +22,8 @@ import os
 
 import trio
 
-from proxy.backend import Backend, BackendError, kill_own, restarted_since
+from proxy.backend import Backend, BackendError
+from proxy.recovery.kills import old_session_gone
 
 __all__ = ["MarkerTable", "CommitMarkers"]
 
@@ -93,7 +94,7 @@ class CommitMarkers:
     async def committed(self, backend: Backend, old: Backend | None, number: int, io_timeout: float, flavor: str = "") -> bool | None:
         """Did the in-doubt COMMIT (marker ``number``) commit? None when it cannot be known:
         the old connection might still be alive and commit later (and no fence exists)."""
-        if old is not None and await _old_session_gone(backend, old, io_timeout):
+        if old is not None and await old_session_gone(backend, old, io_timeout):
             rows = await backend.query(f"SELECT txn FROM {self.table.table} WHERE slot = X'{self.slot}'")
         elif flavor == "tidb":
             rows = await self._fence(backend)
@@ -125,27 +126,3 @@ class CommitMarkers:
                 pass
             return None
         return rows
-
-
-async def _old_session_gone(backend: Backend, old: Backend, io_timeout: float) -> bool:
-    """Is the old connection certainly dead, so its COMMIT cannot still land?"""
-    if backend.address != old.address:
-        return False  # another server: nothing here can prove it
-    restarted = await restarted_since(backend, old)
-    if restarted:
-        return True  # a new process: the old one and its sessions are gone
-    if restarted is None:
-        return False  # another server behind the address, or no way to tell: nothing proves it
-    conn_id = int(old.connection_id)  # the same server process: the id is still ours to KILL
-    try:
-        await kill_own(backend, conn_id)
-    except BackendError:
-        pass  # unknown thread: gone already
-    deadline = trio.current_time() + io_timeout
-    while True:
-        rows = await backend.query(f"SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {conn_id}")
-        if rows and rows[0][0] == b"0":
-            return True
-        if trio.current_time() >= deadline:
-            return False
-        await trio.sleep(0.1)

@@ -10,7 +10,8 @@ The driver (``driver.recover``) runs a step, asks one of these what follows, and
 - ``opening``: the plan's first move (a connection error, a 1213 now or for the next command,
   or reconnect);
 - ``after_wait``: a waiting command's buffer window passed while the backend stayed away;
-- ``after_restore``, ``after_marker``, ``after_replay``: the steps on the new connection;
+- ``after_restore``, ``after_marker``, ``after_ddl_job``, ``after_replay``: the steps on the new
+  connection;
 - ``then``: what the waiting command gets once the new connection serves the session.
 """
 
@@ -20,10 +21,11 @@ import enum
 
 import attrs
 
+from proxy.recovery.ddljobs import JobState
 from proxy.recovery.plan import Outcome, Plan, Sent
 
 __all__ = ["Move", "Then", "GiveUp", "how_far", "backoff_delay", "after_backoff", "asks_veto", "vetoed", "opening",
-           "after_wait", "after_restore", "after_marker", "after_replay", "then"]  # fmt: skip
+           "after_wait", "after_restore", "after_marker", "after_ddl_job", "after_replay", "then"]  # fmt: skip
 
 
 class Move(enum.Enum):
@@ -32,7 +34,8 @@ class Move(enum.Enum):
     OWE_1213 = "owe 1213"  # the client's next command gets a 1213; recovery goes on
     RECONNECT = "reconnect"  # a new connection, the session restored on it
     RESOLVE = "resolve"  # ask the COMMIT's marker whether it committed
-    ANSWER_OK = "answer OK"  # the COMMIT did commit: it gets OK, recovery is over
+    ANSWER_OK = "answer OK"  # the COMMIT did commit (the DDL ran): it gets OK, recovery is over
+    ANSWER_ERR = "answer error"  # the DDL's job failed: it gets TiDB's error, recovery is over
     REPLAY = "replay"  # prove what runs again, replay the journal
     FINISH = "finish"  # the new connection serves the session
 
@@ -123,7 +126,9 @@ def after_wait(lost_command: bool, may_have_run: bool) -> Move:
 
 def after_restore(outcome: Outcome, resolved: bool) -> Move:
     """The session is restored on a new connection. ``resolved``: its marker was asked already
-    (on a connection that failed since: it is not asked again)."""
+    (on a connection that failed since: it is not asked again; a DDL's job list is read again)."""
+    if outcome is Outcome.RESOLVE_DDL:
+        return Move.RESOLVE
     return Move.RESOLVE if outcome is Outcome.RESOLVE and not resolved else Move.REPLAY
 
 
@@ -133,6 +138,15 @@ def after_marker(committed: bool, replay: bool) -> Move:
     if committed:
         return Move.ANSWER_OK
     return Move.REPLAY if replay else Move.OWE_1213
+
+
+def after_ddl_job(ended: JobState | None) -> Move:
+    """The DDL in doubt's job ``ended`` so (None: it never was queued, and cannot be any more)."""
+    if ended is JobState.DONE:
+        return Move.ANSWER_OK
+    if ended is JobState.FAILED:
+        return Move.ANSWER_ERR
+    return Move.REPLAY  # then it is sent again
 
 
 def after_replay(owed: bool) -> Move:

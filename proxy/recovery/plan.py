@@ -35,6 +35,7 @@ class Sent(enum.Enum):
 class Outcome(enum.Enum):
     RESUME = "resume"  # reconnect, restore, replay the journal (if any), resend the command
     RESOLVE = "resolve"  # COMMIT in doubt: look up its commit marker; committed → OK, else replay
+    RESOLVE_DDL = "resolve-ddl"  # DDL in doubt: find its job in TiDB's list; done → OK, never queued → resend
     FAIL_RETRYABLE = "fail-retryable"  # 1213: known not committed, cannot be made transparent
     FAIL_CONNECTION = "fail-connection"  # 1158 and close: outcome unknown or state unrecoverable
 
@@ -49,6 +50,7 @@ class StatementFacts:
     idempotent: bool = False  # safe to apply again after it may have been applied (safe mode)
     session_only: bool = False  # changes only session state (SET, USE, PREPARE, PING, ...)
     unknown: str | None = None  # why the proxy cannot judge it (then it may commit and write)
+    ddl_job: bool = False  # one DDL statement that TiDB runs as a job (its outcome is in the job list)
 
 
 @attrs.frozen
@@ -74,12 +76,14 @@ def plan_recovery(
     commit_marker: bool = False,
     in_doubt: str | None = None,
     maybe_rolled_back: str | None = None,
+    ddl_jobs: bool = False,
 ) -> Plan:
     """Decide what happens to the session. ``sent``/``inflight`` are None when the client was
     idle; ``journal`` describes the statements of the open transaction; ``commit_marker``: the
     in-flight COMMIT wrote a marker row that tells afterwards whether it committed.
     ``in_doubt``: part of the open transaction may have committed already. ``maybe_rolled_back``:
-    an error may have rolled the transaction back (no status word said yet)."""
+    an error may have rolled the transaction back (no status word said yet). ``ddl_jobs``: the
+    server keeps a DDL job list to read a DDL's outcome from (TiDB)."""
     if sent is Sent.PARTIAL_RESPONSE:
         return Plan(Outcome.FAIL_CONNECTION, "connection lost while the response was being relayed")
     if unrestorable is not None:
@@ -98,6 +102,15 @@ def plan_recovery(
         if maybe_ran and inflight is not None and inflight.writes:
             return Plan(Outcome.FAIL_CONNECTION, f"a write was in flight after {maybe_rolled_back}; its outcome is unknown")
         return Plan(Outcome.FAIL_RETRYABLE, f"transaction rolled back or about to be: {maybe_rolled_back}")
+
+    if maybe_ran and ddl_jobs and inflight is not None and inflight.ddl_job:
+        # Outside a transaction, or in one that wrote nothing (DM sends BEGIN, the DDL, COMMIT):
+        # the job list says whether it ran, and its implicit commit ended nothing that matters.
+        if not in_transaction:
+            return Plan(Outcome.RESOLVE_DDL, "DDL in flight; TiDB's DDL job list will tell", resend=True)
+        if not_replayable is None and not any(s.writes for s in journal):
+            return Plan(Outcome.RESOLVE_DDL, "DDL in flight in a transaction that wrote nothing; TiDB's DDL job list will tell",
+                        replay=True, resend=True)  # fmt: skip
 
     if not in_transaction:
         if not maybe_ran or inflight is None:

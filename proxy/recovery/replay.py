@@ -1,16 +1,21 @@
 """The steps on a restored connection that settle the open transaction: a COMMIT in doubt
-asked of its commit marker (``resolve_marker``); what runs again proven safe, then the
-journal replayed and checked against what the client saw (``run_plan``).
+asked of its commit marker (``resolve_marker``), a DDL in doubt looked up in TiDB's job list
+(``resolve_ddl``); what runs again proven safe, then the journal replayed and checked against
+what the client saw (``run_plan``).
 """
 
 from __future__ import annotations
 
 import struct
+import time
 from typing import TYPE_CHECKING
 
 import trio
 
+from proxy.backend import BackendError
 from proxy.protocol.framing import encode_packet
+from proxy.recovery.ddljobs import Job, JobState, error_of, error_query, find_job, job_text, state_of
+from proxy.recovery.kills import old_session_gone
 from proxy.recovery.loss import failure, lost_transaction
 from proxy.recovery.plan import Sent
 from proxy.recovery.proofs import code_in_views, unproven
@@ -25,7 +30,9 @@ if TYPE_CHECKING:
     from proxy.recovery.loss import Loss
     from proxy.session.tracker import SessionTracker
 
-__all__ = ["resolve_marker", "run_plan", "is_begin"]
+__all__ = ["resolve_marker", "resolve_ddl", "run_plan", "is_begin"]
+
+_POLL = 0.5  # seconds between two readings of TiDB's DDL job list
 
 
 async def resolve_marker(loss: Loss, backend: Backend) -> bool:
@@ -54,6 +61,56 @@ async def resolve_marker(loss: Loss, backend: Backend) -> bool:
                     await backend.query(statement)
             tracking.tx.start(None)
     return committed
+
+
+async def resolve_ddl(loss: Loss, backend: Backend) -> tuple[Job | None, tuple[int, str] | None]:
+    """The job of the DDL in doubt once it ended (done or failed) and, when it failed, TiDB's
+    error for it if it can be read (code, message); or None when it never was
+    queued and cannot be any more (its old session is gone, or safe mode may send it again
+    anyway). A job still running is waited for (``recovery.ddl_job_wait``); a missing one is
+    looked for again while the old session might still queue it, until the command's buffer
+    window ends. Then, or when two jobs match, a connection error."""
+    p, inflight = loss.parts, loss.inflight
+    assert inflight is not None
+    rec, io_timeout = p.config.recovery, p.config.backend.io_timeout
+    text = job_text(inflight.judged())
+    assert text is not None
+    since = time.time() - (trio.current_time() - inflight.arrived)  # when it arrived, by the wall clock
+    resend_anyway = p.tracking.safe_mode and inflight.facts is not None and inflight.facts.idempotent
+    gone = False
+    while True:
+        with trio.fail_after(io_timeout):
+            found = await find_job(backend, text, since, p.tracking.state.database if p.tracking.state else None, resend_anyway)
+            if found is None and not gone and not resend_anyway and loss.old is not None:
+                gone = await old_session_gone(backend, loss.old, io_timeout)
+        if isinstance(found, str):
+            raise failure(p, f"the DDL in flight cannot be told apart: {found}")
+        waited = trio.current_time() - inflight.arrived
+        if found is None:
+            if gone or resend_anyway:
+                p.log.warning("the DDL in flight is not in TiDB's DDL job list: it never ran; sending it again")
+                return None, None
+            if waited >= rec.buffer_window:
+                raise failure(
+                    p,
+                    f"the DDL in flight is not in TiDB's DDL job list after {rec.buffer_window:g}s, and its old session may still queue it",
+                )
+        elif state_of(found.state) is not JobState.RUNNING:
+            p.log.warning("DDL job %d of the DDL in flight ended %s", found.id, found.state)
+            p.tracking.transaction_lost()  # queued, so its implicit commit ended the (empty) transaction
+            return found, await _job_error(backend, found) if state_of(found.state) is JobState.FAILED else None
+        elif waited >= rec.ddl_job_wait:
+            raise failure(p, f"DDL job {found.id} of the DDL in flight still {found.state} after {rec.ddl_job_wait:g}s")
+        await trio.sleep(_POLL)
+
+
+async def _job_error(backend: Backend, job: Job) -> tuple[int, str] | None:
+    """TiDB's error for a failed job, or None when it cannot be read (no privilege on
+    mysql.tidb_ddl_history, another layout of its row)."""
+    try:
+        return error_of(await backend.query(error_query(job.id)))
+    except BackendError:
+        return None
 
 
 def _chained_begin(tracking: SessionTracker) -> list[str]:

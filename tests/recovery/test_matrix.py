@@ -1771,6 +1771,48 @@ for m in MODES:
         flavors=TIDB,
     )
 
+# A DDL whose answer was lost, settled by TiDB's DDL job list (proxy.recovery.ddljobs, as DM
+# does): the server ran it (drop) -> its job is done -> OK; the server never got it (close) ->
+# no job, the old session gone -> sent again; the job failed -> TiDB's error. In every mode, and
+# the job ran once (one job of its text, the table's column or index once).
+JOB = "SELECT QUERY FROM information_schema.DDL_JOBS WHERE DB_NAME = DATABASE() AND QUERY LIKE '{} %'"
+for m in MODES:
+    for kind in (DROP, CLOSE):
+        add(
+            "tidb-ddl-create-lost",
+            m,
+            ["CREATE TABLE c (id INT PRIMARY KEY)", "INSERT INTO c VALUES (1)", "SELECT 1"],
+            fault(kind, 0),
+            [],
+            [Alt([OK(), OK(), ONE], {"SELECT id FROM c": [(1,)], JOB.format("CREATE TABLE"): [("CREATE TABLE c (id INT PRIMARY KEY)",)]})],
+            flavors=TIDB,
+        )
+        # DM's shape: BEGIN, the DDL, COMMIT (dm/pkg/conn: ExecuteSQLWithIgnoreError).
+        add(
+            "tidb-ddl-dm-tx",
+            m,
+            ["BEGIN", "ALTER TABLE t ADD COLUMN note VARCHAR(8)", "COMMIT", "INSERT INTO t (id, v, note) VALUES (9, 'i', 'n')", "SELECT 1"],
+            fault(kind, 1),
+            [T],
+            [Alt([*oks(4), ONE], {"SELECT id, v, note FROM t": [(9, "i", "n")],
+                                  JOB.format("ALTER TABLE"): [("ALTER TABLE t ADD COLUMN note VARCHAR(8)",)]})],
+            flavors=TIDB,
+        )  # fmt: skip
+    add(
+        "tidb-ddl-failed-lost",
+        m,
+        ["ALTER TABLE d ADD UNIQUE INDEX uv (v)", "SELECT 1"],
+        fault(DROP, 0),
+        [D, "INSERT INTO d VALUES ('x'), ('x')"],
+        [
+            Alt(
+                [err(1062), ONE],
+                {"SELECT COUNT(*) FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'd'": [(0,)]},
+            )
+        ],
+        flavors=TIDB,
+    )
+
 # =============================================================================================
 
 
@@ -1818,6 +1860,9 @@ MARIADB_ONLY = {
 def _tidb_alts(case: Case) -> list[Alt] | None:
     """What TiDB does where it differs from MariaDB; None: the same."""
     pattern, kind, mode = case.id.split("/")[0], case.fault.kind if case.fault else None, case.mode
+    # A DDL in doubt is found in TiDB's DDL job list (section 11): it ran once, the client gets OK.
+    if pattern == "ddl-set-auto-increment":
+        return [Alt([OK(), ONE], {"SELECT COUNT(*) FROM a": [(0,)]})]
     # TiDB reads 5 version digits: /*!999999 ... */ is /*!99999 and then the code "9 ...", a syntax error
     # (so is /*!100000 ...); the proxy judges such a text as TiDB does: unknown, never resent.
     if pattern in ("comment-999999-show-then-insert", "comment-100000-insert"):

@@ -7,6 +7,7 @@ import pytest
 from proxy.recovery.plan import Outcome, Sent, StatementFacts, plan_recovery
 
 R, RESOLVE, RETRY, FAIL = Outcome.RESUME, Outcome.RESOLVE, Outcome.FAIL_RETRYABLE, Outcome.FAIL_CONNECTION
+RESOLVE_DDL = Outcome.RESOLVE_DDL
 MAYBE, NOT, PARTIAL = Sent.MAYBE_EXECUTED, Sent.NOT_EXECUTED, Sent.PARTIAL_RESPONSE
 
 READ = StatementFacts(writes=False)
@@ -16,6 +17,8 @@ SESSION = StatementFacts(writes=False, idempotent=True, session_only=True)
 COMMIT = StatementFacts(commits=True, writes=False, idempotent=True)
 ROLLBACK = StatementFacts(rollback=True, writes=False, idempotent=True)
 DDL = StatementFacts(commits=True)
+DDL_JOB = StatementFacts(commits=True, ddl_job=True)  # one DDL that TiDB runs as a job
+IDEMPOTENT_DDL_JOB = StatementFacts(commits=True, ddl_job=True, idempotent=True)  # ALTER TABLE t AUTO_INCREMENT = 5
 UNKNOWN = StatementFacts(commits=True, unknown="not understood")
 
 # (what, overrides, outcome, replay, resend)
@@ -76,6 +79,48 @@ TABLE = [
         False,
     ),
     ("COMMIT not sent", dict(in_transaction=True, journal=[WRITE], sent=NOT, inflight=COMMIT), R, True, True),
+    # A DDL in doubt: TiDB's job list tells (ddl_jobs), else what any write in doubt gets.
+    ("DDL in flight, no job list (MariaDB)", dict(sent=MAYBE, inflight=DDL_JOB), FAIL, False, False),
+    ("DDL in flight, job list", dict(sent=MAYBE, inflight=DDL_JOB, ddl_jobs=True), RESOLVE_DDL, False, True),
+    ("DDL never sent, job list", dict(sent=NOT, inflight=DDL_JOB, ddl_jobs=True), R, False, True),
+    ("DDL not one job in flight (CREATE USER), job list", dict(sent=MAYBE, inflight=DDL, ddl_jobs=True), FAIL, False, False),
+    (
+        "DDL in flight, job list, safe mode, idempotent",
+        dict(sent=MAYBE, inflight=IDEMPOTENT_DDL_JOB, safe_mode=True, ddl_jobs=True),
+        RESOLVE_DDL,
+        False,
+        True,
+    ),
+    ("DDL in flight, no job list, safe mode, idempotent", dict(sent=MAYBE, inflight=IDEMPOTENT_DDL_JOB, safe_mode=True), R, False, True),
+    (
+        "DM's BEGIN + DDL in flight, job list",
+        dict(in_transaction=True, journal=[READ], sent=MAYBE, inflight=DDL_JOB, ddl_jobs=True),
+        RESOLVE_DDL,
+        True,
+        True,
+    ),
+    (
+        "DDL in flight after a write, job list: its implicit commit may have committed it",
+        dict(in_transaction=True, journal=[WRITE], sent=MAYBE, inflight=DDL_JOB, ddl_jobs=True),
+        FAIL,
+        False,
+        False,
+    ),
+    (
+        "DDL in flight, transaction not replayable, job list",
+        dict(in_transaction=True, not_replayable="cursor", sent=MAYBE, inflight=DDL_JOB, ddl_jobs=True),
+        FAIL,
+        False,
+        False,
+    ),
+    (
+        "DDL in flight, session not restorable, job list",
+        dict(sent=MAYBE, inflight=DDL_JOB, ddl_jobs=True, unrestorable="GET_LOCK"),
+        FAIL,
+        False,
+        False,
+    ),
+    ("DDL in flight, partly answered, job list", dict(sent=PARTIAL, inflight=DDL_JOB, ddl_jobs=True), FAIL, False, False),
     ("maybe rolled back, idle", dict(in_transaction=True, journal=[WRITE], maybe_rolled_back="error 1205"), RETRY, False, False),
     (
         "maybe rolled back, read in flight",

@@ -12,6 +12,7 @@ import trio
 from proxy.hooks import Hooks
 from proxy.protocol.response import Expect
 from proxy.recovery import moves
+from proxy.recovery.ddljobs import JobState
 from proxy.recovery.driver import judge
 from proxy.recovery.facts import PluginAnswers, facts_of
 from proxy.recovery.loss import Loss, SessionParts
@@ -117,6 +118,11 @@ NEXT = [
     ("the marker: committed", moves.after_marker, (True, True), Move.ANSWER_OK),
     ("the marker: not committed, replayable", moves.after_marker, (False, True), Move.REPLAY),
     ("the marker: not committed, not replayable", moves.after_marker, (False, False), Move.OWE_1213),
+    ("restored, DDL in doubt", moves.after_restore, (Outcome.RESOLVE_DDL, False), Move.RESOLVE),
+    ("restored again, DDL in doubt: its job list is read again", moves.after_restore, (Outcome.RESOLVE_DDL, True), Move.RESOLVE),
+    ("the DDL's job: done", moves.after_ddl_job, (JobState.DONE,), Move.ANSWER_OK),
+    ("the DDL's job: failed", moves.after_ddl_job, (JobState.FAILED,), Move.ANSWER_ERR),
+    ("the DDL: never queued, cannot be now", moves.after_ddl_job, (None,), Move.REPLAY),
     ("replayed as the client saw it", moves.after_replay, (False,), Move.FINISH),
     ("replay differed: 1213 owed", moves.after_replay, (True,), Move.OWE_1213),
 ]
