@@ -96,7 +96,6 @@ async def resolve_ddl(loss: Loss, backend: Backend) -> tuple[Job | None, tuple[i
                     f"the DDL in flight is not in TiDB's DDL job list after {rec.buffer_window:g}s, and its old session may still queue it",
                 )
         elif state_of(found.state) is not JobState.RUNNING:
-            p.log.warning("DDL job %d of the DDL in flight ended %s", found.id, found.state)
             p.tracking.transaction_lost()  # queued, so its implicit commit ended the (empty) transaction
             return found, await _job_error(backend, found) if state_of(found.state) is JobState.FAILED else None
         elif waited >= rec.ddl_job_wait:
