@@ -1,0 +1,90 @@
+"""proxy.recovery.replay.resolve_ddl against a scripted TiDB: how long it waits and when it
+gives up (the matrix and test_ddl_jobs run it against a real tidb-server)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import trio
+
+from proxy.hooks import Hooks
+from proxy.recovery.facts import facts_of
+from proxy.recovery.replay import resolve_ddl
+from proxy.relay.inflight import ConnectionFailed
+from tests.unit.test_link import CONFIG, FakeBackend
+from tests.unit.test_recovery_driver import safe_mode_loss
+
+DDL = "ALTER TABLE t ADD COLUMN note INT"
+
+
+class ScriptedTiDB(FakeBackend):
+    """Answers the job list's queries: ``jobs`` (id, state, database) of the statement's text,
+    ``states`` a function of the number of readings so far (a job that ends later)."""
+
+    def __init__(self, jobs: list[tuple[int, str, str]], text: str = DDL, address: str = "127.0.0.1:4001") -> None:
+        super().__init__(address)
+        self.jobs, self.text, self.readings = jobs, text, 0
+
+    async def query(self, sql: str, columns=None) -> list[list[bytes | None]]:
+        if sql.startswith("ADMIN SHOW DDL JOB QUERIES"):
+            self.readings += 1
+            return [[str(j).encode(), self.text.encode()] for j, _, _ in self.jobs]
+        if sql.startswith("ADMIN SHOW DDL JOBS"):
+            created = b"2026-12-02 12:00:00"
+            return [[str(j).encode(), db.encode(), b"t", b"add column", b"", b"1", b"2", b"0", created, created, None,
+                     (state(self.readings) if callable(state) else state).encode(), b""]
+                    for j, state, db in self.jobs]  # fmt: skip
+        if sql.startswith("SELECT UNIX_TIMESTAMP("):
+            return [[str(time.time()).encode()]]
+        raise AssertionError(f"unexpected query {sql!r}")
+
+
+async def loss_on(backend: ScriptedTiDB, safe_mode: bool = False, sql: str = DDL):
+    lost = safe_mode_loss(Hooks([]), sql, journal=[])
+    lost.parts.tracking.safe_mode = safe_mode
+    lost.old.address = "127.0.0.1:4002"  # the killed server: another one, nothing there proves it dead
+    lost.inflight.facts = await facts_of(lost.inflight, safe_mode, lost.answers)
+    return lost
+
+
+async def test_a_running_job_is_waited_for_until_it_ends(autojump_clock):
+    backend = ScriptedTiDB([(57, lambda n: "running" if n < 4 else "synced", "test")])
+    lost = await loss_on(backend)
+    job, error = await resolve_ddl(lost, backend)
+    assert (job.id, job.state, error) == (57, "synced", None)
+    assert backend.readings == 4 and trio.current_time() >= 1.5  # read every 0.5 s
+
+
+async def test_a_missing_job_the_old_session_may_still_queue_ends_in_1158_after_the_window(autojump_clock):
+    backend = ScriptedTiDB([])
+    lost = await loss_on(backend)
+    with pytest.raises(ConnectionFailed, match="may still queue it"):
+        await resolve_ddl(lost, backend)
+    assert trio.current_time() >= CONFIG.recovery.buffer_window
+
+
+async def test_a_missing_idempotent_ddl_is_sent_again_at_once_in_safe_mode(autojump_clock):
+    backend = ScriptedTiDB([], text="ALTER TABLE t AUTO_INCREMENT = 5")
+    lost = await loss_on(backend, safe_mode=True, sql="ALTER TABLE t AUTO_INCREMENT = 5")
+    assert await resolve_ddl(lost, backend) == (None, None)
+    assert backend.readings == 1
+
+
+async def test_two_jobs_of_the_text_leave_the_outcome_unknown(autojump_clock):
+    backend = ScriptedTiDB([(57, "synced", "test"), (58, "synced", "test")])
+    with pytest.raises(ConnectionFailed, match="cannot be told apart"):
+        await resolve_ddl(await loss_on(backend), backend)
+
+
+async def test_the_same_text_in_another_database_is_not_the_job(autojump_clock):
+    backend = ScriptedTiDB([(57, "synced", "other")])
+    with pytest.raises(ConnectionFailed, match="not in TiDB's DDL job list"):
+        await resolve_ddl(await loss_on(backend), backend)
+
+
+async def test_a_job_running_past_ddl_job_wait_ends_in_1158(autojump_clock):
+    backend = ScriptedTiDB([(57, "running", "test")])
+    with pytest.raises(ConnectionFailed, match="still running after 600s"):
+        await resolve_ddl(await loss_on(backend), backend)
+    assert trio.current_time() >= CONFIG.recovery.ddl_job_wait
