@@ -257,7 +257,10 @@ async def judge(loss: Loss) -> Plan:
     if delay is not None:
         await trio.sleep(delay)
         waited = trio.current_time() - inflight.arrived if inflight is not None else None
-        after = moves.after_backoff(plan, loss.sent, waited, rec.buffer_window)
+        # A DDL in doubt may be a job TiDB runs meanwhile, whatever happens to connections:
+        # it is waited for as long as a job that runs (while the servers it lands on die).
+        window = rec.ddl_job_wait if plan.outcome is Outcome.RESOLVE_DDL else rec.buffer_window
+        after = moves.after_backoff(plan, loss.sent, waited, window)
         if isinstance(after, GiveUp):
             raise failure(p, after.reason)
         plan = after

@@ -223,3 +223,19 @@ async def test_judging_a_loss_in_a_row_backs_off_before_it_gives_up(autojump_clo
     with pytest.raises(ConnectionFailed, match="kept failing"):
         await judge(lost)
     assert trio.current_time() > CONFIG.recovery.buffer_window and lost.parts.link.recoveries == 0  # not counted
+
+
+async def test_a_ddl_in_doubt_on_tidb_is_waited_for_past_the_buffer_window(autojump_clock):
+    """Its job may run meanwhile whatever happens to connections (servers SIGKILLed one after
+    the other while the DDL owner finishes it): judged again until recovery.ddl_job_wait."""
+    lost = safe_mode_loss(Hooks([]), "ALTER TABLE t ADD COLUMN c INT", journal=[])
+    link = lost.parts.link
+    link.replace(FakeBackend(version="8.0.11-TiDB-v8.5.3"))  # the session is on TiDB
+    link.ready()
+    lost.old = link.lost()
+    link.losses_in_a_row = 2
+    await trio.sleep(CONFIG.recovery.buffer_window)
+    assert (await judge(lost)).outcome is Outcome.RESOLVE_DDL
+    await trio.sleep(CONFIG.recovery.ddl_job_wait)
+    with pytest.raises(ConnectionFailed, match="kept failing for 600s"):
+        await judge(lost)
