@@ -33,7 +33,7 @@ from proxy.recovery import moves
 from proxy.recovery.ddljobs import state_of
 from proxy.recovery.facts import facts_of, needs_last_results
 from proxy.recovery.kills import killed, killed_by_operator
-from proxy.recovery.loss import Loss, Slots, Stage, failure, lost_transaction
+from proxy.recovery.loss import Loss, Slots, Stage, failure, lost_transaction, window_for
 from proxy.recovery.moves import GiveUp, Move, Then
 from proxy.recovery.plan import Outcome, Plan, StatementFacts, plan_recovery
 from proxy.recovery.replay import resolve_ddl, resolve_marker, run_plan
@@ -257,10 +257,7 @@ async def judge(loss: Loss) -> Plan:
     if delay is not None:
         await trio.sleep(delay)
         waited = trio.current_time() - inflight.arrived if inflight is not None else None
-        # A DDL in doubt may be a job TiDB runs meanwhile, whatever happens to connections:
-        # it is waited for as long as a job that runs (while the servers it lands on die).
-        window = rec.ddl_job_wait if plan.outcome is Outcome.RESOLVE_DDL else rec.buffer_window
-        after = moves.after_backoff(plan, loss.sent, waited, window)
+        after = moves.after_backoff(plan, loss.sent, waited, window_for(plan, p.config))
         if isinstance(after, GiveUp):
             raise failure(p, after.reason)
         plan = after

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from proxy.stats import Stats
     from proxy.target import Target
 
-__all__ = ["SessionParts", "Slots", "Loss", "Stage", "connection_error", "failure", "lost_transaction"]
+__all__ = ["SessionParts", "Slots", "Loss", "Stage", "window_for", "connection_error", "failure", "lost_transaction"]
 
 
 @attrs.frozen(eq=False)
@@ -114,6 +114,13 @@ class Loss:
         self.answers = PluginAnswers(self.parts.hooks, self.parts.info)
 
     @property
+    def window(self) -> float:
+        """How long the command in flight waits through losses for its answer: the buffer
+        window; a DDL in doubt on TiDB as long as a job may run (it runs meanwhile, whatever
+        happens to the connections and the servers they land on)."""
+        return window_for(self.plan, self.parts.config)
+
+    @property
     def may_have_run(self) -> bool:
         """The command in flight may have run already, and the plan would run it again."""
         return (
@@ -121,6 +128,12 @@ class Loss:
             and self.plan is not None
             and self.plan.outcome in (Outcome.RESUME, Outcome.RESOLVE, Outcome.RESOLVE_DDL)
         )
+
+
+def window_for(plan: Plan | None, config: Config) -> float:
+    """``Loss.window`` for ``plan``."""
+    rec = config.recovery
+    return rec.ddl_job_wait if plan is not None and plan.outcome is Outcome.RESOLVE_DDL else rec.buffer_window
 
 
 def connection_error(slog: SessionLog, link: BackendLink, stats: Stats, reason: str) -> ConnectionFailed:

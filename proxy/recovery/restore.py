@@ -51,8 +51,9 @@ async def reestablish(loss: Loss, slots: Slots) -> Backend | Waited:
     error: BackendError | None = None
     while True:
         inflight = slots.inflight
-        if inflight is not None and trio.current_time() - inflight.arrived >= rec.buffer_window:
-            return Waited(inflight, f"backend unavailable for {rec.buffer_window:g}s (last error: {error or 'replay failed'})")
+        window = loss.window if inflight is loss.inflight else rec.buffer_window
+        if inflight is not None and trio.current_time() - inflight.arrived >= window:
+            return Waited(inflight, f"backend unavailable for {window:g}s (last error: {error or 'replay failed'})")
         attempts += 1
         login = attrs.evolve(link.login, database=state.database, collation=state.collation)
         backend = None
