@@ -8,7 +8,8 @@ for the jobs' texts, ``ADMIN SHOW DDL JOBS`` for their states and creation times
 job by its text and database, created no earlier than the command reached the proxy:
 
 - done (``done`` / ``synced``): the client gets OK;
-- still running: recovery waits for it, polling, within the command's buffer window;
+- still running: recovery waits for it, polling, up to ``recovery.ddl_job_wait`` from the
+  command's arrival;
 - failed or cancelled (``rollback done`` / ``cancelled``): the client gets TiDB's error for it;
 - not there: it never was queued, if the old session cannot queue it any more (its server
   restarted, or it is KILLed and gone from PROCESSLIST): the DDL runs again; if nothing proves
@@ -74,6 +75,11 @@ class Job:
     created: float  # seconds since the epoch
     schema: str = ""  # DB_NAME: the database of what it changed
 
+    @property
+    def ended(self) -> JobState:
+        """What its state means for the client (``state_of``)."""
+        return state_of(self.state)
+
 
 def job_text(analysis: Analysis | None) -> str | None:
     """The text TiDB keeps of the job this statement is, for matching; None when it is not one
@@ -83,13 +89,18 @@ def job_text(analysis: Analysis | None) -> str | None:
     if analysis.first.session_unrestorable is not None:  # CREATE TEMPORARY TABLE: no job
         return None
     a, b = analysis.spans[0]
-    text = analysis.text[a:b].strip().rstrip(";").strip()
+    text = _bare(analysis.text[a:b])
     return text if _JOB_OBJECTS.match(text) else None
 
 
 def same_text(ours: str, kept: str | None) -> bool:
     """Is ``kept`` (a job's QUERY) the statement ``ours``? TiDB keeps the statement's own text."""
-    return kept is not None and kept.strip().rstrip(";").strip() == ours
+    return kept is not None and _bare(kept) == ours
+
+
+def _bare(text: str) -> str:
+    """A statement's text without the blanks around it and a closing ';'."""
+    return text.strip().rstrip(";").strip()
 
 
 def state_of(state: str) -> JobState:
@@ -113,7 +124,7 @@ def pick(jobs: list[Job], since: float, schemas: frozenset[str], idempotent: boo
     else the newest."""
     mine = sorted((j for j in jobs if j.created >= int(since) - _SKEW and j.schema.lower() in schemas), key=lambda j: j.id)
     if len(mine) > 1 and idempotent:
-        return next((j for j in mine if state_of(j.state) is JobState.RUNNING), mine[-1])
+        return next((j for j in mine if j.ended is JobState.RUNNING), mine[-1])
     if len(mine) > 1:
         return f"{len(mine)} DDL jobs of the same text since the command arrived ({', '.join(str(j.id) for j in mine)})"
     return mine[0] if mine else None

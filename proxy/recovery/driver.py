@@ -30,7 +30,6 @@ from proxy.netio import PeerClosed
 from proxy.protocol.constants import Err
 from proxy.protocol.packets import ProtocolError, make_err, make_ok
 from proxy.recovery import moves
-from proxy.recovery.ddljobs import state_of
 from proxy.recovery.facts import facts_of, needs_last_results
 from proxy.recovery.kills import killed, killed_by_operator
 from proxy.recovery.loss import Loss, Slots, Stage, failure, lost_transaction, window_for
@@ -153,7 +152,7 @@ async def _resolve(loss: Loss, slots: Slots) -> Decision | None:
         return _again(loss, exc)
     move = moves.after_marker(committed, loss.plan.replay)
     if move is Move.ANSWER_OK:
-        return _settled(loss, make_ok(p.tracking.status_word()), "its commit marker says the COMMIT committed: OK")
+        return await _settled(loss, make_ok(p.tracking.status_word()), "its commit marker says the COMMIT committed: OK")
     if move is Move.OWE_1213:
         loss.stage = Stage.FINISH
         return AnswerNext(lost_transaction(p, f"transaction did not commit and cannot be replayed: {p.tracking.tx.not_replayable}"))
@@ -169,32 +168,21 @@ async def _resolve_ddl(loss: Loss) -> Decision | None:
         job, error = await resolve_ddl(loss, loss.backend)
     except _TRANSIENT as exc:
         return _again(loss, exc)
-    move = moves.after_ddl_job(state_of(job.state) if job is not None else None)
+    move = moves.after_ddl_job(job.ended if job is not None else None)
     if move is Move.REPLAY:
         loss.stage = Stage.REPLAY
         return None
     if move is Move.ANSWER_OK:
-        return _settled(loss, make_ok(p.tracking.status_word()), f"DDL job {job.id} ended {job.state}: OK")
+        return await _settled(loss, make_ok(p.tracking.status_word()), f"DDL job {job.id} ended {job.state}: OK")
     code, msg = error or (Err.CANCELLED_DDL[0], f"DDL job {job.id} ended {job.state}")
-    return _settled(loss, make_err(code, Err.CANCELLED_DDL[1], msg), f"DDL job {job.id} ended {job.state}: error {code}")
+    return await _settled(loss, make_err(code, Err.CANCELLED_DDL[1], msg), f"DDL job {job.id} ended {job.state}: error {code}")
 
 
-def _settled(loss: Loss, answer: bytes, how: str) -> AnswerNow:
+async def _settled(loss: Loss, answer: bytes, how: str) -> AnswerNow:
     """The command in doubt is settled on the new connection, which serves the session now:
     it gets ``answer``, the one it would have had (a recovery the client saw only as a delay)."""
-    p = loss.parts
-    p.link.ready()
     loss.stage = Stage.OVER
-    waited = trio.current_time() - p.link.lost_at
-    p.log.warning(
-        "recovered on %s (connection %d) after %.0f ms; %s",
-        loss.backend.address,
-        loss.backend.connection_id,
-        waited * 1000,
-        how,
-        **outcome("resumed", None, waited_ms=round(waited * 1000)),
-    )
-    p.target.stats.recovered("resumed", waited)
+    await _recovered(loss, how, owed=False)
     return AnswerNow(answer, last=True)
 
 
@@ -339,7 +327,7 @@ async def finish(loss: Loss, waiting: Inflight | None, owed: bool) -> None:
     to be sent; ``owed``: the client is owed a 1213 (not a resumed recovery). A waiting command
     that reads the previous statement's results, which stayed on the lost connection, is a
     connection error."""
-    p, backend, replayed = loss.parts, loss.backend, loss.replayed
+    p, replayed = loss.parts, loss.replayed
     link = p.link
     if replayed:
         link.results_replayed()
@@ -353,15 +341,22 @@ async def finish(loss: Loss, waiting: Inflight | None, owed: bool) -> None:
         raise failure(
             p, "the command reads the previous statement's results (FOUND_ROWS(), warnings...), which stayed on the lost connection"
         )
-    link.ready()
-    waited = trio.current_time() - link.lost_at
+    sending_now = "; sending the waiting command" if waiting is not None and waiting.state == NOT_SENT else ""
+    await _recovered(loss, f"replayed {replayed} statement(s){sending_now}", owed=owed, replayed=replayed)
+
+
+async def _recovered(loss: Loss, how: str, *, owed: bool, replayed: int = 0) -> None:
+    """The new connection serves the session: its log line (with the outcome: ``resumed``, or
+    ``aborted_1213`` when the client is ``owed`` a 1213), the metric, the plugins told."""
+    p, backend = loss.parts, loss.backend
+    p.link.ready()
+    waited = trio.current_time() - p.link.lost_at
     p.log.warning(
-        "recovered on %s (connection %d) after %.0f ms; replayed %d statement(s)%s",
+        "recovered on %s (connection %d) after %.0f ms; %s",
         backend.address,
         backend.connection_id,
         waited * 1000,
-        replayed,
-        "; sending the waiting command" if waiting is not None and waiting.state == NOT_SENT else "",
+        how,
         **outcome("aborted_1213" if owed else "resumed", Err.LOCK_DEADLOCK[0] if owed else None, waited_ms=round(waited * 1000)),
     )
     if not owed:

@@ -14,7 +14,7 @@ import trio
 
 from proxy.backend import BackendError
 from proxy.protocol.framing import encode_packet
-from proxy.recovery.ddljobs import Job, JobState, error_of, error_query, find_job, job_text, state_of
+from proxy.recovery.ddljobs import Job, JobState, error_of, error_query, find_job, job_text
 from proxy.recovery.kills import old_session_gone
 from proxy.recovery.loss import failure, lost_transaction
 from proxy.recovery.plan import Sent
@@ -77,10 +77,11 @@ async def resolve_ddl(loss: Loss, backend: Backend) -> tuple[Job | None, tuple[i
     assert text is not None
     since = time.time() - (trio.current_time() - inflight.arrived)  # when it arrived, by the wall clock
     resend_anyway = p.tracking.safe_mode and inflight.facts is not None and inflight.facts.idempotent
+    database = p.tracking.state.database if p.tracking.state else None
     gone = False
     while True:
         with trio.fail_after(io_timeout):
-            found = await find_job(backend, text, since, p.tracking.state.database if p.tracking.state else None, resend_anyway)
+            found = await find_job(backend, text, since, database, resend_anyway)
             if found is None and not gone and not resend_anyway and loss.old is not None:
                 gone = await old_session_gone(backend, loss.old, io_timeout)
         if isinstance(found, str):
@@ -95,9 +96,9 @@ async def resolve_ddl(loss: Loss, backend: Backend) -> tuple[Job | None, tuple[i
                     p,
                     f"the DDL in flight is not in TiDB's DDL job list after {rec.buffer_window:g}s, and its old session may still queue it",
                 )
-        elif state_of(found.state) is not JobState.RUNNING:
+        elif found.ended is not JobState.RUNNING:
             p.tracking.transaction_lost()  # queued, so its implicit commit ended the (empty) transaction
-            return found, await _job_error(backend, found) if state_of(found.state) is JobState.FAILED else None
+            return found, await _job_error(backend, found) if found.ended is JobState.FAILED else None
         elif waited >= rec.ddl_job_wait:
             raise failure(p, f"DDL job {found.id} of the DDL in flight still {found.state} after {rec.ddl_job_wait:g}s")
         await trio.sleep(_POLL)
