@@ -46,10 +46,13 @@ MAX_PACKET = 1 << 30  # what the proxy announces as its own receive limit to the
 class BackendError(Exception):
     """Could not get a working backend connection."""
 
-    def __init__(self, message: str, *, retryable: bool, err: ErrPacket | None = None) -> None:
+    def __init__(self, message: str, *, retryable: bool, err: ErrPacket | None = None, silent: bool = False) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.err = err
+        # No answer at all within the timeout (no SYN-ACK, no greeting, a login that stalls):
+        # what a partition or a hung server looks like. A refusal or an ERR is an answer.
+        self.silent = silent
 
 
 @attrs.frozen
@@ -195,7 +198,7 @@ async def read_greeting(address: Address, connect_timeout: float, opener=open_ba
                 channel.close()
                 raise
     except trio.TooSlowError:
-        raise BackendError(f"backend {address}: no greeting within {connect_timeout:g}s", retryable=True) from None
+        raise BackendError(f"backend {address}: no greeting within {connect_timeout:g}s", retryable=True, silent=True) from None
     except (OSError, PeerClosed) as exc:
         raise BackendError(f"backend {address}: {getattr(exc, 'strerror', None) or exc}", retryable=True) from None
     except ProtocolError as exc:
@@ -220,7 +223,7 @@ async def connect_backend(
             return await _login(channel, hs, address, login, secure)
     except trio.TooSlowError:
         channel.close()
-        raise BackendError(f"backend {address}: login took longer than {io_timeout:g}s", retryable=True) from None
+        raise BackendError(f"backend {address}: login took longer than {io_timeout:g}s", retryable=True, silent=True) from None
     except TLSError as exc:  # an alert after the handshake (TLS 1.3: a client certificate refused)
         channel.close()
         raise BackendError(f"backend {address}: TLS error during login: {exc}", retryable=False) from None

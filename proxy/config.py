@@ -171,6 +171,12 @@ class BackendConfig:
     # 0 turns the checks off. Draining or down addresses are avoided; idle sessions on a
     # draining one move elsewhere between transactions.
     health_interval: Duration = Duration(2)
+    # An address no health check got any answer from for this long (a partition, a hung
+    # server: no SYN-ACK, no greeting, no answer to COM_PING) has its sessions' connections cut
+    # now, and recovery takes over, instead of each waiting on a dead socket until TCP gives up
+    # (30 s, or never where a hung server's kernel still ACKs). A long statement on a server
+    # that answers its checks is never cut. 0: off.
+    dead_after: Duration = Duration(10)
     # TiDB's status port (10080) on each address's host: GET status_path answers 500 from the
     # moment TiDB starts a graceful shutdown. Or give a URL per address in status_urls.
     status_port: int | None = attrs.field(

@@ -10,6 +10,13 @@ recoveries avoid draining and down addresses (while any other is usable), and th
 sessions on a draining address move to a fresh connection between transactions, before the
 server drops them (``relay.reconnect.migrate``): a planned restart costs no held request and
 no replay. A crash is still handled by recovery.
+
+A check that gets no answer at all (no SYN-ACK, no greeting, no answer to COM_PING within its
+timeout) is *silent*: a partition, or a hung server whose kernel still ACKs. An address silent
+for ``backend.dead_after`` has the connections opened there before cut
+(``Target.backend_unreachable``): its sessions would otherwise wait for TCP to give up, or for
+ever. A refusal or an ERR is an answer, and a long statement runs on a server that answers its
+checks: neither cuts anything.
 """
 
 from __future__ import annotations
@@ -50,6 +57,9 @@ class AddressHealth:
     # the next check. A server going down drops every session at once; each reconnecting to
     # it while it still accepts would wait for its exit.
     suspect_until: float = 0.0
+    # Since when every check got no answer at all (a partition, a hung server: no SYN-ACK, no
+    # greeting, no answer to COM_PING); None once anything answers, even with an error.
+    silent_since: float | None = None
 
     @property
     def usable(self) -> bool:
@@ -67,6 +77,7 @@ class AddressHealth:
             "since_s": round(trio.current_time() - self.since, 1),
             "status_url": self.status_url,
             "error": self.error,
+            "silent_s": None if self.silent_since is None else round(trio.current_time() - self.silent_since, 1),
         }
 
 
@@ -168,6 +179,10 @@ class CheckedTarget(Protocol):
     def backend_unusable(self, address: Address, state: str) -> None:
         """``address`` became draining or down: its sessions move."""
 
+    def backend_unreachable(self, address: Address, since: float, why: str) -> None:
+        """No check of ``address`` got an answer since ``since``, for ``backend.dead_after``:
+        its sessions' connections are cut (recovery)."""
+
 
 class HealthChecker:
     def __init__(self, target: CheckedTarget) -> None:
@@ -211,17 +226,28 @@ class HealthChecker:
     async def check(self, address: Address) -> None:
         health = self.target.health_of(address)
         health.status_url = self.status_url(address)
-        state, error = await self._probe(address, health.status_url)
+        began = trio.current_time()
+        state, error, silent = await self._probe(address, health.status_url)
         health.checked_at = trio.current_time()
         health.error = error
+        if not silent:
+            health.silent_since = None
+        elif health.silent_since is None:
+            health.silent_since = began
         if state != health.state:
             previous, health.state, health.since = health.state, state, trio.current_time()
             if previous != UNKNOWN or state != UP:
                 log.warning("backend %s is %s (was %s)%s", address, state, previous, f": {error}" if error else "")
             if state in (DRAINING, DOWN):
                 self.target.backend_unusable(address, state)
+        dead_after = self.target.config.backend.dead_after
+        if health.silent_since is not None and dead_after > 0 and health.checked_at - health.silent_since >= dead_after:
+            # Not a long statement: the server answers no one. Waiting on would last until
+            # TCP gives up (TCP_USER_TIMEOUT), or forever where its kernel still ACKs.
+            self.target.backend_unreachable(address, health.silent_since, error or "no answer")
 
-    async def _probe(self, address: Address, status_url: str | None) -> tuple[str, str | None]:
+    async def _probe(self, address: Address, status_url: str | None) -> tuple[str, str | None, bool]:
+        """(state, why not up, silent: the SQL check got no answer at all within its timeout)."""
         config = self.target.config.backend
         timeout = min(config.connect_timeout, max(config.health_interval, 0.5))
         if status_url is not None:
@@ -232,24 +258,26 @@ class HealthChecker:
             else:
                 status_error = None
             if code is not None and code != 200:
-                return DRAINING, f"status {status_url} answers {code}"
+                return DRAINING, f"status {status_url} answers {code}", False
         else:
             status_error = None
         login = self.target.health_login()
         if login is None:
-            return UP, status_error  # no user to log in with: the status port alone
+            return UP, status_error, False  # no user to log in with: the status port alone
         try:
             backend = await connect_backend(address, login, connect_timeout=timeout, io_timeout=timeout, opener=self.target.opener)
         except BackendError as exc:
-            return DOWN, str(exc)
+            return DOWN, str(exc), exc.silent
         try:
             with trio.fail_after(timeout):
                 tracker = await backend.exchange(encode_packet(b"\x0e", 0)[0], Expect.SINGLE)
             if tracker.error is not None:
-                return DOWN, f"COM_PING: {tracker.error}"
+                return DOWN, f"COM_PING: {tracker.error}", False
+        except trio.TooSlowError:
+            return DOWN, f"COM_PING: no answer within {timeout:g}s", True
         except Exception as exc:  # noqa: BLE001 - any failure of the probe means "not up"
-            return DOWN, f"COM_PING: {type(exc).__name__}: {exc}"
+            return DOWN, f"COM_PING: {type(exc).__name__}: {exc}", False
         finally:
             backend.channel.send_nowait(encode_packet(b"\x01", 0)[0])
             backend.close()
-        return UP, status_error
+        return UP, status_error, False

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import struct
 
 import trio
 from trio.lowlevel import checkpoint, wait_readable, wait_writable
@@ -22,6 +23,7 @@ __all__ = ["Channel", "StreamChannel", "PeerClosed", "PeerFinished", "WaitInterr
 
 RECV_SIZE = 256 * 1024
 _YIELD_EVERY = 4 * 1024 * 1024  # bytes moved without blocking before a fairness checkpoint
+_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a RST
 
 
 class PeerClosed(ConnectionError):
@@ -175,6 +177,16 @@ class Channel:
         except OSError:
             pass
 
+    def abort(self) -> None:
+        """Close with a reset (SO_LINGER 0): bytes sent and not yet acknowledged are dropped,
+        not delivered when a partition heals (the proxy gave up on that command)."""
+        if not self.closed:
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+            except OSError:
+                pass
+        self.close()
+
     def close(self) -> None:
         """Close; a task blocked reading or writing this channel gets PeerClosed."""
         if not self.closed:
@@ -222,6 +234,9 @@ class StreamChannel(Channel):
 
     def send_nowait(self, data: bytes) -> None:
         pass
+
+    def abort(self) -> None:
+        self.close()
 
     def close(self) -> None:
         if not self.closed:

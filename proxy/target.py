@@ -100,6 +100,19 @@ class Target:
         for session in moving:
             session.request_move()
 
+    def backend_unreachable(self, address: Address, since: float, why: str) -> None:
+        """No health check of ``address`` got an answer since ``since`` (``backend.dead_after``
+        ago or more): cut the connections its sessions opened before then. Each is then a loss
+        like any other (recovery: a command in flight is judged, a transaction replayed only
+        if its journal proves it, an idle session reconnects), instead of waiting on a dead
+        socket. A connection opened since reached the server: it is not cut."""
+        silent = trio.current_time() - since
+        reason = f"backend {address} unreachable: no answer to any health check for {silent:.0f}s ({why})"
+        cut = sum(session.cut_backend(address, since, reason) for session in list(self.sessions))
+        if cut:
+            log.warning("target %s: %s: cut %d session connection(s); recovery takes them over", self.name, reason, cut,
+                        extra={"target": self.name, "backend": str(address)})  # fmt: skip
+
     def reload(self, config: Config, hooks) -> None:
         """SIGHUP: users, plugins, limits, recovery and backends apply to new sessions and new
         backend connections; sessions already open keep the settings they started with."""

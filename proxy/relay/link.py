@@ -94,6 +94,7 @@ class BackendLink:
         self.kill_relayed: tuple[int, float] | None = None
         self.replaced = trio.Event()  # set when a move or a COM_CHANGE_USER has its new connection
         self._owed_before_move = False  # owes_results when the move began
+        self.cut_reason: str | None = None  # ``cut``: why the connection was cut, for the loss
         self._sends = 0  # sends of the in-flight command under way
         self._settled: trio.Event | None = None
 
@@ -147,6 +148,18 @@ class BackendLink:
         if old is not None:
             old.close()
         return old
+
+    def cut(self, reason: str) -> None:
+        """The server answers no one (``Target.backend_unreachable``): reset the connection, so
+        that the backend task's wait ends (PeerClosed) and recovery runs with ``reason``. The
+        state stays UP until the backend task calls ``lost``, as for any loss."""
+        self.cut_reason = reason
+        if self.backend is not None:
+            self.backend.channel.abort()
+
+    def take_cut_reason(self) -> str | None:
+        reason, self.cut_reason = self.cut_reason, None
+        return reason
 
     def begin_move(self) -> Backend | None:
         """Replace a draining connection between transactions; the old one stays open until the

@@ -63,7 +63,8 @@ async def backend_task(s: Relay) -> None:
                     # before the FIN: close the client's too, as the server did; the KILL is
                     # never sent again (a replay used to send it again and again).
                     raise SessionClosed("the client killed its own backend connection") from None
-                await on_lost(s, str(exc), clean=isinstance(exc, PeerFinished))
+                cut = link.take_cut_reason()
+                await on_lost(s, cut or str(exc), clean=cut is None and isinstance(exc, PeerFinished))
                 continue
             inflight = s.inflight
             if inflight is None or inflight.state == NOT_SENT:

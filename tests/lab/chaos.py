@@ -6,7 +6,9 @@ What goes away (``disrupt`` of ``run_chaos``, run every ``interval`` seconds):
   TiDB with SIGTERM only (its graceful shutdown; unistore does not sync its writes, so a SIGKILLed
   tidb-server loses acknowledged data even without a proxy: measured);
 - ``crashing(shim)``: TiDB's SQL layer dying without its storage -- the fault shim in front of the
-  server cuts every connection and refuses connects for ``down`` seconds (``FaultShim.crash``).
+  server cuts every connection and refuses connects for ``down`` seconds (``FaultShim.crash``);
+- ``partitioning(port, down)``: every packet to and from the server's port dropped (netfilter);
+- ``hanging(server, down)``: the server's process stopped (SIGSTOP), its kernel still ACKing.
 
 What every chaos test checks (``assert_chaos_ok``, or ``chaos_problems`` for clients other than
 the Go workload): the lab carried out the disruptions, no session is stuck (a hang is a failure,
@@ -30,6 +32,7 @@ import trio
 from tests.lab.faultshim import FaultShim
 from tests.lab.goclient import run_goclient, run_goclient_async
 from tests.lab.mariadb import MariaDB
+from tests.lab.netfault import Hung, Partition
 from tests.lab.proxy import ProxyProcess
 from tests.lab.tidb import TiDB
 
@@ -262,6 +265,30 @@ def crashing(shim: FaultShim, down: float = 1.0) -> Disrupt:
         return f"crash ({len(cut)} connections cut, {'RST' if i % 2 else 'FIN'})"
 
     return lambda duration, interval, log: _every(interval, duration, log, crash)
+
+
+def partitioning(port: int, down: float) -> Disrupt:
+    """Every packet to and from ``port`` dropped for ``down`` seconds (tests/lab/netfault.py):
+    a network partition, no FIN, no RST; the server and its sessions stay up behind it."""
+
+    def partition(i: int) -> str:
+        with Partition(port):
+            time.sleep(down)
+        return "partition"
+
+    return lambda duration, interval, log: _every(interval, duration, log, partition)
+
+
+def hanging(server: MariaDB | TiDB, down: float) -> Disrupt:
+    """The server's process stopped (SIGSTOP) for ``down`` seconds: a hung server whose kernel
+    still accepts connections and ACKs what it is sent."""
+
+    def hang(i: int) -> str:
+        with Hung(server):
+            time.sleep(down)
+        return "hang (SIGSTOP)"
+
+    return lambda duration, interval, log: _every(interval, duration, log, hang)
 
 
 async def restart_periodically(server: MariaDB, duration: float, interval: float, log: list[str]) -> None:

@@ -1,0 +1,111 @@
+"""Faults below the server: a network partition of one port, and a hung server.
+
+    with Partition(server.port):        # every TCP packet to or from the port is dropped
+        ...                             # no FIN, no RST, no ACK: a cable pulled
+    with Hung(server):                  # SIGSTOP: the kernel still accepts and ACKs
+        ...
+
+A partition is two netfilter rules (``iptables``, loopback, INPUT: the packets to the port and
+the ones from it), inserted at the top and deleted on exit however the block ends; each carries
+a comment naming the test run, so ``heal_all`` removes any left by a killed run. It needs root
+and Debian's iptables (``scripts/setup test`` installs it); ``partition_unavailable_reason``
+says in one line why not. Nothing else on the machine is touched: other ports pass.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+__all__ = ["Partition", "Hung", "partition_unavailable_reason", "heal_all"]
+
+COMMENT = "replay-proxy-test-partition"
+
+
+def _iptables(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["iptables", "-w", "5", *args], capture_output=True, text=True, check=check, timeout=30)
+
+
+def partition_unavailable_reason() -> str | None:
+    """None when rules can be made here, else the one line a skip shows."""
+    if shutil.which("iptables") is None:
+        return "no iptables on PATH (scripts/setup test installs Debian's iptables)"
+    if os.geteuid() != 0:
+        return "partitions need root (iptables rules)"
+    probe = _iptables("-L", "INPUT", "-n", check=False)
+    if probe.returncode != 0:
+        return f"iptables does not work here: {(probe.stderr or probe.stdout).strip()[:200]}"
+    return None
+
+
+def _rules(port: int) -> list[list[str]]:
+    tail = ["-j", "DROP", "-m", "comment", "--comment", COMMENT]
+    return [["INPUT", "-i", "lo", "-p", "tcp", "--dport", str(port), *tail],
+            ["INPUT", "-i", "lo", "-p", "tcp", "--sport", str(port), *tail]]  # fmt: skip
+
+
+class Partition:
+    """Drop every packet to and from 127.0.0.1:``port`` while the block runs (or between
+    ``cut()`` and ``heal()``); ``began``/``ended``: when, in ``time.monotonic()``."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.began: float | None = None
+        self.ended: float | None = None
+        self._on = False
+
+    def cut(self) -> Partition:
+        for rule in _rules(self.port):
+            _iptables("-I", *rule)
+        self._on = True
+        self.began = time.monotonic()
+        return self
+
+    def heal(self) -> None:
+        if self._on:
+            for rule in _rules(self.port):
+                _iptables("-D", *rule, check=False)
+            self._on = False
+            self.ended = time.monotonic()
+
+    def __enter__(self) -> Partition:
+        return self.cut()
+
+    def __exit__(self, *exc: object) -> None:
+        self.heal()
+
+
+def heal_all() -> int:
+    """Delete every rule a test run left (a killed run never reached its ``heal``)."""
+    listing = _iptables("-S", "INPUT", check=False).stdout.splitlines()
+    left = [line.split()[1:] for line in listing if COMMENT in line and line.startswith("-A ")]
+    for rule in left:
+        _iptables("-D", *[part.strip('"') for part in rule], check=False)
+    return len(left)
+
+
+class Hung:
+    """The server's process stopped (SIGSTOP) while the block runs, then continued: its
+    kernel keeps accepting connections and ACKing bytes, and nothing answers."""
+
+    def __init__(self, server) -> None:
+        self.server = server
+        self.pid: int | None = None
+        self.began: float | None = None
+        self.ended: float | None = None
+
+    def __enter__(self) -> Hung:
+        self.pid = self.server.pid
+        if self.pid is None:
+            raise RuntimeError(f"{self.server!r} is not running")
+        os.kill(self.pid, signal.SIGSTOP)
+        self.began = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGCONT)
+            self.ended = time.monotonic()
