@@ -36,7 +36,9 @@ async def killed_by_operator(link: BackendLink, target: Target, io_timeout: floa
     old = link.backend
     if old is None or link.login is None or old.instance is None:
         return False
-    if old.wait_timeout and trio.current_time() - last_activity >= old.wait_timeout - 1:
+    state = link.tracking.state
+    wait = state.wait_timeout(old.wait_timeout) if state is not None else old.wait_timeout
+    if wait and trio.current_time() - last_activity >= wait - 1:
         return False
     try:
         with trio.fail_after(io_timeout):

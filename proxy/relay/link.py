@@ -52,7 +52,9 @@ TRANSITIONS: dict[LinkState, dict[str, LinkState]] = {
         "close": S.CLOSED,
     },
     S.UP: {"lost": S.LOST, "begin_move": S.MOVING, "begin_swap": S.SWAPPING, "close": S.CLOSED},
-    S.LOST: {"replace": S.RESTORING, "close": S.CLOSED},
+    # Lost again: recovery's first step after the backend task put the link aside itself (a
+    # session closed for idling reconnects at its next command, ``responses``).
+    S.LOST: {"lost": S.LOST, "replace": S.RESTORING, "close": S.CLOSED},
     # The old connection stays open (and the state MOVING) until the new one is ready.
     S.MOVING: {"replace": S.MOVING, "moved": S.UP, "move_failed": S.UP, "close": S.CLOSED},
     S.SWAPPING: {"replace": S.RESTORING, "close": S.CLOSED},

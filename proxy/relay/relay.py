@@ -60,6 +60,10 @@ class Relay(Protocol):
 
     async def send_inflight(self, inflight: Inflight) -> None: ...
 
+    async def command_queued(self) -> None:
+        """Wait until a command waits to be sent (while the link is LOST)."""
+        ...
+
     async def answer_inflight(self, err: bytes | None) -> None: ...
 
     def idle(self) -> bool:

@@ -64,6 +64,14 @@ async def backend_task(s: Relay) -> None:
                     # never sent again (a replay used to send it again and again).
                     raise SessionClosed("the client killed its own backend connection") from None
                 cut = link.take_cut_reason()
+                idled = None if cut is not None else _closed_for_idling(s, backend)
+                if idled is not None:
+                    # Reconnecting now would be closed again after as long, for as long as the
+                    # client stays away: a new connection at its next command instead.
+                    link.lost()
+                    s.log.info("backend connection %d closed after %.0fs idle (the server's wait_timeout %gs): "
+                               "a new one at the next command", backend.connection_id, trio.current_time() - s.last_activity, idled)  # fmt: skip
+                    await s.command_queued()
                 await on_lost(s, cut or str(exc), clean=cut is None and isinstance(exc, PeerFinished))
                 continue
             inflight = s.inflight
@@ -91,6 +99,19 @@ async def backend_task(s: Relay) -> None:
             await s.answer_inflight(failed.payload)
             raise SessionClosed(str(failed)) from None
         s.first_answer = Failed(failed.payload)  # an idle client hears it at its next command
+
+
+def _closed_for_idling(s: Relay, backend) -> float | None:
+    """The session's wait_timeout (seconds) if the server closed it for idling that long: no
+    command, no transaction, nothing owed to the client, idle for about its wait_timeout. Else
+    None."""
+    tracking = s.tracking
+    if s.inflight is not None or s.first_answer is not None or tracking.state is None:
+        return None
+    if tracking.tx.active or tracking.pending is not None or tracking.xa is not None:
+        return None
+    wait = tracking.state.wait_timeout(backend.wait_timeout)
+    return wait if wait and trio.current_time() - s.last_activity >= wait - 1 else None
 
 
 def _kills(inflight: Inflight | None) -> bool:

@@ -98,6 +98,7 @@ class Session:
         # An upgrade's SessionMover (proxy.handover.sessions) waiting for this session's next
         # command boundary.
         self.mover = None
+        self._queued: trio.Event | None = None  # set by the next command while the backend task waits for one
         self.commands = 0
         self._next_marker = 0  # marker number written for the COMMIT about to be submitted
         self.close_reason = ""
@@ -371,6 +372,18 @@ class Session:
         self.inflight = inflight
         if link.up:
             await self.send_inflight(inflight)
+        elif self._queued is not None:
+            self._queued.set()
+
+    async def command_queued(self) -> None:
+        """Backend task: wait until a command waits to be sent (the link is LOST: nothing
+        sends it but recovery)."""
+        if self.inflight is None:
+            self._queued = trio.Event()
+            try:
+                await self._queued.wait()
+            finally:
+                self._queued = None
 
     async def _write_commit_marker(self, commit: Command) -> bool:
         """Upsert this session's marker row inside the transaction about to commit, so that a
@@ -406,6 +419,8 @@ class Session:
         self.inflight = inflight
         if self.link.up:
             await self.send_inflight(inflight)
+        elif self._queued is not None:
+            self._queued.set()
         await inflight.done.wait()
         return None if inflight.answered else inflight.tracker
 

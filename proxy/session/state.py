@@ -62,6 +62,15 @@ class SessionState:
         return attrs.evolve(self, variables=dict(self.variables), user_variables=dict(self.user_variables),
                             insert_ids=list(self.insert_ids))  # fmt: skip
 
+    def wait_timeout(self, server_value: float | None) -> float | None:
+        """Seconds of idleness after which the server closes this session: a ``SET SESSION
+        wait_timeout`` the session made (a plain number), else ``server_value``."""
+        value = self.variables.get("wait_timeout")
+        try:
+            return float(value) if value is not None else server_value
+        except ValueError:  # an expression's text: the server's own reading is unknown here
+            return server_value
+
     def mark_unrestorable(self, reason: str) -> None:
         if self.unrestorable is None:
             self.unrestorable = reason

@@ -1,6 +1,7 @@
 """listen.idle_timeout: a session that sends nothing for that long is closed, its backend
 connection with it; a command that runs longer than that, or arrives a byte at a time, is not
-idle. Off (0) by default: replicators keep pinned connections idle for hours."""
+idle. Off (0) by default: replicators keep pinned connections idle for hours. And the server's
+own wait_timeout: the session it closed reconnects at its next command."""
 
 from __future__ import annotations
 
@@ -55,3 +56,23 @@ async def test_off_by_default(admission_rig, autojump):
     c = await rig.client()
     await trio.sleep(48 * 3600)
     assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]
+
+
+async def test_a_session_closed_for_idling_reconnects_at_its_next_command_not_before(rig, autojump):
+    """The server closes an idle session after its wait_timeout: a new connection now would be
+    closed again after as long, for as long as the client stays away. It comes at the client's
+    next command instead; a close before the wait_timeout is a loss, recovered at once."""
+    rig.server.wait_timeout = 5
+    c = await rig.client()
+    await c.must("SET sql_mode = ANSI")
+    await trio.sleep(5)
+    rig.backend_of().close(clean=True)  # the server's wait_timeout
+    await trio.sleep(60)
+    assert rig.server.live() == []  # nothing reconnected while the client was away
+    with trio.fail_after(3600):
+        assert (await c.must("SELECT @@sql_mode")).rows == ["ANSI"]
+    assert len(rig.server.live()) == 1
+    await trio.sleep(1)
+    rig.backend_of().close(clean=True)  # 1 s idle: not the wait_timeout, a server going away
+    await trio.sleep(2)
+    assert len(rig.server.live()) == 1  # reconnected at once, before any command
