@@ -121,7 +121,7 @@ class ListenConfig:
     # close whatever is left after this long.
     drain_timeout: Duration = Duration(10)
     # On an upgrade (SIGUSR2, replay-proxy upgrade): how long the old process waits for each
-    # session to reach a command boundary outside a transaction and move to the new process
+    # session to reach a command boundary (in a transaction or not) and move to the new process
     # with its connections; the sessions left then are drained as on SIGTERM.
     handover_timeout: Duration = Duration(30)
     # [listen.tls]: TLS for clients; without it an SSLRequest is refused.

@@ -1,5 +1,7 @@
 """Whether a session can move to the new process of an upgrade now (``proxy.handover.sessions``):
-its state must all be in the tracker and in the two connections, nothing half done."""
+its state must all be in the tracker and in the two connections, nothing half done. An open
+transaction moves (its connection, and so the transaction on the server, moves with it; its
+journal goes too), unless long data is in its journal (spooled to files of this process)."""
 
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ def why_not_movable(s: Relay) -> str | None:
         return f"its backend connection is {link.state.value}"
     if s.inflight is not None:
         return "a command is in flight"
-    if tracking.tx.active:
-        return "a transaction is open"
+    if any(e.long_data for e in tracking.tx.entries):
+        return "the transaction's journal holds long data"
     if tracking.pending is not None or tracking.xa is not None:
         return "an ERR left the transaction's fate open" if tracking.pending is not None else f"an XA transaction is {tracking.xa}"
     if tracking.long_data.held:

@@ -8,9 +8,11 @@ instance, the commit-marker slot). The backend connection itself moves, so the s
 temporary tables, session variables, LAST_INSERT_ID() -- and never notices.
 
 A session moves when its client task is about to wait for the next command, or is waiting
-for it with nothing of it read yet (``Channel.between_commands``), with no command in flight, outside a transaction, with no
-long data held, no XA or undecided ERR, no TLS on either side (Python cannot
-pass a TLS state) and its backend connection up. The old process interrupts that wait
+for it with nothing of it read yet (``Channel.between_commands``), with no command in flight,
+no long data held, no XA or undecided ERR, no TLS on either side (Python cannot pass a TLS
+state) and its backend connection up. One in a transaction moves in it: the server's
+transaction lives on the connection, which moves; its journal goes along (``Transaction.export``),
+so a loss later in the new process is recovered from it as in the old. The old process interrupts that wait
 (``Channel.interrupt_wait``) of an idle one; the client task then stops the backend task (so that no byte of
 the connection is read in the old process once the new one may use it), sends the session, and
 waits for the answer. Adopted: the old process closes its descriptors without a word (no
@@ -54,7 +56,7 @@ __all__ = ["FORMAT", "SessionMover", "adopt_sessions", "move_sessions", "take_ov
 
 log = logging.getLogger("replay_proxy.handover")
 
-FORMAT = 1  # of a session message; a new process refuses another
+FORMAT = 2  # of a session message; a new process refuses another (2: the open transaction moves too)
 ANSWER_TIMEOUT = 10.0  # the new process builds a session from a message: milliseconds
 POLL = 0.02  # how often the old process looks for sessions at a boundary
 
@@ -79,6 +81,7 @@ def _fields(s: Session) -> dict[str, Any]:
         "reading": cattrs.unstructure(s.tracking.reading),
         "state": cattrs.unstructure(s.tracking.state),
         "prepared": s.tracking.statements.export(),
+        "transaction": s.tracking.tx.export(s.tracking.prepared),
         "login": {"collation": s.link.login.collation, "connect_attrs": s.link.login.connect_attrs},
         "owes_results": s.link.owes_results,
         "recoveries": s.link.recoveries,
@@ -288,6 +291,9 @@ def _thaw(proxy: Proxy, f: dict[str, Any], client_sock: socket.socket, backend_s
     s.link.replace(backend)
     tracking.adopt_reading(cattrs.structure(f["reading"], ServerReading))
     tracking.statements.adopt(f["prepared"], tracking.analyze)
+    if f["transaction"] is not None:
+        tracking.tx.adopt(f["transaction"], tracking.prepared)
+        s.parts.info._in_transaction = True
     s.link.adopted(bool(f["owes_results"]), int(f["recoveries"]))
     marker = f.get("marker")
     if marker is not None and s.parts.markers is not None:

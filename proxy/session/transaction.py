@@ -14,9 +14,10 @@ connection and checked to have produced the same results.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
+import cattrs
 
 from proxy.protocol.constants import Commands
 from proxy.protocol.response import Expect
@@ -136,6 +137,51 @@ class Transaction:
             )
             return
         self.entries.append(entry)
+
+    def export(self, prepared: dict[int, PreparedStatement]) -> dict[str, Any] | None:
+        """The open transaction and its journal as JSON, for the new process of an upgrade
+        (the backend connection, and so the transaction on the server, moves with it); None
+        when none is open. Long data is never in it (``movable``); a statement closed since
+        its entry ran goes as missing, and its journal cannot be replayed there."""
+        if not self.active:
+            return None
+        entries = []
+        for e in self.entries:
+            statement = e.statement.client_id if e.statement is not None else None
+            if statement is not None and prepared.get(statement) is not e.statement:
+                statement = -1  # closed since: the new process has no statement for it
+            entries.append({"payload": e.payload.hex(), "expect": e.expect.value, "fingerprint": e.fingerprint,
+                            "statement": statement, "reading": cattrs.unstructure(e.reading) if e.reading is not None else None})  # fmt: skip
+        return {
+            "entries": entries,
+            "size": self.size,
+            "not_replayable": self.not_replayable,
+            "in_doubt": self.in_doubt,
+            "session_before": cattrs.unstructure(self.session_before) if self.session_before is not None else None,
+            "prefix": self.prefix,
+            "writes": self.writes,
+        }
+
+    def adopt(self, exported: dict[str, Any], prepared: dict[int, PreparedStatement]) -> None:
+        """The transaction ``export`` gave, open on the adopted connection; ``prepared``: the
+        session's statements there, by client id."""
+        self.start(exported["prefix"])
+        self.writes = bool(exported["writes"])
+        self.in_doubt = exported["in_doubt"]
+        self.not_replayable = exported["not_replayable"]
+        before = exported["session_before"]
+        self.session_before = cattrs.structure(before, SessionState) if before is not None else None
+        for e in exported["entries"]:
+            statement = None
+            if e["statement"] is not None:
+                statement = prepared.get(int(e["statement"]))
+                if statement is None:
+                    self.mark_not_replayable("a prepared statement of the journal was closed before the upgrade moved it")
+                    break
+            reading = cattrs.structure(e["reading"], ServerReading) if e["reading"] is not None else None
+            self.entries.append(JournalEntry(bytes.fromhex(e["payload"]), Expect(e["expect"]), e["fingerprint"], statement,
+                                             None, None, reading))  # fmt: skip
+        self.size = int(exported["size"]) if self.not_replayable is None else 0
 
     def mark_not_replayable(self, reason: str) -> None:
         if self.not_replayable is None:

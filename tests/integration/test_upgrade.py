@@ -29,11 +29,11 @@ import pymysql
 import pytest
 
 from tests.integration.conftest import start_proxy
-from tests.integration.upgrades import Upgraded
 from tests.lab.fixtures import APP_PASSWORD, APP_USER, prepare_server
 from tests.lab.mariadb import free_port
 from tests.lab.procs import alive, kill_at_exit, wait_for, wait_listening
 from tests.lab.proxy import REPO, write_config
+from tests.lab.upgrades import Upgraded
 
 pytestmark = pytest.mark.integration
 
@@ -130,7 +130,8 @@ def test_sigusr2_hands_the_listeners_over_and_no_connection_is_refused(mariadb, 
 def test_sessions_move_with_their_connections_and_state(db, tmp_path):
     """The backend connection moves with the session: the server sees the same connection (its
     id, a temporary table, variables, LAST_INSERT_ID(), a prepared statement under the same id).
-    A session in a transaction moves once it commits; one whose transaction stays open past
+    A session in a transaction moves in it: what it wrote before the upgrade is rolled back, or
+    committed, with what it writes after. One whose statement runs past
     listen.handover_timeout is drained, with the reason in the log."""
     prepare_server(db)
     db.query("DROP TABLE IF EXISTS test.moved")
@@ -147,44 +148,73 @@ def test_sessions_move_with_their_connections_and_state(db, tmp_path):
                         "(SELECT COUNT(*) FROM scratch)")  # fmt: skip
             return cur.fetchone()
 
+    def run(conn, *statements) -> None:
+        with conn.cursor() as cur:
+            for sql in statements:
+                cur.execute(sql)
+
     try:
-        idle, in_tx, stuck = connect(), connect(), connect()
-        for conn in (idle, in_tx):
-            with conn.cursor() as cur:
-                cur.execute("SET @x = 'kept', time_zone = '+05:30', sql_mode = 'ANSI_QUOTES'")
-                cur.execute("CREATE TEMPORARY TABLE scratch (a INT)")
-                cur.execute("INSERT INTO scratch VALUES (1), (2)")
-                cur.execute("INSERT INTO moved (v) VALUES (1)")
-        for conn in (in_tx, stuck):
-            with conn.cursor() as cur:
-                cur.execute("BEGIN")
-                cur.execute("INSERT INTO moved (v) VALUES (2)")
-        before = {name: look(conn) for name, conn in (("idle", idle), ("in_tx", in_tx))}
+        idle, rolled_back, committed, busy = connect(), connect(), connect(), connect()
+        for conn in (idle, rolled_back):
+            run(conn, "SET @x = 'kept', time_zone = '+05:30', sql_mode = 'ANSI_QUOTES'", "CREATE TEMPORARY TABLE scratch (a INT)",
+                "INSERT INTO scratch VALUES (1), (2)", "INSERT INTO moved (v) VALUES (1)")  # fmt: skip
+        run(rolled_back, "BEGIN", "INSERT INTO moved (v) VALUES (2)")
+        run(committed, "BEGIN", "INSERT INTO moved (v) VALUES (3)")
+        before = {name: look(conn) for name, conn in (("idle", idle), ("rolled_back", rolled_back))}
         prepared, statement = connector_prepared(port)
         prepared_connection = _connection_id(prepared)
+        sleeping = threading.Thread(target=run, args=(busy, "SELECT SLEEP(7)"))  # past the 4 s: drained
+        sleeping.start()
+        time.sleep(0.5)
         os.kill(proxy.pid, signal.SIGUSR2)
         wait_for(lambda: len(proxy.handed_over()) == 1, what="the hand-over")
-        time.sleep(1)  # the transaction stays open past the listeners' hand-over
-        with in_tx.cursor() as cur:
-            cur.execute("COMMIT")
-        proxy._moved(proxy.handed_over()[-1])  # the old process has exited (the stuck session drained)
-        for name, conn in (("idle", idle), ("in_tx", in_tx)):
+        wait_for(lambda: len(re.findall(r"moved to pid \d+ with its client", proxy.proxy.log_text())) == 4, what="4 sessions moved")
+        for name, conn in (("idle", idle), ("rolled_back", rolled_back)):
             assert look(conn) == before[name], name  # the same backend connection, in the same state
+        run(rolled_back, "INSERT INTO moved (v) VALUES (20)", "ROLLBACK")  # in the new process
+        run(committed, "INSERT INTO moved (v) VALUES (30)", "COMMIT")
         statement.execute("SELECT ? + 1", (41,))  # the statement prepared before the upgrade, by its id
         assert statement.fetchall() == [(42,)]
         assert _connection_id(prepared) == prepared_connection
-        with in_tx.cursor() as cur:
-            cur.execute("SELECT COUNT(*) FROM moved")
-            assert cur.fetchone() == (3,)  # the stuck transaction's row died with its connection
-        wait_for(lambda: "took over 3 session(s)" in proxy.proxy.log_text(), what="the new process's count of sessions")
+        sleeping.join(30)
+        proxy._moved(proxy.handed_over()[-1])  # the old process has exited (the busy session drained)
+        with idle.cursor() as cur:
+            cur.execute("SELECT v FROM moved ORDER BY v")
+            assert [v for (v,) in cur.fetchall()] == [1, 1, 3, 30]  # the transaction went on across the upgrade
+        wait_for(lambda: "took over 4 session(s)" in proxy.proxy.log_text(), what="the new process's count of sessions")
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{proxy.proxy.admin_port}/metrics", timeout=10).read().decode()
         counted = dict(re.findall(r'^replay_proxy_upgrade_sessions_total\{outcome="(\w+)",target="test"\} (\S+)$', metrics, re.MULTILINE))
-        assert counted == {"moved": "3.0", "refused": "0.0", "drained": "1.0"}, metrics[-3000:]
+        assert counted == {"moved": "4.0", "refused": "0.0", "drained": "1.0"}, metrics[-3000:]
         text = proxy.stop()
-        assert len(re.findall(r"moved to pid \d+ with its client and backend connections", text)) == 3, text[-4000:]
-        assert re.search(r"not moved to pid \d+ within 4s \(listen.handover_timeout\): a transaction is open; it drains here", text)
+        assert re.search(r"not moved to pid \d+ within 4s \(listen.handover_timeout\): a command is in flight; it drains here", text)
         assert "(moved from pid" in text
         prepared.close()
+    finally:
+        proxy.stop()
+
+
+def test_a_moved_transaction_is_replayed_from_its_journal_after_a_later_loss(mariadb_factory, tmp_path):
+    """The journal moves with the transaction: the server restarts after the upgrade, the
+    transaction dies on it, and the new process replays it from the journal the old one kept;
+    the COMMIT after lands every row once."""
+    server = mariadb_factory()
+    prepare_server(server)
+    server.query("CREATE TABLE test.journaled (id INT PRIMARY KEY, v INT)")
+    proxy = Upgraded(start_proxy(tmp_path / "proxy", server.port, log={"level": "info"}))
+    try:
+        conn = pymysql.connect(host="127.0.0.1", port=proxy.proxy.port, user=APP_USER, password=APP_PASSWORD, database="test",
+                               autocommit=True)  # fmt: skip
+        with conn.cursor() as cur:
+            cur.execute("BEGIN")
+            cur.execute("INSERT INTO journaled VALUES (1, 10), (2, 20)")
+        proxy.signal_upgrade()
+        server.restart(signal.SIGTERM)
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO journaled VALUES (3, 30)")  # on a new connection, after the replay
+            cur.execute("COMMIT")
+        assert server.query("SELECT id, v FROM test.journaled ORDER BY id") == [(1, 10), (2, 20), (3, 30)]
+        text = proxy.stop()
+        assert re.search(r"recovered on .* replayed 2 statement", text), text[-3000:]
     finally:
         proxy.stop()
 
