@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from tests.integration.conftest import start_proxy
-from tests.integration.upgrades import Upgraded
 from tests.lab.dm import DMCluster, dm_unavailable_reason
 from tests.lab.mariadb import MariaDB
 from tests.lab.proxy import REPO
+from tests.lab.upgrades import Upgraded
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
-"""The proxy across its own upgrades, for the tests that upgrade it (test_upgrade, test_dm): after
-the first upgrade the serving process is no test's child -- each is started by the one before --
-so it is followed by its pid, from the log line of each hand-over."""
+"""The proxy across its own upgrades, for what upgrades it (test_upgrade, test_dm, bench.dm_e2e
+--chaos): after the first upgrade the serving process is no test's child -- each is started by
+the one before -- so it is followed by its pid, from the log line of each hand-over."""
 
 from __future__ import annotations
 
