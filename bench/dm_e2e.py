@@ -71,6 +71,7 @@ import json
 import re
 import shutil
 import signal as _signal
+import socket
 import statistics
 import sys
 import threading
@@ -89,8 +90,10 @@ from bench.runinfo import run_meta
 from tests.lab.cluster import Cluster, cluster_unavailable_reason
 from tests.lab.dm import DMCluster, dm_unavailable_reason
 from tests.lab.mariadb import MariaDB
+from tests.lab.proxy import ProxyProcess
 from tests.lab.tidb import TiDB, tidb_unavailable_reason
 from tests.lab.tiproxy import tiproxy_unavailable_reason
+from tests.lab.upgrades import Upgraded
 
 UPSTREAM_ARGS = ["--log-bin=binlog", "--binlog-format=ROW", "--binlog-row-image=FULL", "--server-id=1",
                  "--character-set-server=utf8mb4", "--collation-server=utf8mb4_general_ci"]  # fmt: skip
@@ -113,9 +116,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--graceful-waits", default="0,3", help="one server: graceful-wait-before-shutdown values, in turn (default 0,3)")
     p.add_argument("--cluster", action="store_true", help="downstream: a TiDB cluster (PD, the store, --servers tidb-servers)")
     p.add_argument("--servers", type=int, default=3, help="--cluster: tidb-servers (default 3)")
-    p.add_argument("--faults", choices=("rolling", "kill", "none"), default="rolling",
+    p.add_argument("--faults", choices=("rolling", "kill", "none", "off"),
                    help="rolling: SIGTERM one server at a time (default); kill: SIGKILL one at a time (--cluster); none: no faults, "
-                        "DM's replication rate (= --no-faults)")  # fmt: skip
+                        "DM's replication rate (= --no-faults); off: TiDB is not restarted (the default with --chaos)")  # fmt: skip
+    p.add_argument("--chaos", choices=("proxy-upgrade", "proxy-restart"),
+                   help="the proxy's own faults, every --chaos-interval s: proxy-upgrade (SIGUSR2: sessions move to a new "
+                        "process), proxy-restart (SIGTERM, then started again, as systemctl restart); target proxy only")  # fmt: skip
+    p.add_argument(
+        "--chaos-interval", type=float, default=8, help="--chaos: seconds from one of the proxy's faults to the next (default 8)"
+    )
     p.add_argument("--no-faults", action="store_true", help="no restart: DM's full-load rate and backlog catch-up rate per middle")
     p.add_argument("--graceful-wait", type=int, default=3,
                    help="--cluster: every tidb-server's graceful-wait-before-shutdown, seconds (default 3; e.g. 0, 3, 15)")  # fmt: skip
@@ -131,8 +140,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.no_faults:
         args.faults = "none"
+    if args.faults is None:
+        args.faults = "off" if args.chaos else "rolling"
+    args.chaos_events = int(args.duration // args.chaos_interval) if args.chaos else 0
+    if args.chaos and (args.targets or "proxy") != "proxy":
+        p.error("--chaos restarts or upgrades the proxy: --targets proxy only")
+    if args.chaos and args.faults == "none":
+        p.error("--chaos measures faults: not with --no-faults")
     args.graceful_waits = [int(x) for x in args.graceful_waits.split(",")]
-    default_targets = "haproxy,tiproxy,proxy" if args.cluster else "direct,proxy"
+    default_targets = "proxy" if args.chaos else "haproxy,tiproxy,proxy" if args.cluster else "direct,proxy"
     args.targets = [t.strip() for t in (args.targets or default_targets).split(",") if t.strip()]
     unknown = [t for t in args.targets if t not in MIDDLES]
     if unknown:
@@ -145,7 +161,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--servers: a cluster here has at least 2 tidb-servers")
     if args.cluster and args.faults == "rolling" and args.interval < args.graceful_wait:
         p.error(f"--interval {args.interval:g} is shorter than --graceful-wait {args.graceful_wait}: an event takes at least that")
-    if args.faults == "none":
+    if args.faults in ("none", "off"):
         args.restarts = 0
     elif args.restarts is None:
         args.restarts = max(1, int(args.duration // args.interval))
@@ -188,6 +204,9 @@ class Restarter(threading.Thread):
                 if record.get("up") is None:
                     self.log("  the server did not come back: no more restarts")
                     return
+                continue
+            if "summary" in record:
+                self.log(f"  {record['server']} {n}/{self.count}: {record['summary']}")
                 continue
             self.log(f"  restart {n}/{self.count}: {record['server']} {record['signal']}, graceful wait {record['graceful_wait']} s, "
                      f"down {record['down'] - record['stop']:.1f} s after the signal, serving {record['up'] - record['down']:.1f} s later")  # fmt: skip
@@ -235,6 +254,55 @@ def cluster_event(cluster: Cluster, sig: int) -> Callable[[int], dict[str, Any]]
         return record
 
     return event
+
+
+def proxy_event(proxy: ProxyProcess, kind: str) -> tuple[Callable[[int], dict[str, Any]], Callable[[], None]]:
+    """The proxy's own fault (``--chaos``), and how to stop the proxy serving at the end:
+    ``proxy-upgrade``: SIGUSR2, done once the new process serves and the old one exited (every
+    session moved, or drained at listen.handover_timeout); ``proxy-restart``: SIGTERM (the
+    sessions drain), then the same config started again, as ``systemctl restart``."""
+    upgraded = Upgraded(proxy)
+
+    def event(n: int) -> dict[str, Any]:
+        record: dict[str, Any] = {"server": "proxy", "index": 0, "graceful_wait": 0, "stop": time.time(), "down": None, "up": None}
+        try:
+            if kind == "proxy-upgrade":
+                record["signal"] = "SIGUSR2"
+                old = upgraded.pid
+                new = upgraded.signal_upgrade()
+                record["down"] = record["up"] = time.time()
+                moved = proxy.log_text().count(f"moved to pid {new} with its client")
+                left = [line for line in proxy.log_text().splitlines() if f"not moved to pid {new}" in line]
+                record.update(pid=new, moved=moved, drained=len(left))
+                record["summary"] = (f"upgrade pid {old} -> {new} in {record['up'] - record['stop']:.1f} s: {moved} session(s) moved, "
+                                     f"{len(left)} drained")  # fmt: skip
+            else:
+                record["signal"] = "SIGTERM"
+                proxy.stop(timeout=60)
+                record["down"] = time.time()
+                proxy.start()
+                record["up"] = time.time()
+                record["summary"] = (f"restart: stopped {record['down'] - record['stop']:.1f} s after SIGTERM, "
+                                     f"serving {record['up'] - record['down']:.1f} s later")  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - said in the record; the next event tries again
+            record["error"] = f"{type(exc).__name__}: {exc}"
+            record["down"] = record["down"] or time.time()
+            record["up"] = record["up"] or (time.time() if _serves(proxy.port) else None)
+        return record
+
+    def stop() -> None:
+        if kind == "proxy-upgrade":
+            upgraded.stop()
+
+    return event, stop
+
+
+def _serves(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            return True
+    except OSError:
+        return False
 
 
 def subtask_units(answer: Any) -> list[tuple[str, str]]:
@@ -396,7 +464,7 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
     tidb: TiDB | None = None
     middle = None
     dm: DMCluster | None = None
-    restarter = sampler = load = None
+    restarter = sampler = load = chaos = stop_chaos = None
     try:
         up.start()
         t = time.time()
@@ -430,6 +498,9 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
         sampler = Sampler(ports, dm, load, count_rows=preloaded if args.faults == "none" else None)
         ready = sampler.in_sync if args.chaos_from == "sync" else None
         restarter = Restarter(event, args.interval, log, args.restarts, ready, start_to_start=args.cluster)
+        if args.chaos:  # the proxy's own faults, beside TiDB's (if any)
+            chaos_event, stop_chaos = proxy_event(middle, args.chaos)
+            chaos = Restarter(chaos_event, args.chaos_interval, log, args.chaos_events, ready, start_to_start=True)
         started = time.time()
         answer = dm.ctl("start-task", str(task))
         if not answer.get("result"):
@@ -437,6 +508,8 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
         load.start()
         sampler.start()
         restarter.start()
+        if chaos is not None:
+            chaos.start()
         faults = describe_faults(args)
         log(f"  task started; load at {args.rate:g} txn/s for at least {args.duration:g} s; {faults}")
         backlog = None
@@ -454,6 +527,12 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
         elif args.restarts:
             log(f"  only {len(done)} of {args.restarts} restarts happened"
                 + (" (the sync unit never ran)" if args.chaos_from == "sync" and not sampler.in_sync() else ""))  # fmt: skip
+        if chaos is not None:
+            chaos_limit = time.time() + args.chaos_events * (args.chaos_interval + 60)
+            while chaos.is_alive() and time.time() < chaos_limit:
+                chaos.join(1.0)
+            chaos.stop_event.set()
+            chaos.join(120)
         restarter.stop_event.set()
         restarter.join(120)
         stats = load.stop()
@@ -483,6 +562,8 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
             "started": started, "ended": ended, "caught_up_after": caught_up,
             "chaos_from": args.chaos_from, "restarts_planned": args.restarts, "restarts_began": restarter.began,
             "restarts": [dict(x, phase=phase_at(x["stop"], events["sync_started"])) for x in restarter.restarts],
+            "chaos": args.chaos, "chaos_interval": args.chaos_interval if args.chaos else None,
+            "proxy_events": [dict(x, phase=phase_at(x["stop"], events["sync_started"])) for x in chaos.restarts] if chaos else [],
             "units": sampler.units,
             "load": {"transactions": stats.transactions, "statements": stats.statements, "errors": len(stats.errors)},
             "preloaded": rows,
@@ -496,11 +577,17 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
             "identical": upstream == downstream,
         }  # fmt: skip
     finally:
-        for thread in (restarter, sampler):
+        for thread in (restarter, sampler, chaos):
             if thread is not None:
                 thread.stop_event.set()
-        if restarter is not None and restarter.is_alive():
-            restarter.join(120)  # a restart under way ends before its server is stopped
+        for thread in (restarter, chaos):
+            if thread is not None and thread.is_alive():
+                thread.join(120)  # a restart under way ends before its server is stopped
+        if stop_chaos is not None:
+            try:
+                stop_chaos()  # the process serving after the upgrades: not the one ``middle`` started
+            except Exception as exc:  # noqa: BLE001 - the others are stopped anyway
+                log(f"  stopping the upgraded proxy: {exc}")
         if load is not None:
             load.stop()
         for stop in (dm.stop if dm else None, middle.stop if middle else None, (lambda: teardown(cluster)) if cluster else None,
@@ -536,6 +623,14 @@ def describe_faults(args: argparse.Namespace) -> str:
     if args.faults == "none":
         return f"no faults: the task paused {args.backlog:g} s once the sync runs (DM's catch-up rate)"
     when = "the start" if args.chaos_from == "start" else "the sync unit on"
+    if args.chaos:
+        what = "upgrades (SIGUSR2)" if args.chaos == "proxy-upgrade" else "restarts (SIGTERM, started again)"
+        own = f"{args.chaos_events} proxy {what} every {args.chaos_interval:g} s from {when}"
+        return own if args.faults == "off" else f"{own}; and {_tidb_faults(args, when)}"
+    return _tidb_faults(args, when)
+
+
+def _tidb_faults(args: argparse.Namespace, when: str) -> str:
     if not args.cluster:
         return f"{args.restarts} TiDB restarts {args.interval:g} s apart from {when}"
     what = "rolling restart (SIGTERM)" if args.faults == "rolling" else "crashes (SIGKILL)"
@@ -894,6 +989,13 @@ def render(results: dict[str, Any]) -> str:
     row("graceful waits (s)", lambda r: ",".join(sorted({str(x["graceful_wait"]) for x in r["restarts"]})) or "-")
     row("  server down after the signal, median (s)", median_of("stop", "down"))
     row("  serving again after that, median (s)", median_of("down", "up"))
+    if has("proxy_events"):
+        row("the proxy's own faults (--chaos)", lambda r: f"{len(r.get('proxy_events') or [])} {r.get('chaos') or ''}".strip())
+        row("  of them failed", lambda r: str(sum(1 for x in r.get("proxy_events") or [] if "error" in x)))
+        row("  sessions moved / drained (upgrades)", lambda r: "-" if r.get("chaos") != "proxy-upgrade" else
+            f"{sum(x.get('moved', 0) for x in r['proxy_events'])} / {sum(x.get('drained', 0) for x in r['proxy_events'])}")  # fmt: skip
+        row("  each took, median (s)", lambda r: "-" if not r.get("proxy_events") else
+            f"{statistics.median([x['up'] - x['stop'] for x in r['proxy_events'] if x.get('up')] or [0]):.1f}")  # fmt: skip
     row("DM reached the sync unit", sync_reached)
     row("upstream transactions", lambda r: str(r["load"]["transactions"]))
     for name, label in (("load", "full load"), ("sync", "sync")):
