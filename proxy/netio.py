@@ -119,6 +119,8 @@ class Channel:
     async def _park(self, wait) -> None:
         """Wait until the socket is ready (``wait_readable``/``wait_writable``); a socket closed
         meanwhile by another task is the peer gone, like any other."""
+        if self.closed:  # closed before the wait: its descriptor is -1, nothing to wait on
+            raise PeerClosed(f"{self.name}: closed")
         try:
             await wait(self.sock)
         except trio.ClosedResourceError:

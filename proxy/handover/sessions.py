@@ -148,7 +148,8 @@ class SessionMover:
         s.mover = None
         if self.broken is not None or self._over:
             return False
-        await s.stop_backend_task()
+        if not await s.stop_backend_task():
+            return False  # the backend task is busy (a loss it just saw): at the next boundary
         if why_not_movable(s) is not None:  # the backend task may have seen the connection go
             s.start_backend_task()
             return False

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    import trio
+
     from proxy.netio import Channel
     from proxy.protocol.response import ResponseTracker
     from proxy.recovery.loss import SessionParts
@@ -59,6 +61,12 @@ class Relay(Protocol):
         ...
 
     async def send_inflight(self, inflight: Inflight) -> None: ...
+
+    def park(self) -> trio.CancelScope:
+        """The scope of the backend task's wait between responses (an upgrade may stop it there)."""
+        ...
+
+    def unpark(self) -> None: ...
 
     async def command_queued(self) -> None:
         """Wait until a command waits to be sent (while the link is LOST)."""

@@ -53,7 +53,17 @@ async def backend_task(s: Relay) -> None:
             try:
                 # Nothing arrives between responses, nor before the server has worked on a
                 # command: wait for readability first, except mid-response.
-                data = await backend.channel.recv(wait_first=inflight is None or inflight.tracker.nbytes == 0)
+                if inflight is None:
+                    parked = s.park()  # an upgrade may stop the task here, and only here
+                    try:
+                        with parked:
+                            data = await backend.channel.recv(wait_first=True)
+                    finally:
+                        s.unpark()
+                    if parked.cancelled_caught:
+                        return
+                else:
+                    data = await backend.channel.recv(wait_first=inflight.tracker.nbytes == 0)
             except PeerClosed as exc:
                 if link.backend is not backend or link.state is LinkState.MOVING:  # replaced on purpose (COM_CHANGE_USER, a move)
                     await link.replaced.wait()

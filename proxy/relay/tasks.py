@@ -98,6 +98,8 @@ class Session:
         # An upgrade's SessionMover (proxy.handover.sessions) waiting for this session's next
         # command boundary.
         self.mover = None
+        self._parked: trio.CancelScope | None = None  # the backend task's wait between responses
+        self._unparked: trio.Event | None = None  # set when that wait ends (stop_backend_task)
         self._queued: trio.Event | None = None  # set by the next command while the backend task waits for one
         self.commands = 0
         self._next_marker = 0  # marker number written for the COMMIT about to be submitted
@@ -142,12 +144,33 @@ class Session:
         finally:
             done.set()
 
-    async def stop_backend_task(self) -> None:
-        """Stop reading the backend connection (an upgrade is about to hand it over)."""
-        tasks = self._tasks
-        if tasks is not None and tasks.backend_scope is not None and tasks.backend_done is not None:
-            tasks.backend_scope.cancel()
-            await tasks.backend_done.wait()
+    def park(self) -> trio.CancelScope:
+        """Backend task: the scope of its wait for the server's next bytes between responses,
+        the one place an upgrade may stop it (``stop_backend_task``); ``unpark`` after it."""
+        scope = self._parked = trio.CancelScope()
+        return scope
+
+    def unpark(self) -> None:
+        self._parked = None
+        if self._unparked is not None:
+            self._unparked.set()
+
+    async def stop_backend_task(self) -> bool:
+        """Stop reading the backend connection where the backend task waits between responses
+        (an upgrade is about to hand it over). False: it is busy -- a response, or recovery
+        after a loss it saw the moment before -- and goes on; stopping it there would leave
+        the session half recovered."""
+        scope, tasks = self._parked, self._tasks
+        if scope is None or tasks is None or tasks.backend_done is None:
+            return False
+        self._unparked = trio.Event()
+        scope.cancel()
+        await self._unparked.wait()  # the wait ended: cancelled, or with what had arrived
+        self._unparked = None
+        if not scope.cancelled_caught:
+            return False
+        await tasks.backend_done.wait()
+        return True
 
     def end(self, reason: str) -> None:
         """Stop the session from outside (proxy shutdown)."""
