@@ -5,6 +5,8 @@
     python -m bench.dm_e2e --cluster [--servers 3] [--faults rolling|kill] [--graceful-wait 3]
                            [--targets haproxy,tiproxy,proxy] [--restarts N] [--interval 8]
     python -m bench.dm_e2e --cluster --no-faults [--backlog 60]      # DM's replication rate per middle
+    python -m bench.dm_e2e --chaos proxy-upgrade|proxy-restart [--chaos-interval 8] [--faults rolling]
+    python -m bench.dm_e2e --soak 1800 [--interval 8] [--seed 7]      # every fault, in random order
 
 For each target a fresh lab: an upstream MariaDB with a row binlog (utf8mb4), a preloaded shop
 schema, the downstream, one dm-master and one dm-worker on loopback, a source and a ``task-mode:
@@ -35,6 +37,21 @@ A load writes upstream (bench/dm_load.py) from the moment the task starts. The f
   downstream every second); the full load's rate is the downstream row count over time during
   the Load unit (rows/s). Run it with a --duration long enough for the drain (the load stops
   at --duration; the final catch-up then ends the drain).
+
+The proxy's own faults (``--chaos``, target ``proxy`` only; TiDB is not restarted unless
+``--faults`` says so, then both run at once): every ``--chaos-interval`` seconds start to start,
+``proxy-upgrade`` (SIGUSR2: the sessions move to a new process with their connections; the
+event ends once the old process has exited) or ``proxy-restart`` (SIGTERM, the sessions drain,
+then the same config started again: ``systemctl restart``). Each is logged with the sessions
+moved and drained.
+
+``--soak SECONDS``: one tidb-server behind the fault shim (tests/lab/faultshim.py), which DM
+or the middle connects to (the bench reads the server directly), a DDL every 10 s upstream,
+and a fault ``--interval`` seconds after the last one ended, for SECONDS, in random order
+(``--seed``): a graceful restart (the next start's graceful wait 0 or 3 s), the SQL layer
+crashing (every connection cut, connects refused 1 s), a partition of the shim's port for
+5-90 s (netfilter: every packet dropped), the answer of DM's next DDL lost, the idle sessions
+closed by the server. The same seed gives every target the same order.
 
 With ``--chaos-from start`` the faults begin at the task's start (they hit the full load, then
 the sync), with ``--chaos-from sync`` only once DM's task runs its sync unit (``dmctl
@@ -68,6 +85,7 @@ import argparse
 import bisect
 import datetime as _dt
 import json
+import random
 import re
 import shutil
 import signal as _signal
@@ -89,7 +107,9 @@ from bench.hygiene import sigterm_as_interrupt
 from bench.runinfo import run_meta
 from tests.lab.cluster import Cluster, cluster_unavailable_reason
 from tests.lab.dm import DMCluster, dm_unavailable_reason
+from tests.lab.faultshim import FaultShim
 from tests.lab.mariadb import MariaDB
+from tests.lab.netfault import Partition
 from tests.lab.proxy import ProxyProcess
 from tests.lab.tidb import TiDB, tidb_unavailable_reason
 from tests.lab.tiproxy import tiproxy_unavailable_reason
@@ -122,9 +142,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chaos", choices=("proxy-upgrade", "proxy-restart"),
                    help="the proxy's own faults, every --chaos-interval s: proxy-upgrade (SIGUSR2: sessions move to a new "
                         "process), proxy-restart (SIGTERM, then started again, as systemctl restart); target proxy only")  # fmt: skip
-    p.add_argument(
-        "--chaos-interval", type=float, default=8, help="--chaos: seconds from one of the proxy's faults to the next (default 8)"
-    )
+    p.add_argument("--chaos-interval", type=float, default=8,
+                   help="--chaos: seconds from one of the proxy's faults to the next (default 8)")  # fmt: skip
+    p.add_argument("--soak", type=float, metavar="SECONDS",
+                   help="every fault at once, for SECONDS (e.g. 1800): one tidb-server behind the fault shim, a DDL every 10 s, "
+                        "and in random order graceful restarts (wait 0 and 3 s), SQL-layer crashes, partitions of 5-90 s, lost DDL "
+                        "answers, idle sessions closed; one fault --interval s after the last one ended")  # fmt: skip
+    p.add_argument("--seed", type=int, default=7, help="--soak: the fault order's random seed (default 7)")
     p.add_argument("--no-faults", action="store_true", help="no restart: DM's full-load rate and backlog catch-up rate per middle")
     p.add_argument("--graceful-wait", type=int, default=3,
                    help="--cluster: every tidb-server's graceful-wait-before-shutdown, seconds (default 3; e.g. 0, 3, 15)")  # fmt: skip
@@ -138,6 +162,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep-data", action="store_true",
                    help="keep the databases' data, the dump and DM's relay log in the results folder (GBs; default: logs only)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.soak:
+        if args.cluster or args.chaos or args.no_faults or args.faults:
+            p.error("--soak runs its own faults on one tidb-server: not with --cluster, --chaos, --faults or --no-faults")
+        args.duration, args.faults = args.soak, "soak"
     if args.no_faults:
         args.faults = "none"
     if args.faults is None:
@@ -163,6 +191,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--interval {args.interval:g} is shorter than --graceful-wait {args.graceful_wait}: an event takes at least that")
     if args.faults in ("none", "off"):
         args.restarts = 0
+    elif args.faults == "soak":
+        args.restarts = 10**6  # faults until --soak seconds have passed
     elif args.restarts is None:
         args.restarts = max(1, int(args.duration // args.interval))
     return args
@@ -206,7 +236,7 @@ class Restarter(threading.Thread):
                     return
                 continue
             if "summary" in record:
-                self.log(f"  {record['server']} {n}/{self.count}: {record['summary']}")
+                self.log(f"  {record['server']} {n}{'' if self.count >= 10**6 else f'/{self.count}'}: {record['summary']}")
                 continue
             self.log(f"  restart {n}/{self.count}: {record['server']} {record['signal']}, graceful wait {record['graceful_wait']} s, "
                      f"down {record['down'] - record['stop']:.1f} s after the signal, serving {record['up'] - record['down']:.1f} s later")  # fmt: skip
@@ -254,6 +284,71 @@ def cluster_event(cluster: Cluster, sig: int) -> Callable[[int], dict[str, Any]]
         return record
 
     return event
+
+
+SOAK_FAULTS = ("graceful restart", "graceful restart", "SQL-layer crash", "partition", "lost DDL answer", "idle sessions closed")
+DDL_TEXT = re.compile(r"\s*(CREATE\s+TABLE|ALTER\s+TABLE|CREATE\s+INDEX)\b.*audit_", re.IGNORECASE | re.DOTALL)
+
+
+def soak_event(tidb: TiDB, shim: FaultShim, seed: int) -> Callable[[int], dict[str, Any]]:
+    """A fault of ``SOAK_FAULTS`` in random order (``seed``), on the tidb-server behind
+    ``shim`` (what DM, or the middle, connects to): a graceful restart (SIGTERM; the next
+    start's graceful-wait-before-shutdown 0 or 3 s at random), the SQL layer crashing (every connection cut, connects refused for a second), a
+    partition of the shim's port for 5-90 s (every packet dropped, no FIN, no RST), the answer
+    of the next DDL of DM's lost (TiDB runs it, the client never hears), the idle sessions
+    closed by the server (as at a wait_timeout)."""
+    rng = random.Random(seed)
+
+    def event(n: int) -> dict[str, Any]:
+        kind = rng.choice(SOAK_FAULTS)
+        record: dict[str, Any] = {"server": "tidb", "index": 0, "signal": kind, "kind": kind, "graceful_wait": 0,
+                                  "stop": time.time(), "down": None, "up": None}  # fmt: skip
+        try:
+            if kind == "graceful restart":
+                record["graceful_wait"] = tidb.graceful_wait
+                tidb.stop()
+                record["down"] = time.time()
+                tidb.graceful_wait = rng.choice((0, 3))  # read by the next start
+                tidb.start()
+                detail = f"graceful wait {record['graceful_wait']} s, stopped {record['down'] - record['stop']:.1f} s after SIGTERM"
+            elif kind == "SQL-layer crash":
+                cut = shim.crash(down=1.0, reset=bool(n % 2))
+                record["down"] = record["stop"]
+                detail = f"{len(cut)} connections cut ({'RST' if n % 2 else 'FIN'}), connects refused for 1 s"
+            elif kind == "partition":
+                seconds = rng.uniform(5, 90)
+                with Partition(shim.port):
+                    record["down"] = time.time()
+                    time.sleep(seconds)
+                detail = f"{seconds:.0f} s, every packet to and from the port dropped"
+            elif kind == "lost DDL answer":
+                rule = shim.drop_answer(match=lambda cmd: cmd.sql is not None and DDL_TEXT.match(cmd.sql) is not None)
+                applied = shim.wait_applied(rule, timeout=30)
+                shim.disarm(rule)
+                record["down"], record["applied"] = time.time(), applied
+                detail = "the next DDL ran, its answer dropped, both sockets closed" if applied else "no DDL came within 30 s"
+            else:
+                closed = shim.close_idle_connections()
+                record["down"] = record["stop"]
+                detail = f"{len(closed)} idle connections closed by the server (FIN)"
+            record["up"] = time.time()
+            record["summary"] = f"{kind}: {detail}"
+        except Exception as exc:  # noqa: BLE001 - said in the record; the schedule goes on
+            record["error"] = f"{type(exc).__name__}: {exc}"
+            record["down"] = record["down"] or time.time()
+            if not tidb.is_running():
+                tidb.start()
+            record["up"] = time.time()
+        return record
+
+    return event
+
+
+class Shimmed:
+    """The tidb-server as a middle sees it: the fault shim's port, the server's status port."""
+
+    def __init__(self, tidb: TiDB, shim: FaultShim) -> None:
+        self.port, self.status_port = shim.port, tidb.status_port
 
 
 def proxy_event(proxy: ProxyProcess, kind: str) -> tuple[Callable[[int], dict[str, Any]], Callable[[], None]]:
@@ -464,7 +559,7 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
     tidb: TiDB | None = None
     middle = None
     dm: DMCluster | None = None
-    restarter = sampler = load = chaos = stop_chaos = None
+    restarter = sampler = load = chaos = stop_chaos = shim = None
     try:
         up.start()
         t = time.time()
@@ -486,14 +581,19 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
             tidb.create_user(DM_USER, DM_PASSWORD)
             servers = [tidb]
             event = single_server_event(tidb, args.graceful_waits)
-        ports = [s.port for s in servers]
-        port, middle = start_middle(target, workdir, servers, cluster.pd.address if cluster else None, DM_USER, DM_PASSWORD)
+        ports = [s.port for s in servers]  # where the bench itself reads (never through a fault)
+        faulted: list[Any] = list(servers)
+        if args.faults == "soak":
+            shim = FaultShim(tidb.port).start()
+            faulted = [Shimmed(tidb, shim)]
+            event = soak_event(tidb, shim, args.seed)
+        port, middle = start_middle(target, workdir, faulted, cluster.pd.address if cluster else None, DM_USER, DM_PASSWORD)
         dm = DMCluster(workdir / "dm")
         dm.start()
         dm.create_source(source_yaml(workdir / "source.yaml", up.port))
         task = task_yaml(workdir / "task.yaml", port, workdir / "dumped")
         check = dm.ctl("check-task", str(task))
-        load = dm_load.ShopLoad(up.port, args.rate)
+        load = dm_load.ShopLoad(up.port, args.rate, ddl_interval=10 if args.faults == "soak" else 20)
         preloaded = list(rows)
         sampler = Sampler(ports, dm, load, count_rows=preloaded if args.faults == "none" else None)
         ready = sampler.in_sync if args.chaos_from == "sync" else None
@@ -516,6 +616,10 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
         if args.faults == "none":
             backlog = measure_backlog(dm, sampler, load, args, started + args.duration, log)
         time.sleep(max(0.0, started + args.duration - time.time()))
+        if args.faults == "soak":  # faults for --soak seconds: the one under way ends, no other begins
+            restarter.stop_event.set()
+            restarter.join(180)
+            args.restarts = len(restarter.restarts)
         # Every target gets the same number of restarts: wait for the schedule (bounded), and
         # keep the load on for an interval after the last one.
         limit = time.time() + args.restarts * (args.interval + 180) + (args.sync_timeout if args.chaos_from == "sync" else 0)
@@ -591,7 +695,7 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
         if load is not None:
             load.stop()
         for stop in (dm.stop if dm else None, middle.stop if middle else None, (lambda: teardown(cluster)) if cluster else None,
-                     tidb.stop if tidb else None, up.stop):  # fmt: skip
+                     shim.stop if shim else None, tidb.stop if tidb else None, up.stop):  # fmt: skip
             if stop is not None:
                 try:
                     stop()
@@ -620,6 +724,9 @@ def teardown(cluster: Cluster) -> None:
 
 
 def describe_faults(args: argparse.Namespace) -> str:
+    if args.faults == "soak":
+        return (f"for {args.soak:g} s one fault {args.interval:g} s after the last ended, in random order (seed {args.seed}): "
+                + ", ".join(SOAK_FAULTS))  # fmt: skip
     if args.faults == "none":
         return f"no faults: the task paused {args.backlog:g} s once the sync runs (DM's catch-up rate)"
     when = "the start" if args.chaos_from == "start" else "the sync unit on"
@@ -1079,6 +1186,10 @@ TITLES = {"direct": "DM -> TiDB directly", "proxy": "DM -> replay-proxy -> TiDB"
           "tiproxy": "DM -> TiProxy -> TiDB"}  # fmt: skip
 
 
+KIND_COLORS = {"graceful restart": "#4c72b0", "SQL-layer crash": "#c44e52", "partition": "#937860", "lost DDL answer": "#8172b3",
+               "idle sessions closed": "#64b5cd", "proxy SIGUSR2": "#55a868", "proxy SIGTERM": "#c44e52"}  # fmt: skip
+
+
 def write_chart(results: dict[str, Any], path: Path) -> str | None:
     try:
         import matplotlib
@@ -1095,8 +1206,15 @@ def write_chart(results: dict[str, Any], path: Path) -> str | None:
         ys = [v for _, v in r["lag"] if v is not None]
         ax.plot(xs, ys, color=COLORS.get(r["target"], "#555555"), lw=1.2, label="lag (s)")
         term = kill = 0
-        for x in r["restarts"]:
+        marked: set[str] = set()
+        for x in r["restarts"] + (r.get("proxy_events") or []):
             end = x.get("up") or x.get("down") or x["stop"]
+            kind = x.get("kind") or (f"proxy {x['signal']}" if x.get("server") == "proxy" else None)
+            if kind is not None:  # the soak's faults and the proxy's own: a colour per kind
+                ax.axvspan(x["stop"] - t0, max(end, x["stop"] + 0.5) - t0, color=KIND_COLORS.get(kind, "#999999"), alpha=0.3, lw=0,
+                           label=kind if kind not in marked else None)  # fmt: skip
+                marked.add(kind)
+                continue
             if x.get("signal") == "SIGKILL":
                 ax.axvline(x["stop"] - t0, color="#c44e52", lw=1.2, label="SIGKILL" if kill == 0 else None)
                 ax.axvspan(x["stop"] - t0, end - t0, color="#c44e52", alpha=0.12, lw=0)
