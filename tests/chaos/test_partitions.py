@@ -13,7 +13,8 @@ notice (from the fault's start to its log line cutting the connections).
 - an idle session through a partition: its next command sees nothing, its variables are kept;
 - a command in flight through a partition longer than the buffer window: the client hears
   1158 when the window ends (the proxy cannot know whether it ran), not after the kernel's
-  15 minutes, and nothing runs twice.
+  15 minutes, and nothing runs twice;
+- a first address that accepts TCP and never greets: logins go on to the second.
 
 Skipped with one line where no rule can be made (no root, no iptables).
 """
@@ -29,7 +30,7 @@ import pytest
 import trio
 
 from tests.lab.chaos import assert_chaos_ok, hanging, partitioning, run_chaos, start_chaos_proxy, tidb_backend
-from tests.lab.netfault import Partition, heal_all, partition_unavailable_reason
+from tests.lab.netfault import Partition, SilentListener, heal_all, partition_unavailable_reason
 from tests.lab.proxy import ProxyProcess
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
@@ -207,3 +208,33 @@ async def test_a_command_in_flight_through_a_partition(db_factory, tmp_path):
     assert count == 0, "an INSERT the client was told failed ran later"
     assert outcomes["read_short"][:2] == ("ok", ((0,),)) and outcomes["read_short"][2] <= 10 + 3, outcomes
     assert outcomes["read_long"][0] == "error" and 15 <= outcomes["read_long"][2] <= 15 + 5 + 2, outcomes
+
+
+async def test_a_server_that_accepts_and_never_greets_is_passed_over(db_factory, tmp_path):
+    """Two addresses, the first a port that accepts and never sends a byte: the first login
+    goes on to the second after connect_timeout (5 s), the health check marks the first down,
+    and the next login does not wait for it at all."""
+    server = db_factory()
+    with SilentListener() as silent:
+        proxy = ProxyProcess(tmp_path / "proxy", [silent.port, server.port], backend=backend_keys(server), log={"level": "info"})
+        proxy.start()
+        try:
+            t0 = time.monotonic()
+            first = connect(proxy.port)
+            first_login = time.monotonic() - t0
+            await trio.sleep(4 * HEALTH_INTERVAL + 2)  # a check or two of the silent address
+            t0 = time.monotonic()
+            second = connect(proxy.port)
+            second_login = time.monotonic() - t0
+            for conn in (first, second):
+                with conn.cursor() as cur:
+                    cur.execute("SELECT 1")
+                conn.close()
+        finally:
+            log = proxy.stop()
+    print(f"{server.flavor}: logins through a silent first address took {first_login:.2f} s, then {second_login:.2f} s; "
+          f"{silent.accepted} connections accepted by it")  # fmt: skip
+    assert first_login <= 5 + 2, first_login
+    assert second_login < 1.0, second_login
+    assert f"backend 127.0.0.1:{silent.port} is down" in log
+

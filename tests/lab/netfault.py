@@ -4,6 +4,8 @@
         ...                             # no FIN, no RST, no ACK: a cable pulled
     with Hung(server):                  # SIGSTOP: the kernel still accepts and ACKs
         ...
+    with SilentListener() as silent:    # a port that accepts and never greets
+        ...
 
 A partition is two netfilter rules (``iptables``, loopback, INPUT: the packets to the port and
 the ones from it), inserted at the top and deleted on exit however the block ends; each carries
@@ -17,10 +19,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import threading
 import time
 
-__all__ = ["Partition", "Hung", "partition_unavailable_reason", "heal_all"]
+__all__ = ["Partition", "Hung", "SilentListener", "partition_unavailable_reason", "heal_all"]
 
 COMMENT = "replay-proxy-test-partition"
 
@@ -109,3 +113,35 @@ class Hung:
         if self.pid is not None:
             os.kill(self.pid, signal.SIGCONT)
             self.ended = time.monotonic()
+
+
+class SilentListener:
+    """A port that accepts TCP connections and never sends a byte: a server whose process
+    accepts (or whose kernel's backlog does) and never greets. ``accepted``: how many."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self._held: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True, name="silent-listener")
+
+    def __enter__(self) -> SilentListener:
+        self._thread.start()
+        return self
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            self._held.append(conn)
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+        for conn in self._held:
+            conn.close()
