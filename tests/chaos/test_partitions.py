@@ -237,4 +237,3 @@ async def test_a_server_that_accepts_and_never_greets_is_passed_over(db_factory,
     assert first_login <= 5 + 2, first_login
     assert second_login < 1.0, second_login
     assert f"backend 127.0.0.1:{silent.port} is down" in log
-
