@@ -134,13 +134,12 @@ class Session:
     def start_backend_task(self) -> None:
         tasks = self._tasks
         assert tasks is not None
-        tasks.backend_scope, tasks.backend_done = trio.CancelScope(), trio.Event()
-        tasks.nursery.start_soon(self._backend_task, tasks.backend_scope, tasks.backend_done)
+        tasks.backend_done = trio.Event()
+        tasks.nursery.start_soon(self._backend_task, tasks.backend_done)
 
-    async def _backend_task(self, scope: trio.CancelScope, done: trio.Event) -> None:
+    async def _backend_task(self, done: trio.Event) -> None:
         try:
-            with scope:
-                await responses.backend_task(self)
+            await responses.backend_task(self)
         finally:
             done.set()
 
@@ -392,8 +391,13 @@ class Session:
             cmd = inflight.command = oversize.tell_effective_limit(cmd, link.limit, link.backend)
         elif analysis is not None and analysis.first.kind is Kind.OTHER and analysis.keywords(0, 1) == ("KILL",):
             cmd = inflight.command = await translate_kill(self, cmd)
+        await self._dispatch(inflight)
+
+    async def _dispatch(self, inflight: Inflight) -> None:
+        """``inflight`` is the command in flight: sent now, or, while the link is not up,
+        left for recovery (and the backend task told, if it waits for a command to recover)."""
         self.inflight = inflight
-        if link.up:
+        if self.link.up:
             await self.send_inflight(inflight)
         elif self._queued is not None:
             self._queued.set()
@@ -439,11 +443,7 @@ class Session:
         inflight = Inflight(cmd, tracker, statement, trio.current_time(), verb, analysis, self.tracking.reading,
                             internal=True, done=trio.Event())  # fmt: skip
         inflight.captured = capture
-        self.inflight = inflight
-        if self.link.up:
-            await self.send_inflight(inflight)
-        elif self._queued is not None:
-            self._queued.set()
+        await self._dispatch(inflight)
         await inflight.done.wait()
         return None if inflight.answered else inflight.tracker
 
@@ -528,9 +528,8 @@ class _Tasks:
     """A running session's tasks: the nursery of both, and how to stop and start the backend
     task alone (an upgrade hands its connection over between two commands)."""
 
-    __slots__ = ("nursery", "backend_scope", "backend_done")
+    __slots__ = ("nursery", "backend_done")
 
     def __init__(self, nursery: trio.Nursery) -> None:
         self.nursery = nursery
-        self.backend_scope: trio.CancelScope | None = None
         self.backend_done: trio.Event | None = None
