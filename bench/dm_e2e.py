@@ -192,19 +192,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.faults in ("none", "off"):
         args.restarts = 0
     elif args.faults == "soak":
-        args.restarts = 10**6  # faults until --soak seconds have passed
+        args.restarts = None  # faults until --soak seconds have passed (the Restarter's count: none)
     elif args.restarts is None:
         args.restarts = max(1, int(args.duration // args.interval))
     return args
 
 
 class Restarter(threading.Thread):
-    """``count`` faults, ``event(n)`` each (n from 1; it returns the restart's record), every
+    """``count`` faults (None: until ``stop_event``), ``event(n)`` each (n from 1; it returns the restart's record), every
     ``interval`` seconds: from one's end to the next's start, or with ``start_to_start`` from
     one's start to the next's (an event that overruns delays the next); with ``ready``, only
     once ``ready()`` says so (checked every second)."""
 
-    def __init__(self, event: Callable[[int], dict[str, Any]], interval: float, log, count: int, ready=None,
+    def __init__(self, event: Callable[[int], dict[str, Any]], interval: float, log, count: int | None, ready=None,
                  start_to_start: bool = False) -> None:  # fmt: skip
         super().__init__(daemon=True, name="restarter")
         self.event, self.interval, self.log, self.count, self.ready = event, interval, log, count, ready
@@ -221,7 +221,7 @@ class Restarter(threading.Thread):
         if self.ready is not None:
             self.log("  DM's sync unit is running: restarts begin")
         n, due = 0, time.monotonic() + self.interval
-        while n < self.count:
+        while self.count is None or n < self.count:
             delay = max(0.0, due - time.monotonic()) if self.start_to_start else self.interval
             if self.stop_event.wait(delay):
                 return
@@ -230,13 +230,14 @@ class Restarter(threading.Thread):
             record = self.event(n)
             self.restarts.append(record)
             if "error" in record:
-                self.log(f"  restart {n}/{self.count}: {record['server']} {record['signal']}: {record['error'][:300]}")
+                self.log(f"  restart {n}{'' if self.count is None else f'/{self.count}'}: {record['server']} {record['signal']}: "
+                         f"{record['error'][:300]}")  # fmt: skip
                 if record.get("up") is None:
                     self.log("  the server did not come back: no more restarts")
                     return
                 continue
             if "summary" in record:
-                self.log(f"  {record['server']} {n}{'' if self.count >= 10**6 else f'/{self.count}'}: {record['summary']}")
+                self.log(f"  {record['server']} {n}{'' if self.count is None else f'/{self.count}'}: {record['summary']}")
                 continue
             self.log(f"  restart {n}/{self.count}: {record['server']} {record['signal']}, graceful wait {record['graceful_wait']} s, "
                      f"down {record['down'] - record['stop']:.1f} s after the signal, serving {record['up'] - record['down']:.1f} s later")  # fmt: skip
@@ -366,8 +367,9 @@ def proxy_event(proxy: ProxyProcess, kind: str) -> tuple[Callable[[int], dict[st
                 old = upgraded.pid
                 new = upgraded.signal_upgrade()
                 record["down"] = record["up"] = time.time()
-                moved = proxy.log_text().count(f"moved to pid {new} with its client")
-                left = [line for line in proxy.log_text().splitlines() if f"not moved to pid {new}" in line]
+                text = proxy.log_text()
+                moved = text.count(f"moved to pid {new} with its client")
+                left = [line for line in text.splitlines() if f"not moved to pid {new}" in line]
                 record.update(pid=new, moved=moved, drained=len(left))
                 record["summary"] = (f"upgrade pid {old} -> {new} in {record['up'] - record['stop']:.1f} s: {moved} session(s) moved, "
                                      f"{len(left)} drained")  # fmt: skip
