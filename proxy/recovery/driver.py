@@ -336,7 +336,7 @@ async def finish(loss: Loss, waiting: Inflight | None, owed: bool) -> None:
         sending
         and not owed
         and link.takes_results_debt(waiting.command.code)
-        and needs_last_results(p.tracking.reading, waiting.payload, waiting.statement)
+        and await waiting.command.judged_whole(lambda payload: needs_last_results(p.tracking.reading, payload, waiting.statement))
     ):
         raise failure(
             p, "the command reads the previous statement's results (FOUND_ROWS(), warnings...), which stayed on the lost connection"

@@ -44,7 +44,8 @@ def text_of(payload: bytes, stmt: PreparedStatement | None) -> str | None:
 def needs_last_results(reading: ServerReading, payload: bytes, stmt: PreparedStatement | None) -> bool:
     """Does this command read what the session's previous statement left (FOUND_ROWS(),
     warnings, ...)? Asked only of the first command on a new backend connection, read as the
-    session's server reads text now."""
+    session's server reads text now. The whole payload: a spooled command's head ends in the
+    middle of a token, which the lexer cannot tell (``Command.judged_whole``)."""
     text = text_of(payload, stmt)
     return text is not None and reads_last_results(text, reading.dialect, reading.nbe)
 

@@ -349,7 +349,7 @@ class Session:
         if (
             link.state in (LinkState.UP, LinkState.MOVING)
             and link.takes_results_debt(code)
-            and needs_last_results(tracking.reading, cmd.payload, statement)
+            and await cmd.judged_whole(lambda payload: needs_last_results(tracking.reading, payload, statement))
         ):  # mid-recovery, proxy.recovery.driver.finish asks instead
             msg = (
                 "Lost connection to backend during query (replay-proxy: the backend connection was replaced; "

@@ -13,6 +13,7 @@ import tempfile
 import typing
 
 import attrs
+import trio
 
 from proxy.netio import Channel
 from proxy.protocol.constants import MAX_FRAME
@@ -26,6 +27,7 @@ HEAD_SIZE = 64 * 1024  # what classification and plugins see of a spooled comman
 LONG_DATA_SPOOL = 256 * 1024
 COM_STMT_SEND_LONG_DATA = 0x18
 _COPY_CHUNK = 1 << 20
+T = typing.TypeVar("T")
 
 
 @attrs.define(slots=True, eq=False)
@@ -68,6 +70,13 @@ class Command:
                 return bytes(out)
             length = header[0] | header[1] << 8 | header[2] << 16
             out += self.spool.read(length)
+
+    async def judged_whole(self, judge: typing.Callable[[bytes], T]) -> T:
+        """``judge(payload)`` of the whole command: at once when it is in memory, in a thread
+        when it is spooled (reading megabytes back and judging them takes seconds)."""
+        if self.spool is None:
+            return judge(self.payload)
+        return await trio.to_thread.run_sync(lambda: judge(self.full_payload()))
 
     def frames(self):
         """Yield the command's frames in chunks (from memory or the spool)."""

@@ -14,6 +14,8 @@ notice (from the fault's start to its log line cutting the connections).
 - a command in flight through a partition longer than the buffer window: the client hears
   1158 when the window ends (the proxy cannot know whether it ran), not after the kernel's
   15 minutes, and nothing runs twice;
+- a server that stops reading mid-command (a 24 MiB INSERT into a hung server): sent again
+  once it answers, OK, the row there once;
 - a first address that accepts TCP and never greets: logins go on to the second.
 
 Skipped with one line where no rule can be made (no root, no iptables).
@@ -30,7 +32,7 @@ import pytest
 import trio
 
 from tests.lab.chaos import assert_chaos_ok, hanging, partitioning, run_chaos, start_chaos_proxy, tidb_backend
-from tests.lab.netfault import Partition, SilentListener, heal_all, partition_unavailable_reason
+from tests.lab.netfault import Hung, Partition, SilentListener, heal_all, partition_unavailable_reason
 from tests.lab.proxy import ProxyProcess
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
@@ -44,6 +46,7 @@ NOTICE_BOUND = DEAD_AFTER + 4 * HEALTH_INTERVAL + 1.0
 DOWN = 10.0  # each fault of the workload runs
 DURATION = 46.0
 INTERVAL = 6.0  # between the end of one and the start of the next: three in the run
+HUNG_FOR = 15.0  # the server stopped under a command being sent: past dead_after, within the window
 
 
 @pytest.fixture(autouse=True)
@@ -208,6 +211,52 @@ async def test_a_command_in_flight_through_a_partition(db_factory, tmp_path):
     assert count == 0, "an INSERT the client was told failed ran later"
     assert outcomes["read_short"][:2] == ("ok", ((0,),)) and outcomes["read_short"][2] <= 10 + 3, outcomes
     assert outcomes["read_long"][0] == "error" and 15 <= outcomes["read_long"][2] <= 15 + 5 + 2, outcomes
+
+
+async def test_a_server_that_stops_reading_mid_command(db_factory, tmp_path):
+    """A 24 MiB INSERT sent to a hung server (SIGSTOP: its kernel takes a few MiB, then the
+    send blocks): the command never reached the server whole, so it never ran. The proxy cuts
+    the connection once the address is found dead, waits for the server within the buffer
+    window, and sends it again: the client gets OK and the row is there once."""
+    server = db_factory()
+    setup = pymysql.connect(host="127.0.0.1", port=server.port, user="app", password="apppw", database="test", autocommit=True)
+    with setup.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS big_w")
+        cur.execute("CREATE TABLE big_w (id INT PRIMARY KEY, v LONGTEXT)")
+    proxy = start_proxy(tmp_path, server, buffer_window="40s")
+    value = "y" * (24 * 1024 * 1024)
+    try:
+        conn = connect(proxy.port)
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1")  # logged in before the hang
+        outcome: list = []
+
+        def insert() -> None:
+            t0 = time.monotonic()
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("INSERT INTO big_w VALUES (1, %s)", (value,))
+                outcome.append(("ok", round(time.monotonic() - t0, 1)))
+            except pymysql.err.MySQLError as exc:
+                outcome.append(("error", exc.args, round(time.monotonic() - t0, 1)))
+
+        started = time.time()
+        async with trio.open_nursery() as nursery:
+            with Hung(server):
+                nursery.start_soon(trio.to_thread.run_sync, insert)
+                await trio.sleep(HUNG_FOR)
+        conn.close()
+    finally:
+        log = proxy.stop()
+    with setup.cursor() as cur:
+        cur.execute("SELECT COUNT(*), MAX(LENGTH(v)) FROM big_w")
+        count, length = cur.fetchone()
+    setup.close()
+    notice = noticed_after([started], log)
+    print(f"{server.flavor}: a 24 MiB INSERT into a hung server: {outcome}; noticed after {notice} s; rows {count}")
+    assert outcome and outcome[0][0] == "ok", outcome
+    assert (count, length) == (1, len(value))
+    assert notice[0] <= NOTICE_BOUND, notice
 
 
 async def test_a_server_that_accepts_and_never_greets_is_passed_over(db_factory, tmp_path):

@@ -54,6 +54,26 @@ async def test_the_previous_statements_results_stay_on_the_lost_connection(rig, 
     assert first not in rig.server.queries
 
 
+@pytest.mark.parametrize("reads_results", [False, True])
+async def test_a_spooled_first_command_is_judged_by_its_whole_text(make_rig, autojump, reads_results):
+    """The first command on a new connection, over spool_threshold: its head ends inside a
+    string literal (the lexer cannot tell), so the whole text is read. A long INSERT runs (it
+    was 1158 "reads the previous statement's results" before); FOUND_ROWS() after the head
+    still gets 1158."""
+    rig = make_rig(make_config(limits={"spool_threshold": "1KiB"}))
+    c = await rig.client()
+    await c.must("SELECT COUNT(*) FROM t")
+    rig.backend_of().close()
+    await trio.sleep(0.01)
+    long_text = "x" * (80 * 1024)  # past the 64 KiB head
+    sql = f"SELECT '{long_text}', FOUND_ROWS()" if reads_results else f"INSERT INTO t VALUES (1, '{long_text}')"
+    result = await c.query(sql)
+    if reads_results:
+        assert result.code == 1158 and "FOUND_ROWS()" in result.message and sql not in rig.server.queries
+    else:
+        assert result.ok and rig.server.db.rows == {1: long_text}
+
+
 async def test_results_are_the_new_connections_after_the_clients_next_statement(rig, autojump):
     c = await rig.client()
     rig.backend_of().close()
