@@ -16,7 +16,10 @@ notice (from the fault's start to its log line cutting the connections).
   15 minutes, and nothing runs twice;
 - a server that stops reading mid-command (a 24 MiB INSERT into a hung server): sent again
   once it answers, OK, the row there once;
-- a first address that accepts TCP and never greets: logins go on to the second.
+- a first address that accepts TCP and never greets: logins go on to the second;
+- a first address whose server answers a byte a second: found dead like a silent one, its
+  idle sessions move to the second with their variables, a read in flight there is answered
+  right or gets a connection error (never a wrong answer), new logins do not wait for it.
 
 Skipped with one line where no rule can be made (no root, no iptables).
 """
@@ -32,7 +35,7 @@ import pytest
 import trio
 
 from tests.lab.chaos import assert_chaos_ok, hanging, partitioning, run_chaos, start_chaos_proxy, tidb_backend
-from tests.lab.netfault import Hung, Partition, SilentListener, heal_all, partition_unavailable_reason
+from tests.lab.netfault import Hung, Partition, SilentListener, Trickle, heal_all, partition_unavailable_reason
 from tests.lab.proxy import ProxyProcess
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
@@ -214,8 +217,9 @@ async def test_a_command_in_flight_through_a_partition(db_factory, tmp_path):
 
 
 async def test_a_server_that_stops_reading_mid_command(db_factory, tmp_path):
-    """A 24 MiB INSERT sent to a hung server (SIGSTOP: its kernel takes a few MiB, then the
-    send blocks): the command never reached the server whole, so it never ran. The proxy cuts
+    """A 25 MiB INSERT (five rows of 5 MiB: TiDB takes at most 6 MiB a row) sent to a hung
+    server (SIGSTOP: its kernel takes a few MiB, then the send blocks): the command never
+    reached the server whole, so it never ran. The proxy cuts
     the connection once the address is found dead, waits for the server within the buffer
     window, and sends it again: the client gets OK and the row is there once."""
     server = db_factory()
@@ -224,7 +228,7 @@ async def test_a_server_that_stops_reading_mid_command(db_factory, tmp_path):
         cur.execute("DROP TABLE IF EXISTS big_w")
         cur.execute("CREATE TABLE big_w (id INT PRIMARY KEY, v LONGTEXT)")
     proxy = start_proxy(tmp_path, server, buffer_window="40s")
-    value = "y" * (24 * 1024 * 1024)
+    value = "y" * (5 * 1024 * 1024)
     try:
         conn = connect(proxy.port)
         with conn.cursor() as cur:
@@ -235,7 +239,7 @@ async def test_a_server_that_stops_reading_mid_command(db_factory, tmp_path):
             t0 = time.monotonic()
             try:
                 with conn.cursor() as cur:
-                    cur.execute("INSERT INTO big_w VALUES (1, %s)", (value,))
+                    cur.execute("INSERT INTO big_w VALUES (1, %s), (2, %s), (3, %s), (4, %s), (5, %s)", (value,) * 5)
                 outcome.append(("ok", round(time.monotonic() - t0, 1)))
             except pymysql.err.MySQLError as exc:
                 outcome.append(("error", exc.args, round(time.monotonic() - t0, 1)))
@@ -249,13 +253,13 @@ async def test_a_server_that_stops_reading_mid_command(db_factory, tmp_path):
     finally:
         log = proxy.stop()
     with setup.cursor() as cur:
-        cur.execute("SELECT COUNT(*), MAX(LENGTH(v)) FROM big_w")
+        cur.execute("SELECT COUNT(*), SUM(LENGTH(v)) FROM big_w")
         count, length = cur.fetchone()
     setup.close()
     notice = noticed_after([started], log)
-    print(f"{server.flavor}: a 24 MiB INSERT into a hung server: {outcome}; noticed after {notice} s; rows {count}")
+    print(f"{server.flavor}: a 25 MiB INSERT into a hung server: {outcome}; noticed after {notice} s; rows {count}")
     assert outcome and outcome[0][0] == "ok", outcome
-    assert (count, length) == (1, len(value))
+    assert (count, length) == (5, 5 * len(value))
     assert notice[0] <= NOTICE_BOUND, notice
 
 
@@ -286,3 +290,56 @@ async def test_a_server_that_accepts_and_never_greets_is_passed_over(db_factory,
     assert first_login <= 5 + 2, first_login
     assert second_login < 1.0, second_login
     assert f"backend 127.0.0.1:{silent.port} is down" in log
+
+
+async def test_a_server_that_answers_a_byte_a_second_is_passed_over(db_factory, tmp_path):
+    """Two addresses of one server, the first through a relay that, from a moment on, passes
+    the server's bytes at one a second. Its health checks get no whole greeting within their
+    timeout (silent), so after dead_after its connections are cut: the idle session reconnects
+    on the second address with its variable, the read that was in flight there is answered
+    right or fails as a lost connection, and a new login takes well under a second."""
+    server = db_factory()
+    with Trickle(server.port) as trickle:
+        proxy = ProxyProcess(tmp_path / "proxy", [trickle.port, server.port], backend=backend_keys(server), log={"level": "info"})
+        proxy.start()
+        try:
+            idle, busy = connect(proxy.port), connect(proxy.port)
+            with idle.cursor() as cur:
+                cur.execute("SET @kept = 42")
+            started, t0 = time.time(), time.monotonic()
+            trickle.slow = True
+
+            def read() -> tuple:
+                t = time.monotonic()
+                try:
+                    with busy.cursor() as cur:
+                        cur.execute("SELECT 6 * 7")
+                        return ("ok", cur.fetchall(), round(time.monotonic() - t, 1))
+                except pymysql.err.MySQLError as exc:
+                    return ("error", exc.args[0], round(time.monotonic() - t, 1))
+
+            in_flight = await trio.to_thread.run_sync(read)
+            while f"127.0.0.1:{trickle.port} unreachable" not in proxy.log_text() and time.monotonic() - t0 < 3 * NOTICE_BOUND:
+                await trio.sleep(0.5)
+            t1 = time.monotonic()
+            with idle.cursor() as cur:
+                cur.execute("SELECT @kept")
+                kept = cur.fetchone()[0]
+            idle_next = time.monotonic() - t1
+            t1 = time.monotonic()
+            fresh = connect(proxy.port)
+            with fresh.cursor() as cur:
+                cur.execute("SELECT 1")
+            login = time.monotonic() - t1
+            for conn in (idle, busy, fresh):
+                conn.close()
+        finally:
+            log = proxy.stop()
+    notice = noticed_after([started], log)
+    print(f"{server.flavor}: a server answering a byte a second: noticed after {notice} s; the read in flight: {in_flight}; "
+          f"the idle session's next command {idle_next:.2f} s, @kept={kept}; a new login {login:.2f} s")  # fmt: skip
+    assert notice[0] <= NOTICE_BOUND, notice
+    assert in_flight[:2] == ("ok", ((42,),)) or in_flight[1] in (2006, 2013, 1158), in_flight
+    assert in_flight[2] <= NOTICE_BOUND + 2, in_flight
+    assert kept == 42 and idle_next < 1.0, (kept, idle_next)
+    assert login < 1.0, login

@@ -6,6 +6,8 @@
         ...
     with SilentListener() as silent:    # a port that accepts and never greets
         ...
+    with Trickle(server.port) as t:     # a relay; t.slow = True: the server's bytes at 1/s
+        ...
 
 A partition is two netfilter rules (``iptables``, loopback, INPUT: the packets to the port and
 the ones from it), inserted at the top and deleted on exit however the block ends; each carries
@@ -24,7 +26,7 @@ import subprocess
 import threading
 import time
 
-__all__ = ["Partition", "Hung", "SilentListener", "partition_unavailable_reason", "heal_all"]
+__all__ = ["Partition", "Hung", "SilentListener", "Trickle", "partition_unavailable_reason", "heal_all"]
 
 COMMENT = "replay-proxy-test-partition"
 
@@ -145,3 +147,75 @@ class SilentListener:
         self.sock.close()
         for conn in self._held:
             conn.close()
+
+
+class Trickle:
+    """A relay in front of a server that, while ``slow`` is set, passes the server's bytes on at
+    one a second (every connection, those open before too): a server that still answers, too
+    slowly to be of use. What the client sends goes through at once.
+
+        with Trickle(server.port) as trickle:   # listens on trickle.port
+            trickle.slow = True
+    """
+
+    def __init__(self, server_port: int, bytes_per_second: float = 1.0) -> None:
+        self.server_port = server_port
+        self.delay = 1.0 / bytes_per_second
+        self.slow = False
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.port = self.sock.getsockname()[1]
+        self._stopped = threading.Event()
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Trickle:
+        threading.Thread(target=self._accept, daemon=True, name="trickle-accept").start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopped.set()
+        self.sock.close()
+        with self._lock:
+            for sock in self._open:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in its recv
+                except OSError:
+                    pass
+                sock.close()
+
+    def _accept(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                client, _ = self.sock.accept()
+                server = socket.create_connection(("127.0.0.1", self.server_port), timeout=5)
+            except OSError:
+                if self._stopped.is_set():
+                    return
+                continue
+            server.settimeout(None)
+            with self._lock:
+                self._open += [client, server]
+            threading.Thread(target=self._pass, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pass, args=(server, client, True), daemon=True).start()
+
+    def _pass(self, source: socket.socket, sink: socket.socket, trickles: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                while trickles and self.slow and data:  # set while this recv waited: counts too
+                    sink.sendall(data[:1])
+                    data = data[1:]
+                    time.sleep(self.delay)
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                sock.close()
+            with self._lock:
+                self._open = [s for s in self._open if s not in (source, sink)]
