@@ -60,6 +60,15 @@ class AddressHealth:
     # Since when every check got no answer at all (a partition, a hung server: no SYN-ACK, no
     # greeting, no answer to COM_PING); None once anything answers, even with an error.
     silent_since: float | None = None
+    # When a session's login there last succeeded: an answer too, so a silence counts from
+    # then at the earliest (a check begun before it and ended silent after it says nothing of
+    # the connection that login opened).
+    answered_at: float = float("-inf")
+
+    def answered(self) -> None:
+        """A session's login succeeded here (see ``answered_at``)."""
+        self.answered_at = trio.current_time()
+        self.silent_since = None
 
     @property
     def usable(self) -> bool:
@@ -233,7 +242,7 @@ class HealthChecker:
         if not silent:
             health.silent_since = None
         elif health.silent_since is None:
-            health.silent_since = began
+            health.silent_since = max(began, health.answered_at)
         if state != health.state:
             previous, health.state, health.since = health.state, state, trio.current_time()
             if previous != UNKNOWN or state != UP:

@@ -205,6 +205,9 @@ class Target:
                 )
                 continue
             self._preferred = self.addresses.index(address) if address in self.addresses else 0
+            # It answered a login: a silence its health checks saw (a slow check on a loaded
+            # machine) is over, and a new one counts from now (it may cut this connection).
+            self.health_of(address).answered()
             hs = backend.handshake
             self._remember(hs.server_version, hs.capabilities, hs.charset)
             return backend

@@ -204,7 +204,7 @@ class Session:
         """Its backend connection is to ``address``, opened before ``since``, and that server
         answers no one: cut it (``BackendLink.cut``); the backend task's recovery follows."""
         backend = self.link.backend
-        if not self.link.up or backend is None or backend.address != address or backend.connected_at >= since:
+        if not self.link.up or backend is None or backend.address != address or backend.connected_at > since:
             return False
         self.log.warning("cutting backend connection %d: %s", backend.connection_id, reason)
         self.link.cut(reason)

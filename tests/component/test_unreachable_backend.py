@@ -164,3 +164,25 @@ async def test_dead_after_zero_turns_the_cut_off(nursery, partitioned, autojump)
     await trio.sleep(10 * DEAD_AFTER)
     assert rig.proxy.target.health_of(Address.parse(A)).silent_since is not None
     assert session.link.up and session.link.connection_id == first
+
+
+async def test_a_login_that_succeeds_ends_the_silence_its_checks_saw(nursery, partitioned, autojump):
+    """The checks of A have been silent for a while (a partition, or checks too slow on a
+    loaded machine) when a session logs in there: that login is an answer. When A goes silent
+    again, the connection it opened is cut like any other (it was left alone for good: it was
+    opened after the silence began, the cut takes only connections older than the silence)."""
+    rig = await checked_rig(nursery, config([A]), partitioned)
+    a = Address.parse(A)
+    partitioned.cut_off.add(a)
+    await trio.sleep(DEAD_AFTER / 2)
+    assert rig.proxy.target.health_of(a).silent_since is not None
+    partitioned.cut_off.discard(a)
+    c = await rig.client()  # between two checks: none of them answered
+    await c.must("SET sql_mode = ANSI")
+    [session] = rig.proxy.target.sessions
+    first = session.link.connection_id
+    partitioned.cut_off.add(a)
+    await trio.sleep(NOTICE + INTERVAL)
+    partitioned.cut_off.discard(a)
+    assert (await c.must("SELECT @@sql_mode")).rows == ["ANSI"]
+    assert session.link.connection_id != first, "the connection to the silent address was never cut"

@@ -59,6 +59,7 @@ from pymysql.constants import CLIENT
 from tests.lab.faultshim import Command, Event, FaultShim, Rule, matcher
 from tests.lab.fixtures import APP_PASSWORD, APP_USER, running_server
 from tests.lab.mariadb import HOST, MariaDB
+from tests.lab.netfault import Partition
 from tests.lab.proxy import ProxyProcess
 from tests.lab.tidb import TiDB
 
@@ -92,7 +93,10 @@ CONNECTION_LOST = {0, 1158, 1927, 2006, 2013, 2014, 2055}
 DRIVER_CRASH = -1
 
 SHIM_FAULTS = ("drop_answer", "close_before", "cut_result", "stall")
-ACTION_FAULTS = ("close_idle_connections", "kill")
+ACTION_FAULTS = ("close_idle_connections", "kill", "partition", "wait_timeout")
+# The proxy of a partition case checks its backend often and gives it up soon (backend.
+# dead_after), so that a case takes seconds: the cut comes within DEAD_AFTER + 3 intervals.
+FAST_HEALTH = {"health_interval": "1s", "dead_after": "3s"}
 
 
 @dataclasses.dataclass
@@ -231,14 +235,17 @@ class RecoveryHarness:
             raise errors[0]
         self.shim.check()
 
-    def proxy(self, mode: str = "default") -> ProxyProcess:
+    def proxy(self, mode: str = "default", fast_health: bool = False) -> ProxyProcess:
+        """The proxy of ``mode``; with ``fast_health``, one with FAST_HEALTH (partition cases)."""
         if mode not in MODES:
             raise ValueError(f"unknown recovery mode {mode!r} (one of {', '.join(MODES)})")
-        proxy = self.proxies.get(mode)
+        key = f"{mode}-fast-health" if fast_health else mode
+        proxy = self.proxies.get(key)
         if proxy is None or proxy.proc is None or proxy.proc.poll() is not None:
-            proxy = ProxyProcess(self.workdir / f"proxy-{mode}", self.shim.port, **MODES[mode])
+            extra = {"backend": FAST_HEALTH} if fast_health else {}
+            proxy = ProxyProcess(self.workdir / f"proxy-{key}", self.shim.port, **MODES[mode], **extra)
             proxy.start()
-            self.proxies[mode] = proxy
+            self.proxies[key] = proxy
         return proxy
 
     def direct(self, database: str | None = None, **kwargs: Any) -> pymysql.connections.Connection:
@@ -250,12 +257,12 @@ class RecoveryHarness:
         return self.server.query(sql, args, database=database)
 
     def client(
-        self, mode: str = "default", database: str = "test", multi_statements: bool = False, **kwargs: Any
+        self, mode: str = "default", database: str = "test", multi_statements: bool = False, fast_health: bool = False, **kwargs: Any
     ) -> pymysql.connections.Connection:
         """A PyMySQL connection through the proxy of ``mode`` (autocommit on)."""
         args = {
             "host": HOST,
-            "port": self.proxy(mode).port,
+            "port": self.proxy(mode, fast_health).port,
             "user": APP_USER,
             "password": APP_PASSWORD,
             "database": database,
@@ -269,13 +276,13 @@ class RecoveryHarness:
         }
         return pymysql.connect(**args)
 
-    def connector_client(self, mode: str = "default", database: str = "test", **kwargs: Any) -> Any:
+    def connector_client(self, mode: str = "default", database: str = "test", fast_health: bool = False, **kwargs: Any) -> Any:
         """A mysql-connector-python connection (pure Python) through the proxy of ``mode``."""
         import mysql.connector
 
         args = {
             "host": HOST,
-            "port": self.proxy(mode).port,
+            "port": self.proxy(mode, fast_health).port,
             "user": APP_USER,
             "password": APP_PASSWORD,
             "database": database,
@@ -330,17 +337,18 @@ class RecoveryHarness:
         self.query(f"CREATE DATABASE `{database}` CHARACTER SET utf8mb4")
         for sql in setup:
             self.query(sql, database=database)
-        proxy = self.proxy(mode)
+        fast_health = fault is not None and fault.kind == "partition"
+        proxy = self.proxy(mode, fast_health)
         log_start = len(proxy.log_text())
         mark = self.shim.mark()
         rule: Rule | None = None
         action_applied = False
         outcomes: list[Outcome] = []
         if driver == "connector":
-            conn = self.connector_client(mode, database=database)
+            conn = self.connector_client(mode, database=database, fast_health=fast_health)
             execute = _execute_connector
         else:
-            conn = self.client(mode, database=database, multi_statements=multi_statements)
+            conn = self.client(mode, database=database, multi_statements=multi_statements, fast_health=fast_health)
             execute = _execute
         try:
             lost = False
@@ -351,6 +359,7 @@ class RecoveryHarness:
                 for sql in before.get(i, ()):
                     self.query(sql, database=database)
                 killer: _Killer | None = None
+                partition: _Partitioner | None = None
                 if fault is not None and i == fault.on:
                     if fault.kind in SHIM_FAULTS:
                         match = fault.match if fault.match is not None else _default_match(step)
@@ -358,6 +367,11 @@ class RecoveryHarness:
                         rule = self.shim.arm(fault.kind, match, **params)
                     elif fault.kind == "close_idle_connections":
                         action_applied = self._close_idle(fault)
+                    elif fault.kind == "wait_timeout":
+                        action_applied = self._outwait(fault, str(script[i - 1]))
+                    elif fault.kind == "partition":
+                        partition = _Partitioner(self.shim.port, fault.params.get("seconds", 6.0))
+                        partition.start()
                     elif fault.params.get("running"):
                         killer = _Killer(self, database, str(step) if isinstance(step, str) else step.sql, fault.params.get("delay", 0.3))
                         killer.start()
@@ -367,6 +381,9 @@ class RecoveryHarness:
                 if killer is not None:
                     killer.join()
                     action_applied = killer.killed is not None
+                if partition is not None:
+                    partition.join()
+                    action_applied = "unreachable: no answer to any health check" in proxy.log_text()[log_start:]
                 outcomes.append(outcome)
                 lost = outcome.code in CONNECTION_LOST
         finally:
@@ -408,6 +425,19 @@ class RecoveryHarness:
         self._settle(mark, fault)
         return bool(closed)
 
+    def _outwait(self, fault: Fault, last_sql: str) -> bool:
+        """Stay idle until the server closes the session's connection (the one that ran the
+        script's ``last_sql``) for its wait_timeout (set by the script: ``seconds``); True once
+        it did."""
+        events = self.shim.events()
+        conn = max(e.conn for e in events if e.kind == "command" and e.sql == last_sql)
+        mark = self.shim.mark()
+
+        def closed() -> bool:
+            return any(e.kind == "close" and e.conn == conn and "server closed" in e.detail for e in self.shim.events(since=mark))
+
+        return self.shim.wait_for(closed, fault.params.get("seconds", 2) + 5)
+
     def _kill_idle(self, database: str, fault: Fault) -> bool:
         ids = self.backend_ids(database, command="Sleep")
         if not ids:
@@ -443,6 +473,22 @@ class _Killer(threading.Thread):
                 time.sleep(0.02)
         except BaseException as exc:  # reported through killed=None
             self.error = exc
+
+
+class _Partitioner(threading.Thread):
+    """The port cut off (``Partition``: every packet to and from it dropped) for ``seconds``,
+    from the moment the thread starts; healed however the case ends."""
+
+    def __init__(self, port: int, seconds: float) -> None:
+        super().__init__(daemon=True, name=f"partition:{port}")
+        self.partition = Partition(port).cut()
+        self.seconds = seconds
+
+    def run(self) -> None:
+        try:
+            time.sleep(self.seconds)
+        finally:
+            self.partition.heal()
 
 
 def _default_match(step: str | Prepared) -> Callable[[Command], bool]:

@@ -47,6 +47,7 @@ from typing import Any
 import pytest
 
 from proxy import sqltext
+from tests.lab.netfault import partition_unavailable_reason
 from tests.recovery.harness import (  # noqa: F401 (fixture)
     DRIVER_CRASH,
     FLAVORS,
@@ -188,6 +189,7 @@ class Case:
     mariadb_only: str | None = None  # why it does not run on TiDB
     tidb_alts: list[Alt] | None = None  # what TiDB does instead, where it differs from MariaDB (measured)
     tidb_bug: str | None = None  # a known failure of the proxy on TiDB (a strict xfail there)
+    log_has: str | None = None  # what the proxy's log must say about the case
 
     def __post_init__(self) -> None:
         self.check()
@@ -230,6 +232,7 @@ def fault(kind: str, on: int, **params: Any) -> Fault:
 
 
 DROP, CLOSE, IDLE, STALL, CUT, KILL = "drop_answer", "close_before", "close_idle_connections", "stall", "cut_result", "kill"
+WT = "wait_timeout"
 STALL_SECONDS = 1.0
 
 
@@ -257,6 +260,7 @@ def inflight(
     pre: list[Exp] | None = None,
     post: list[Exp] | None = None,
     marker: str = "resolve",
+    fault_params: dict[str, Any] | None = None,
     **kw: Any,
 ) -> None:
     """A COMMIT or an autocommit write (statement ``idx``) in flight, its answer lost.
@@ -289,7 +293,7 @@ def inflight(
                     alts = [Alt(retry, before)]
             else:  # safe_mode
                 alts = [Alt(ok, after)] if idem else [Alt(conn, done)]
-            add(pattern, mode, script, fault(kind, idx), setup, alts, **kw)
+            add(pattern, mode, script, fault(kind, idx, **(fault_params or {})), setup, alts, **kw)
 
 
 def _is_commit(step: Any) -> bool:
@@ -1814,6 +1818,66 @@ for m in MODES:
     )
 
 # =============================================================================================
+# 12. The backend unreachable (a real partition: netfilter drops every packet to and from the
+# address, health checks included) and the server's wait_timeout
+
+# The proxy finds the address dead (backend.dead_after, 3 s here) and cuts the connection with a
+# reset, so nothing it sent is delivered when the partition heals: what is in flight is judged
+# as any lost command (a read resent, a write unknown: a connection error, a COMMIT settled by
+# its marker), and recovery waits for the server within the buffer window.
+PARTITION_SECONDS = 9.0
+PART_FAULT = "partition"
+for m in MODES:
+    add("partition-read", m, [T_ROWS, "SELECT COUNT(*) FROM t"], fault(PART_FAULT, 1, seconds=PARTITION_SECONDS), [T],
+        [Alt([OK(), OK(rows=((2,),))], {QT: [(3, "c"), (4, "d")]})])  # fmt: skip
+add(
+    "partition-in-transaction",
+    "default",
+    ["BEGIN", "INSERT INTO t VALUES (1, 'a')", "INSERT INTO t VALUES (2, 'b')", "COMMIT"],
+    fault(PART_FAULT, 2, seconds=PARTITION_SECONDS),
+    [T],
+    [Alt(oks(4), {QT: [(1, "a"), (2, "b")]})],
+)
+inflight(
+    "partition-autocommit-insert",
+    ["INSERT INTO t VALUES (1, 'a')", "SELECT 1"],
+    0,
+    setup=[T],
+    before={QT: []},
+    after={QT: [(1, "a")]},
+    idem=False,
+    faults=(PART_FAULT,),
+    fault_params={"seconds": PARTITION_SECONDS},
+)
+inflight(
+    "partition-commit",
+    ["BEGIN", "INSERT INTO t VALUES (1, 'a')", "COMMIT", "SELECT 1"],
+    2,
+    setup=[T],
+    before={QT: []},
+    after={QT: [(1, "a")]},
+    idem=False,
+    faults=(PART_FAULT,),
+    fault_params={"seconds": PARTITION_SECONDS},
+)
+
+# The server closes a connection idle past its wait_timeout (the session's own, set here): the
+# proxy opens a new one at the next command, not at once (``log_has``), with the session's
+# state; in a transaction the server rolled it back, so the journal is replayed.
+WAIT_TIMEOUT = "SET SESSION wait_timeout = 2"
+LAZY = "a new one at the next command"
+add("wait-timeout-idle", "default", [WAIT_TIMEOUT, "SET @v = 5", "SELECT @v, @@SESSION.wait_timeout"], fault(WT, 2, seconds=2), [],
+    [Alt([OK(), OK(), OK(rows=((5, 2),))], {})], log_has=LAZY)  # fmt: skip
+add(
+    "wait-timeout-in-transaction",
+    "default",
+    [WAIT_TIMEOUT, "BEGIN", "INSERT INTO t VALUES (1, 'a')", "INSERT INTO t VALUES (2, 'b')", "COMMIT"],
+    fault(WT, 3, seconds=2),
+    [T],
+    [Alt(oks(5), {QT: [(1, "a"), (2, "b")]})],
+)
+
+# =============================================================================================
 
 
 def _ids_unique() -> None:
@@ -1969,6 +2033,8 @@ PARAMS = [
 
 @pytest.mark.parametrize("recovery_harness, case", PARAMS, indirect=["recovery_harness"], scope="module")
 def test_matrix(recovery_harness: RecoveryHarness, case: Case) -> None:
+    if case.fault is not None and case.fault.kind == PART_FAULT and (reason := partition_unavailable_reason()):
+        pytest.skip(f"partition cases skipped: {reason}")
     n = next(_n)
     database = f"mx{n}"
     xid = f"xa_{database}"
@@ -2000,6 +2066,8 @@ def test_matrix(recovery_harness: RecoveryHarness, case: Case) -> None:
     else:
         pytest.fail(_explain(case, res, data), pytrace=False)
     assert res.fault_applied, f"the fault did not fire (the case proves nothing)\n{_explain(case, res, data)}"
+    if case.log_has is not None:
+        assert case.log_has in res.proxy_log, f"the proxy's log does not say {case.log_has!r}\n{_explain(case, res, data)}"
     for prefix, most in case.sent_max.items():
         sent = res.sent(prefix)
         assert sent <= most, f"{prefix!r} reached the server {sent} times (at most {most})\n{_explain(case, res, data)}"
