@@ -21,6 +21,7 @@ Shared by the chaos tests, bench/chaos.py, bench/chaos_matrix.py and the README 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -265,6 +266,29 @@ def crashing(shim: FaultShim, down: float = 1.0) -> Disrupt:
         return f"crash ({len(cut)} connections cut, {'RST' if i % 2 else 'FIN'})"
 
     return lambda duration, interval, log: _every(interval, duration, log, crash)
+
+
+def cut_times(proxy_log: str) -> list[float]:
+    """When (seconds of the log's clock) the proxy cut connections to an unreachable address."""
+    times = []
+    for line in proxy_log.splitlines():
+        if "unreachable: no answer to any health check" in line and "cut " in line:
+            m = re.match(r"(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[.,]\d+)", line)
+            if m:
+                times.append(time.mktime(time.strptime(m.group(1)[:19].replace("T", " "), "%Y-%m-%d %H:%M:%S"))
+                             + float("0." + re.split(r"[.,]", m.group(1))[1]))  # fmt: skip
+    return times
+
+
+def noticed_after(fault_started_wall: list[float], proxy_log: str) -> list[float]:
+    """For each fault (its start, wall clock), seconds until the proxy's first cut after it."""
+    cuts = cut_times(proxy_log)
+    return [round(min((c - t for c in cuts if c >= t), default=float("inf")), 1) for t in fault_started_wall]
+
+
+def fault_starts(restarts: list[str], run_started_wall: float) -> list[float]:
+    """Wall-clock starts of the chaos run's faults, from its log lines ("... at +12.3s, ...")."""
+    return [run_started_wall + float(m.group(1)) for line in restarts if (m := re.search(r"at \+([\d.]+)s", line))]
 
 
 def partitioning(port: int, down: float) -> Disrupt:
