@@ -201,7 +201,7 @@ class Session:
             self.start_move()
 
     def cut_backend(self, address, since: float, reason: str) -> bool:
-        """Its backend connection is to ``address``, opened before ``since``, and that server
+        """Its backend connection is to ``address``, opened by ``since``, and that server
         answers no one: cut it (``BackendLink.cut``); the backend task's recovery follows."""
         backend = self.link.backend
         if not self.link.up or backend is None or backend.address != address or backend.connected_at > since:

@@ -59,7 +59,7 @@ class Command:
         return self.payload[1:].decode("utf-8", "surrogateescape")
 
     def full_payload(self) -> bytes:
-        """The whole payload, read back from the spool if need be (split mode only)."""
+        """The whole payload, read back from the spool if need be (a split, ``judged_whole``)."""
         if self.spool is None:
             return self.payload
         self.spool.seek(0)
