@@ -11,7 +11,8 @@
 
 A partition is two netfilter rules (``iptables``, loopback, INPUT: the packets to the port and
 the ones from it), inserted at the top and deleted on exit however the block ends; each carries
-a comment naming the test run, so ``heal_all`` removes any left by a killed run. It needs root
+a comment naming the process that made it, so ``heal_all`` removes any left by a killed run and
+none of a live one (a soak beside the suite). It needs root
 and Debian's iptables (``scripts/setup test`` installs it); ``partition_unavailable_reason``
 says in one line why not. Nothing else on the machine is touched: other ports pass.
 """
@@ -19,6 +20,8 @@ says in one line why not. Nothing else on the machine is touched: other ports pa
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import signal
 import socket
@@ -47,8 +50,14 @@ def partition_unavailable_reason() -> str | None:
     return None
 
 
+def _comment(pid: int | None = None) -> str:
+    """The comment on this process's rules: the creator's pid lets ``heal_all`` tell a rule a
+    killed run left from one another run (a soak beside the suite) still needs."""
+    return f"{COMMENT} pid={pid or os.getpid()}"
+
+
 def _rules(port: int) -> list[list[str]]:
-    tail = ["-j", "DROP", "-m", "comment", "--comment", COMMENT]
+    tail = ["-j", "DROP", "-m", "comment", "--comment", _comment()]
     return [["INPUT", "-i", "lo", "-p", "tcp", "--dport", str(port), *tail],
             ["INPUT", "-i", "lo", "-p", "tcp", "--sport", str(port), *tail]]  # fmt: skip
 
@@ -85,12 +94,29 @@ class Partition:
 
 
 def heal_all() -> int:
-    """Delete every rule a test run left (a killed run never reached its ``heal``)."""
-    listing = _iptables("-S", "INPUT", check=False).stdout.splitlines()
-    left = [line.split()[1:] for line in listing if COMMENT in line and line.startswith("-A ")]
+    """Delete every rule this process made and every rule a run that is gone left (a killed
+    run never reached its ``heal``); rules of a live other process stay."""
+    left = []
+    for line in _iptables("-S", "INPUT", check=False).stdout.splitlines():
+        m = re.search(rf'--comment "?{re.escape(COMMENT)}(?: pid=(\d+))?"?', line)
+        if m is None or not line.startswith("-A "):
+            continue
+        pid = int(m.group(1)) if m.group(1) else None
+        if pid is None or pid == os.getpid() or not _alive(pid):
+            left.append(shlex.split(line)[1:])
     for rule in left:
-        _iptables("-D", *[part.strip('"') for part in rule], check=False)
+        _iptables("-D", *rule, check=False)
     return len(left)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class Hung:
