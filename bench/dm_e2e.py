@@ -149,6 +149,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "and in random order graceful restarts (wait 0 and 3 s), SQL-layer crashes, partitions of 5-90 s, lost DDL "
                         "answers, idle sessions closed; one fault --interval s after the last one ended")  # fmt: skip
     p.add_argument("--seed", type=int, default=7, help="--soak: the fault order's random seed (default 7)")
+    p.add_argument("--buffer-window", type=float, default=30.0, metavar="SECONDS",
+                   help="the proxy's recovery.buffer_window (default 30, configs/dm-sidecar.toml's); a fault longer "
+                   "than it reaches DM as 1158")  # fmt: skip
     p.add_argument("--no-faults", action="store_true", help="no restart: DM's full-load rate and backlog catch-up rate per middle")
     p.add_argument("--graceful-wait", type=int, default=3,
                    help="--cluster: every tidb-server's graceful-wait-before-shutdown, seconds (default 3; e.g. 0, 3, 15)")  # fmt: skip
@@ -589,7 +592,8 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
             shim = FaultShim(tidb.port).start()
             faulted = [Shimmed(tidb, shim)]
             event = soak_event(tidb, shim, args.seed)
-        port, middle = start_middle(target, workdir, faulted, cluster.pd.address if cluster else None, DM_USER, DM_PASSWORD)
+        port, middle = start_middle(target, workdir, faulted, cluster.pd.address if cluster else None, DM_USER, DM_PASSWORD,
+                                    args.buffer_window)  # fmt: skip
         dm = DMCluster(workdir / "dm")
         dm.start()
         dm.create_source(source_yaml(workdir / "source.yaml", up.port))

@@ -32,9 +32,10 @@ MIDDLES = ("direct", "haproxy", "tiproxy", "proxy")
 LABELS = {"direct": "directly", "haproxy": "HAProxy", "tiproxy": "TiProxy", "proxy": "through proxy"}
 
 
-def sidecar_overrides(servers: list[TiDB], user: str, password: str) -> dict[str, Any]:
+def sidecar_overrides(servers: list[TiDB], user: str, password: str, buffer_window: float = 30.0) -> dict[str, Any]:
     """configs/dm-sidecar.toml's settings on the lab's ports: one server's status port watched,
-    or, in front of a cluster, every server's (``[backend] status_urls``)."""
+    or, in front of a cluster, every server's (``[backend] status_urls``); ``buffer_window``:
+    the sidecar's 30 s, or another."""
     if len(servers) == 1:
         backend: dict[str, Any] = {"status_port": servers[0].status_port, "health_interval": "2s"}
     else:
@@ -49,17 +50,19 @@ def sidecar_overrides(servers: list[TiDB], user: str, password: str) -> dict[str
         "listen": {"max_connections": 256, "drain_timeout": "20s"},
         "backend": backend,
         "users": [{"name": user, "password": password}],
-        "recovery": {"buffer_window": "30s", "idempotent": "safe-mode", "commit_marker": True},
+        "recovery": {"buffer_window": f"{buffer_window:g}s", "idempotent": "safe-mode", "commit_marker": True},
         "log": {"level": "info"},
     }
 
 
-def start_middle(target: str, workdir: Path, servers: list[TiDB], pd_address: str | None, user: str, password: str):
-    """Start ``target`` in front of ``servers``; (the port DM writes to, the middle or None)."""
+def start_middle(target: str, workdir: Path, servers: list[TiDB], pd_address: str | None, user: str, password: str,
+                 buffer_window: float = 30.0):  # fmt: skip
+    """Start ``target`` in front of ``servers``; (the port DM writes to, the middle or None).
+    ``buffer_window``: the proxy's (``recovery.buffer_window``)."""
     if target == "direct":
         return servers[0].port, None
     if target == "proxy":
-        proxy = ProxyProcess(workdir / "proxy", [s.port for s in servers], **sidecar_overrides(servers, user, password))
+        proxy = ProxyProcess(workdir / "proxy", [s.port for s in servers], **sidecar_overrides(servers, user, password, buffer_window))
         return proxy.start().port, proxy
     if target == "haproxy":
         haproxy = HAProxy(workdir / "haproxy", [s.port for s in servers], status_ports=[s.status_port for s in servers])
