@@ -1129,6 +1129,9 @@ def render(results: dict[str, Any]) -> str:
     row("proxy recoveries: resumed", lambda r: _outcome(r, "resumed"))
     row("proxy: 1213 (DM retries)", lambda r: _outcome(r, "aborted_1213"))
     row("proxy: refused, 1158", lambda r: _outcome(r, "aborted_1158"))
+    reasons = sorted({k for r in runs if r.get("proxy") for k in r["proxy"].get("refused_by_reason", {})})
+    for reason in reasons[:6]:
+        row(f"  {reason[:46]}", lambda r, k=reason: "-" if not r.get("proxy") else str(r["proxy"].get("refused_by_reason", {}).get(k, 0)))
     row("proxy: sessions moved off a draining server", lambda r: "-" if not r.get("proxy") else str(r["proxy"].get("moved", "-")))
     row("proxy: replayed statements", lambda r: "-" if not r.get("proxy") else f"{r['proxy']['replayed_statements']:.0f}")
     if has("tiproxy"):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +111,22 @@ def proxy_numbers_from(metrics: str, log_text: str) -> dict[str, Any]:
             "moved": sum(1 for line in lines if " moved from " in line),
             "move_failed": sum(1 for line in lines if "could not move off draining backend" in line),
             "recovered_lines": sum(1 for line in lines if "recovered on" in line),
+            "refused_by_reason": refusals_by_reason(lines),
             "tracebacks": log_text.count("Traceback")}  # fmt: skip
+
+
+def refusals_by_reason(log_lines: list[str]) -> dict[str, int]:
+    """The proxy's 1158 answers by reason, from its log lines ("the client gets 1158 ...: why"),
+    the addresses, numbers and server messages left out so that alike reasons count together."""
+    reasons: Counter[str] = Counter()
+    for line in log_lines:
+        if "the client gets 1158" not in line:
+            continue
+        why = line.split("replay-proxy: ", 1)[1] if "replay-proxy: " in line else line.split("the client gets 1158", 1)[1]
+        why = re.sub(r"\(last error:.*", "", why)
+        why = re.sub(r"[0-9.]+(:[0-9]+)?", "N", why).strip(" )")
+        reasons[why[:90]] += 1
+    return dict(reasons.most_common())
 
 
 _LABELS = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
