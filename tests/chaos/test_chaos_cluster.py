@@ -100,9 +100,12 @@ async def through_proxy(cluster: Cluster, tmp_path, label: str, sql: str, disrup
     return result, log
 
 
-def check(result: ChaosResult, log: str, faults: int = 3) -> None:
+def check(result: ChaosResult, log: str, faults: int = 3, sessions_lose_connections: bool = True) -> None:
+    """No client error, no 1158, every row; and, where a fault closes the servers' connections
+    (``sessions_lose_connections``), every fault reached the pinned sessions."""
     assert_chaos_ok(result, log, min_disruptions=faults, min_txns=100)
-    assert recoveries(log) >= len(result.restarts), recoveries(log)  # every fault reached the pinned sessions
+    if sessions_lose_connections:
+        assert recoveries(log) >= len(result.restarts), recoveries(log)
     refused = [line for line in log.splitlines() if "the client gets 1158" in line]  # (not a connection id holding 1158)
     assert not refused, refused[:5]
 
@@ -138,7 +141,10 @@ async def test_store_restarts_safe_mode(cluster_factory, goclient, tmp_path):
     """The whole database away for a moment: the tidb-servers stay up (no connection is lost) and
     answer what TiDB answers while its store is gone."""
     cluster = cluster_factory(graceful_wait=0)
-    check(*await through_proxy(cluster, tmp_path, "store_safe", "safe", restarting_store(cluster), 6.0, idempotent="safe-mode"), faults=2)
+    # TiDB may ride a store restart out with its own retries (seen: 0 sessions recovered in one
+    # run, 20 in the next), so recoveries are not required here.
+    check(*await through_proxy(cluster, tmp_path, "store_safe", "safe", restarting_store(cluster), 6.0, idempotent="safe-mode"), faults=2,
+          sessions_lose_connections=False)  # fmt: skip
 
 
 async def test_partitions_insert_with_commit_markers(cluster_factory, goclient, tmp_path):
