@@ -34,8 +34,8 @@ from proxy.recovery.facts import facts_of, needs_last_results
 from proxy.recovery.kills import killed, killed_by_operator
 from proxy.recovery.loss import Loss, Slots, Stage, failure, lost_transaction, window_for
 from proxy.recovery.moves import GiveUp, Move, Then
-from proxy.recovery.plan import Outcome, Plan, StatementFacts, plan_recovery
-from proxy.recovery.replay import resolve_ddl, resolve_marker, run_plan
+from proxy.recovery.plan import Outcome, Plan, StatementFacts, marker_plan, plan_recovery
+from proxy.recovery.replay import Unproven, resolve_ddl, resolve_marker, run_plan
 from proxy.recovery.restore import Waited, reestablish
 from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, ConnectionFailed, Inflight
 from proxy.sessionlog import outcome
@@ -187,11 +187,17 @@ async def _settled(loss: Loss, answer: bytes, how: str) -> AnswerNow:
 
 
 async def _replay(loss: Loss, slots: Slots) -> Decision | None:
-    """Prove what runs again, replay the journal."""
+    """Prove what runs again, replay the journal. What safe mode cannot prove, a commit
+    marker may settle: then the COMMIT is resolved by it first."""
     try:
         replayed, owed = await run_plan(loss, loss.backend)
     except _TRANSIENT as exc:
         return _again(loss, exc)
+    except Unproven as exc:
+        loss.parts.log.warning("safe mode cannot prove the replay idempotent (%s); asking the commit marker", exc)
+        loss.plan = marker_plan(f"COMMIT in flight, not proven idempotent ({exc}); its commit marker will tell")
+        loss.stage = Stage.RESOLVE
+        return None
     loss.replayed = replayed
     loss.stage = Stage.FINISH
     if moves.after_replay(owed is not None) is Move.OWE_1213:

@@ -21,7 +21,7 @@ import enum
 
 import attrs
 
-__all__ = ["Sent", "Outcome", "Plan", "StatementFacts", "plan_recovery"]
+__all__ = ["Sent", "Outcome", "Plan", "StatementFacts", "plan_recovery", "marker_plan"]
 
 
 class Sent(enum.Enum):
@@ -61,6 +61,8 @@ class Plan:
     verify: bool = True  # compare replayed results with what the client saw
     resend: bool = False  # send the in-flight command again on the new connection
     proof: bool = False  # safe mode: the tables' keys must prove idempotence before anything runs
+    # A proof that fails asks the COMMIT's commit marker instead (``marker_plan``) of failing.
+    marker_fallback: bool = False
 
 
 def plan_recovery(
@@ -137,11 +139,11 @@ def plan_recovery(
         if safe_mode and inflight.idempotent and all(s.idempotent for s in journal):
             # It may have committed already; applying it again leaves the same rows. Results of
             # the replay legitimately differ (e.g. REPLACE counts 2 rows), so don't compare them.
-            return Plan(
-                Outcome.RESUME, "COMMIT in flight, transaction idempotent (safe mode)", replay=True, verify=False, resend=True, proof=True
-            )
+            # Safe mode first: it needs no answer about the old connection, which a marker does.
+            return Plan(Outcome.RESUME, "COMMIT in flight, transaction idempotent (safe mode)", replay=True, verify=False,
+                        resend=True, proof=True, marker_fallback=commit_marker)  # fmt: skip
         if commit_marker:
-            return Plan(Outcome.RESOLVE, "COMMIT in flight; its commit marker will tell", replay=not_replayable is None, resend=True)
+            return marker_plan()
         why = "not all statements are idempotent" if safe_mode else "recovery.idempotent is not safe-mode"
         return Plan(Outcome.FAIL_CONNECTION, f"COMMIT was in flight; its outcome is unknown ({why})")
 
@@ -149,3 +151,9 @@ def plan_recovery(
     if not_replayable is not None:
         return Plan(Outcome.FAIL_RETRYABLE, f"transaction rolled back and cannot be replayed: {not_replayable}")
     return Plan(Outcome.RESUME, "transaction replay", replay=True, resend=resend)
+
+
+def marker_plan(reason: str = "COMMIT in flight; its commit marker will tell") -> Plan:
+    """A COMMIT in doubt of a replayable transaction with a commit marker: committed → OK,
+    not committed → the journal replayed and checked (rule 2)."""
+    return Plan(Outcome.RESOLVE, reason, replay=True, resend=True)

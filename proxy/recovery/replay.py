@@ -30,9 +30,14 @@ if TYPE_CHECKING:
     from proxy.recovery.loss import Loss
     from proxy.session.tracker import SessionTracker
 
-__all__ = ["resolve_marker", "resolve_ddl", "run_plan", "is_begin"]
+__all__ = ["resolve_marker", "resolve_ddl", "run_plan", "is_begin", "Unproven"]
 
 _POLL = 0.5  # seconds between two readings of TiDB's DDL job list
+
+
+class Unproven(Exception):
+    """Safe mode could not prove the replay idempotent, and the COMMIT in doubt has a commit
+    marker to ask instead (``Plan.marker_fallback``). Nothing ran on the new connection."""
 
 
 async def resolve_marker(loss: Loss, backend: Backend) -> bool:
@@ -137,7 +142,8 @@ def is_begin(entry: JournalEntry | None) -> bool:
 async def run_plan(loss: Loss, backend: Backend) -> tuple[int, bytes | None]:
     """Prove that what runs again is safe to run again, then replay the journal. Returns the
     statements replayed and, when the replay did not reproduce what the client saw (the
-    transaction rolled back), the 1213 the client is owed."""
+    transaction rolled back), the 1213 the client is owed. ``Unproven`` when the proof fails
+    and a commit marker can tell instead."""
     p, plan = loss.parts, loss.plan
     io_timeout, tx = p.config.backend.io_timeout, p.tracking.tx
     assert plan is not None
@@ -151,6 +157,8 @@ async def run_plan(loss: Loss, backend: Backend) -> tuple[int, bytes | None]:
         with trio.fail_after(io_timeout):
             why = await unproven(backend, again, p.tracking, p.target.keys, loss.answers)
         if why is not None:
+            if plan.marker_fallback:
+                raise Unproven(why)
             raise failure(p, f"safe mode cannot prove the replay idempotent: {why}")
     if not (plan.replay and tx.active):
         return 0, None

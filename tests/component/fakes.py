@@ -12,7 +12,7 @@ command to simulate what real servers do when they go away:
 - ``None``: normal processing.
 
 Mini dialect: ``INSERT INTO t VALUES (k, 'v')``, ``REPLACE INTO t VALUES (k, 'v')``,
-``UPDATE c SET n = n + 1``, ``DELETE FROM t WHERE k = n``, ``SELECT COUNT(*) FROM t``,
+``UPDATE c SET n = n + 1``, ``DELETE FROM t WHERE k = n`` (or ``v = 'v'``), ``SELECT COUNT(*) FROM t``,
 ``SELECT v FROM t WHERE k = n``, ``SELECT n FROM c``, ``BEGIN``/``START TRANSACTION``,
 ``COMMIT``, ``ROLLBACK``, ``SET name = value`` (kept per connection), ``SELECT @@name``,
 ``SELECT GET_LOCK('x', 1)``, ``KILL n``, plus the proxy's own probes and look-ups (commit
@@ -396,6 +396,10 @@ class FakeConnection:
             affected = 1 if k in db.rows else 0
             self._write(lambda: db.rows.pop(k, None))
             return [make_ok(self.status(), affected_rows=affected)]
+        if m := re.fullmatch(r"DELETE FROM T WHERE V = '([^']*)'", s, re.I):  # keyless: safe mode cannot prove it
+            gone = [k for k, v in db.rows.items() if v == m.group(1)]
+            self._write(lambda: [db.rows.pop(k, None) for k in gone])
+            return [make_ok(self.status(), affected_rows=len(gone))]
         if re.fullmatch(r"UPDATE C SET N = N \+ 1", s, re.I):
             self._write(lambda: setattr(db, "counter", db.counter + 1))
             return [make_ok(self.status(), affected_rows=1)]

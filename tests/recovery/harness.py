@@ -82,6 +82,8 @@ MODES: dict[str, dict[str, Any]] = {
     "default": {},
     "commit_marker": {"recovery": {"commit_marker": True}},
     "safe_mode": {"recovery": {"idempotent": "safe-mode"}},
+    # configs/dm-sidecar.toml's pair: what safe mode cannot prove, a marker settles
+    "safe_mode_marker": {"recovery": {"idempotent": "safe-mode", "commit_marker": True}},
 }
 
 # Error codes that mean "this client connection is gone": the rest of the script is skipped.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.recovery.plan import Outcome, Sent, StatementFacts, plan_recovery
+from proxy.recovery.plan import Outcome, Sent, StatementFacts, marker_plan, plan_recovery
 
 R, RESOLVE, RETRY, FAIL = Outcome.RESUME, Outcome.RESOLVE, Outcome.FAIL_RETRYABLE, Outcome.FAIL_CONNECTION
 RESOLVE_DDL = Outcome.RESOLVE_DDL
@@ -148,3 +148,14 @@ def test_plan(what, overrides, outcome, replay, resend):
     assert (plan.outcome, plan.replay, plan.resend) == (outcome, replay, resend), plan.reason
     if plan.outcome is R and plan.replay and (overrides.get("safe_mode") and overrides.get("inflight") is COMMIT):
         assert not plan.verify  # an idempotent replay after a possible commit legitimately differs
+
+
+@pytest.mark.parametrize("commit_marker", [True, False])
+def test_a_safe_mode_commit_plan_falls_back_to_the_marker_only_with_one(commit_marker):
+    """Safe mode goes first (it needs no word about the old connection); a marker, when the
+    COMMIT has one, is what its failed proof falls back to."""
+    plan = plan_recovery(sent=MAYBE, inflight=COMMIT, in_transaction=True, journal=[IDEMPOTENT_WRITE], not_replayable=None,
+                         unrestorable=None, autocommit=True, safe_mode=True, commit_marker=commit_marker)  # fmt: skip
+    assert (plan.outcome, plan.proof, plan.marker_fallback) == (R, True, commit_marker)
+    fallback = marker_plan()
+    assert (fallback.outcome, fallback.replay, fallback.verify, fallback.resend, fallback.proof) == (RESOLVE, True, True, True, False)
