@@ -126,10 +126,15 @@ def count_target(env: BenchEnv, target: str, cells: list[Cell], settings: Settin
     return found
 
 
-def count_all(env: BenchEnv, targets: list[str], settings: Settings, n: int, repeat: int, out: Path) -> dict:
+def count_all(env: BenchEnv, targets: list[str], settings: Settings, n: int, repeat: int, out: Path,
+              only: list[str] | None = None) -> dict:  # fmt: skip
     """Every counted target, ``repeat`` times (a fresh process each), one at a time: the machine's
-    two cores are shared with the client and the database, and callgrind is slow enough."""
-    cells = [c for c in CELLS if c.name != "dm_batches" or _has_go()]
+    two cores are shared with the client and the database, and callgrind is slow enough.
+    ``only``: these cells (by name), else all."""
+    unknown = set(only or ()) - {c.name for c in CELLS}
+    if unknown:
+        raise WorkloadError(f"--instructions-cells: no cell {', '.join(sorted(unknown))}")
+    cells = [c for c in CELLS if (c.name != "dm_batches" or _has_go()) and (only is None or c.name in only)]
     result: dict = {"statements": n, "repeat": repeat, "cells": {c.name: {"title": c.title, "workload": c.workload} for c in cells},
                     "targets": {}, "errors": []}  # fmt: skip
     for target in [t for t in COUNTED_TARGETS if t in targets]:

@@ -174,6 +174,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--instructions-statements", type=int, default=1500, metavar="N",
                    help="statements per counted run (N, then 2N; default %(default)s)")  # fmt: skip
+    p.add_argument("--instructions-cells", metavar="C[,C]",
+                   help="only these cells (point_select, write_only, point_select_ps, write_only_ps, dm_batches; default all)")  # fmt: skip
     p.add_argument("--instructions-repeat", type=int, default=2, metavar="K",
                    help="fresh processes per counted target, to show the count repeats (default %(default)s)")  # fmt: skip
     p.add_argument("--proxy-source", type=Path, metavar="DIR",
@@ -475,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.instructions:
             env.stop_stack()  # callgrind's process runs alone beside the client and the database
             SysbenchSetup.ensure(env, settings)
-            results["instructions"] = count_all(env, targets, settings, args.instructions_statements, args.instructions_repeat, out)
+            results["instructions"] = count_all(env, targets, settings, args.instructions_statements, args.instructions_repeat, out,
+                                                 args.instructions_cells.split(",") if args.instructions_cells else None)  # fmt: skip
     except KeyboardInterrupt as e:
         interrupted = True
         env.log(f"interrupted ({e}); stopping everything and writing partial results")

@@ -45,10 +45,15 @@ def fast_verb(payload: bytes, multi: bool) -> bytes | None:
 
 
 # Bytes a statement must contain to make its session impossible to restore (a named lock, a
-# user variable assigned in a query): one C-level scan before the classifier is asked.
-_DML_HINT = re.compile(rb":=|_[Ll][Oo][Cc][Kk]")
+# user variable assigned in a query), looked for before the classifier is asked. Two memchr
+# scans, then a regex only from the first "_": one regex for both (its first byte a class)
+# walked a 100-row REPLACE at ~10 instructions a byte (callgrind).
+_LOCK = re.compile(rb"_[Ll][Oo][Cc][Kk]")
 
 
 def may_pin_session(payload: bytes) -> bool:
     """Could this fast-path statement pin the session (GET_LOCK(), @v := ...)?"""
-    return _DML_HINT.search(payload) is not None
+    if b":=" in payload:
+        return True
+    underscore = payload.find(b"_")
+    return underscore >= 0 and _LOCK.search(payload, underscore) is not None
