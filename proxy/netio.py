@@ -128,6 +128,9 @@ class Channel:
                 self._interrupting = False
                 raise WaitInterrupted(self.name) from None
             raise PeerClosed(f"{self.name}: closed") from None
+        # An interrupt that came after the wait had ended (the bytes were here first) is over:
+        # a close by another task later is the peer gone, not an interrupt.
+        self._interrupting = False
 
     async def wait_data(self) -> None:
         """Until the peer sends something (or closes). Cancelling it loses nothing."""
@@ -203,7 +206,7 @@ class Channel:
 class StreamChannel(Channel):
     """The same interface over any trio Stream (memory streams in component tests)."""
 
-    __slots__ = ("stream",)
+    __slots__ = ("stream", "_wait_scope")
 
     def __init__(self, stream: trio.abc.Stream, name: str) -> None:
         self.stream = stream
@@ -211,10 +214,23 @@ class StreamChannel(Channel):
         self.decoder = PacketDecoder()
         self._unyielded = 0
         self.closed = False
+        self.between_commands = False
+        self._interrupting = False
+        self._wait_scope: trio.CancelScope | None = None  # of ``recv(wait_first=True)``: ``interrupt_wait`` cancels it
 
     async def recv(self, size: int = RECV_SIZE, wait_first: bool = False) -> bytes:
         try:
-            data = await self.stream.receive_some(size)
+            if wait_first:  # a trio stream's receive_some cancelled has received nothing
+                scope = self._wait_scope = trio.CancelScope()
+                try:
+                    with scope:
+                        data = await self.stream.receive_some(size)
+                finally:
+                    self._wait_scope = None
+                if scope.cancelled_caught:
+                    raise WaitInterrupted(self.name)
+            else:
+                data = await self.stream.receive_some(size)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise PeerClosed(f"{self.name}: {exc or 'closed'}") from None
         if not data:
@@ -233,6 +249,13 @@ class StreamChannel(Channel):
 
     def data_pending(self) -> bool:
         return bool(self.decoder.buffered())
+
+    def interrupt_wait(self) -> bool:
+        scope = self._wait_scope
+        if scope is None or self.decoder.buffered() or self.closed:
+            return False
+        scope.cancel()
+        return True
 
     def send_nowait(self, data: bytes) -> None:
         pass

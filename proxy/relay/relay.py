@@ -11,8 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    import trio
-
     from proxy.netio import Channel
     from proxy.protocol.response import ResponseTracker
     from proxy.recovery.loss import SessionParts
@@ -62,11 +60,9 @@ class Relay(Protocol):
 
     async def send_inflight(self, inflight: Inflight) -> None: ...
 
-    def park(self) -> trio.CancelScope:
-        """The scope of the backend task's wait between responses (an upgrade may stop it there)."""
-        ...
+    parked: bool  # the backend task waits between responses (an upgrade may stop it there)
 
-    def unpark(self) -> None: ...
+    def unpark(self, interrupted: bool) -> None: ...
 
     async def command_queued(self) -> None:
         """Wait until a command waits to be sent (while the link is LOST)."""

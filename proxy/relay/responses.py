@@ -16,7 +16,7 @@ import trio
 
 from proxy.backend import BackendError
 from proxy.hooks import CommandInfo, ResultInfo
-from proxy.netio import PeerClosed, PeerFinished
+from proxy.netio import PeerClosed, PeerFinished, WaitInterrupted
 from proxy.protocol.constants import Err
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ERR_HEADER, ErrPacket, ProtocolError, make_err, parse_err
@@ -54,14 +54,16 @@ async def backend_task(s: Relay) -> None:
                 # Nothing arrives between responses, nor before the server has worked on a
                 # command: wait for readability first, except mid-response.
                 if inflight is None:
-                    parked = s.park()  # an upgrade may stop the task here, and only here
+                    s.parked = True  # an upgrade may stop the task here, and only here
                     try:
-                        with parked:
-                            data = await backend.channel.recv(wait_first=True)
-                    finally:
-                        s.unpark()
-                    if parked.cancelled_caught:
+                        data = await backend.channel.recv(wait_first=True)
+                    except WaitInterrupted:
+                        s.unpark(True)
                         return
+                    except BaseException:
+                        s.unpark(False)
+                        raise
+                    s.unpark(False)
                 else:
                     data = await backend.channel.recv(wait_first=inflight.tracker.nbytes == 0)
             except PeerClosed as exc:

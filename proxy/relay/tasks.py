@@ -98,8 +98,9 @@ class Session:
         # An upgrade's SessionMover (proxy.handover.sessions) waiting for this session's next
         # command boundary.
         self.mover = None
-        self._parked: trio.CancelScope | None = None  # the backend task's wait between responses
+        self.parked = False  # the backend task waits between responses (an upgrade may stop it there)
         self._unparked: trio.Event | None = None  # set when that wait ends (stop_backend_task)
+        self._stopped_parked = False  # and it ended by stop_backend_task's interrupt
         self._queued: trio.Event | None = None  # set by the next command while the backend task waits for one
         self.commands = 0
         self._next_marker = 0  # marker number written for the COMMIT about to be submitted
@@ -143,14 +144,11 @@ class Session:
         finally:
             done.set()
 
-    def park(self) -> trio.CancelScope:
-        """Backend task: the scope of its wait for the server's next bytes between responses,
-        the one place an upgrade may stop it (``stop_backend_task``); ``unpark`` after it."""
-        scope = self._parked = trio.CancelScope()
-        return scope
-
-    def unpark(self) -> None:
-        self._parked = None
+    def unpark(self, interrupted: bool) -> None:
+        """Backend task: its wait between responses ended (``interrupted``: by
+        ``stop_backend_task``, and the task returns)."""
+        self.parked = False
+        self._stopped_parked = interrupted
         if self._unparked is not None:
             self._unparked.set()
 
@@ -158,15 +156,18 @@ class Session:
         """Stop reading the backend connection where the backend task waits between responses
         (an upgrade is about to hand it over). False: it is busy -- a response, or recovery
         after a loss it saw the moment before -- and goes on; stopping it there would leave
-        the session half recovered."""
-        scope, tasks = self._parked, self._tasks
-        if scope is None or tasks is None or tasks.backend_done is None:
+        the session half recovered. The wait is ended by the channel's interrupt, which costs
+        the wait nothing (a cancel scope per response did: callgrind)."""
+        tasks, backend = self._tasks, self.link.backend
+        if not self.parked or tasks is None or tasks.backend_done is None or backend is None:
             return False
         self._unparked = trio.Event()
-        scope.cancel()
-        await self._unparked.wait()  # the wait ended: cancelled, or with what had arrived
+        if not backend.channel.interrupt_wait():
+            self._unparked = None
+            return False
+        await self._unparked.wait()  # the wait ended: interrupted, or with what had arrived
         self._unparked = None
-        if not scope.cancelled_caught:
+        if not self._stopped_parked:
             return False
         await tasks.backend_done.wait()
         return True
