@@ -2,7 +2,11 @@
 
 - ``trio``: trio, two tasks per connection, ``trio.SocketStream`` receive_some / send_all: what
   any trio relay costs before it looks at a single byte;
-- ``uvloop``: an asyncio ``Protocol`` pair on uvloop: callbacks, no tasks, libuv's loop in C.
+- ``uvloop``: an asyncio ``Protocol`` pair on uvloop: callbacks, no tasks, libuv's loop in C;
+- ``netio``: trio, two tasks per connection, over the proxy's own socket layer
+  (``proxy.netio.Channel``: raw non-blocking sockets, parking in trio only on "would block"):
+  the proxy's relay with every decision taken out, so the proxy minus it is what its session
+  tracking, journal and recovery bookkeeping cost.
 
 They parse nothing: a MySQL session passes through unchanged. The proxy's CPU per statement is
 compared with the trio pump's (bench/report.py): what the proxy's own work costs on top of its
@@ -32,7 +36,7 @@ from tests.lab.procs import ListeningChild
 if TYPE_CHECKING:
     from bench.callgrind import Wrap
 
-KINDS = ("trio", "uvloop")
+KINDS = ("trio", "uvloop", "netio")
 BUFSIZE = 256 * 1024
 
 
@@ -59,6 +63,44 @@ async def trio_pump(port: int, backend_port: int) -> None:
         async with client, server, trio.open_nursery() as nursery:
             nursery.start_soon(pipe, client, server, nursery.cancel_scope)
             nursery.start_soon(pipe, server, client, nursery.cancel_scope)
+
+    async with trio.open_nursery() as nursery:
+        with trio.open_signal_receiver(signal.SIGTERM) as signals:
+            await nursery.start(partial(trio.serve_tcp, handle, port, host="127.0.0.1", backlog=4096))
+            async for _ in signals:
+                nursery.cancel_scope.cancel()
+                break
+
+
+async def netio_pump(port: int, backend_port: int) -> None:
+    import socket
+
+    import trio
+
+    from proxy.netio import Channel, PeerClosed, open_tcp
+
+    async def pipe(src: Channel, dst: Channel, done: trio.CancelScope) -> None:
+        try:
+            while True:  # request and answer: the other side is busy with what was just sent
+                await dst.send(await src.recv(wait_first=True))
+        except PeerClosed:
+            pass
+        done.cancel()
+
+    async def handle(stream: trio.SocketStream) -> None:
+        client = Channel(socket.socket(fileno=stream.socket.detach()), "client")
+        try:
+            server = await open_tcp("127.0.0.1", backend_port, "server")
+        except OSError:
+            client.close()
+            return
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pipe, client, server, nursery.cancel_scope)
+                nursery.start_soon(pipe, server, client, nursery.cancel_scope)
+        finally:
+            client.close()
+            server.close()
 
     async with trio.open_nursery() as nursery:
         with trio.open_signal_receiver(signal.SIGTERM) as signals:
@@ -126,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("kind", choices=KINDS)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--backend-port", type=int, required=True)
-    p.add_argument("--counts", type=Path, help="trio only: write scheduler counts here on SIGUSR1 and at exit")
+    p.add_argument("--counts", type=Path, help="trio and netio: write scheduler counts here on SIGUSR1 and at exit")
     args = p.parse_args(argv)
     if args.kind == "uvloop":
         uvloop_pump(args.port, args.backend_port)
@@ -141,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         dump_on_signal(counter, args.counts)
         instruments.append(counter)
     try:
-        trio.run(trio_pump, args.port, args.backend_port, instruments=instruments)
+        trio.run(netio_pump if args.kind == "netio" else trio_pump, args.port, args.backend_port, instruments=instruments)
     except KeyboardInterrupt:
         pass
     finally:
@@ -171,7 +213,7 @@ class Floor(ListeningChild):
         self.port = free_port()
         self.backend_port = backend_port
         self.log_path = self.workdir / f"{kind}_pump.log"
-        self.counts_path = self.workdir / "loop-counts.json" if counts and kind == "trio" else None
+        self.counts_path = self.workdir / "loop-counts.json" if counts and kind != "uvloop" else None
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 20, wrap: Wrap | None = None) -> Floor:

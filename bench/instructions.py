@@ -34,7 +34,7 @@ from bench.workloads.sysbench import run_sysbench
 if TYPE_CHECKING:
     from bench.env import BenchEnv
 
-COUNTED_TARGETS = ("haproxy", "trio_pump", "uvloop_pump", "proxy")
+COUNTED_TARGETS = ("haproxy", "trio_pump", "uvloop_pump", "netio_pump", "proxy")
 START_TIMEOUT = 300.0  # Python's start-up under callgrind takes a minute on a loaded machine
 
 
@@ -87,7 +87,7 @@ def _start(env: BenchEnv, target: str, workdir: Path, cg: Callgrind) -> tuple[in
     port = env.db.port
     if target == "haproxy":
         middle: HAProxy | Floor = HAProxy(workdir, port, nbthread=1).start(timeout=START_TIMEOUT, wrap=cg)
-    elif target in ("trio_pump", "uvloop_pump"):
+    elif target in ("trio_pump", "uvloop_pump", "netio_pump"):
         middle = Floor(target.removesuffix("_pump"), workdir, port).start(timeout=START_TIMEOUT, wrap=cg)
     else:
         config = env.stack.proxy_config(with_plugins=False)

@@ -323,6 +323,7 @@ def write_chart(results: dict[str, Any], path: Path) -> str | None:
         "haproxy": "#4c72b0",
         "trio_pump": "#8172b3",
         "uvloop_pump": "#64b5cd",
+        "netio_pump": "#55a868",
         "proxy": "#dd8452",
         "proxy_workers": "#937860",
         "proxy+plugins": "#c44e52",

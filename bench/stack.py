@@ -2,8 +2,8 @@
 
 - ``direct``: the database's own port;
 - ``haproxy``: HAProxy in TCP mode (bench/haproxy.py);
-- ``trio_pump``, ``uvloop_pump``: bare byte pumps on trio and on uvloop (bench/floors.py), the
-  event loops' floors;
+- ``trio_pump``, ``uvloop_pump``, ``netio_pump``: bare byte pumps on trio, on uvloop and on the
+  proxy's own socket layer (bench/floors.py), the event loops' floors;
 - ``proxy``: replay-proxy with an empty plugin chain (bench/benchproxy.py);
 - ``proxy_workers``: the same with ``--workers N``; skipped while ``python -m proxy --help`` does
   not list ``--workers``;
@@ -30,9 +30,9 @@ from bench.haproxy import HAProxy
 from bench.plugin_variants import PluginVariant
 from tests.lab.proxy import ProxyProcess
 
-ALL_TARGETS = ("direct", "haproxy", "trio_pump", "uvloop_pump", "proxy", "proxy_workers", "proxy+plugins")
+ALL_TARGETS = ("direct", "haproxy", "trio_pump", "uvloop_pump", "netio_pump", "proxy", "proxy_workers", "proxy+plugins")
 INTERMEDIARIES = ALL_TARGETS[1:]
-FLOORS = {"trio_pump": "trio", "uvloop_pump": "uvloop"}
+FLOORS = {"trio_pump": "trio", "uvloop_pump": "uvloop", "netio_pump": "netio"}
 
 
 class TargetUnavailable(RuntimeError):
