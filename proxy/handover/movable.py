@@ -1,7 +1,9 @@
 """Whether a session can move to the new process of an upgrade now (``proxy.handover.sessions``):
 its state must all be in the tracker and in the two connections, nothing half done. An open
 transaction moves (its connection, and so the transaction on the server, moves with it; its
-journal goes too), unless long data is in its journal (spooled to files of this process)."""
+journal goes too), unless long data is in its journal (spooled to files of this process). An
+idle one whose backend connection the server closed for idling moves without it: the new
+process opens one at its next command, as this one would have."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ def why_not_movable(s: Relay) -> str | None:
     """Why an upgrade cannot move this session to the new process now (None: it can, at its
     next command boundary; ``proxy.handover.sessions``)."""
     link, tracking = s.link, s.tracking
-    if not link.up or link.backend is None:
+    unconnected = s.waits_to_reconnect
+    if not unconnected and (not link.up or link.backend is None):
         return f"its backend connection is {link.state.value}"
     if s.inflight is not None:
         return "a command is in flight"
@@ -31,9 +34,9 @@ def why_not_movable(s: Relay) -> str | None:
         return "long data is held"
     if s.first_answer is not None:
         return "an answer is owed to the next command"
-    if not (type(s.client) is Channel and type(link.backend.channel) is Channel):
+    if type(s.client) is not Channel or not (unconnected or type(link.backend.channel) is Channel):
         return "a TLS connection (its state cannot be passed to another process)"
-    if link.backend.channel.decoder.buffered():
+    if not unconnected and link.backend.channel.decoder.buffered():
         return "unread bytes from the backend"
     if tracking.state is None:
         return "not logged in"

@@ -46,6 +46,7 @@ from proxy.protocol.packets import ServerHandshake
 from proxy.relay.inflight import SessionClosed
 from proxy.relay.link import LinkState
 from proxy.session.state import SessionState
+from proxy.session.tracker import AUTOCOMMIT
 from proxy.sqltext import ServerReading
 
 if TYPE_CHECKING:
@@ -56,16 +57,17 @@ __all__ = ["FORMAT", "SessionMover", "adopt_sessions", "move_sessions", "take_ov
 
 log = logging.getLogger("replay_proxy.handover")
 
-FORMAT = 2  # of a session message; a new process refuses another (2: the open transaction moves too)
+# Of a session message; a new process refuses another. 2: the open transaction moves too; 3: a
+# session the server closed for idling moves without a backend connection ("backend": null).
+FORMAT = 3
 ANSWER_TIMEOUT = 10.0  # the new process builds a session from a message: milliseconds
 POLL = 0.02  # how often the old process looks for sessions at a boundary
 
 
 def _fields(s: Session) -> dict[str, Any]:
     """What the new process needs to run the session on, as JSON."""
-    backend = s.link.backend
-    assert backend is not None and s.tracking.state is not None and s.link.login is not None
-    hs = backend.handshake
+    backend = None if s.waits_to_reconnect else s.link.backend
+    assert s.tracking.state is not None and s.link.login is not None
     now = trio.current_time()
     markers = s.parts.markers
     return {
@@ -85,17 +87,22 @@ def _fields(s: Session) -> dict[str, Any]:
         "login": {"collation": s.link.login.collation, "connect_attrs": s.link.login.connect_attrs},
         "owes_results": s.link.owes_results,
         "recoveries": s.link.recoveries,
-        "backend": {
-            "address": str(backend.address),
-            "handshake": {**cattrs.unstructure(hs), "scramble": hs.scramble.hex()},
-            "capabilities": backend.capabilities,
-            "status": backend.status,
-            "age": now - backend.connected_at,
-            "max_allowed_packet": backend.max_allowed_packet,
-            "instance": cattrs.unstructure(backend.instance) if backend.instance is not None else None,
-            "wait_timeout": backend.wait_timeout,
-        },
+        "backend": _backend_fields(backend, now) if backend is not None else None,
         "marker": {"slot": markers.slot, "written": markers.written, "table_ready": markers.table.ready} if markers else None,
+    }
+
+
+def _backend_fields(backend: Backend, now: float) -> dict[str, Any]:
+    hs = backend.handshake
+    return {
+        "address": str(backend.address),
+        "handshake": {**cattrs.unstructure(hs), "scramble": hs.scramble.hex()},
+        "capabilities": backend.capabilities,
+        "status": backend.status,
+        "age": now - backend.connected_at,
+        "max_allowed_packet": backend.max_allowed_packet,
+        "instance": cattrs.unstructure(backend.instance) if backend.instance is not None else None,
+        "wait_timeout": backend.wait_timeout,
     }
 
 
@@ -153,16 +160,15 @@ class SessionMover:
         if why_not_movable(s) is not None:  # the backend task may have seen the connection go
             s.start_backend_task()
             return False
-        backend = s.link.backend
-        assert backend is not None
         fields = _fields(s)
+        backend = s.link.backend if fields["backend"] is not None else None
+        fds = [s.client.sock.fileno()] + ([backend.channel.sock.fileno()] if backend is not None else [])
         try:
             async with self._lock:
                 if self._over:  # the deadline passed while it waited for the channel
                     s.start_backend_task()
                     return False
-                await self.channel.send(Message("session", fields, [s.client.sock.fileno(), backend.channel.sock.fileno()]),
-                                        timeout=ANSWER_TIMEOUT)  # fmt: skip
+                await self.channel.send(Message("session", fields, fds), timeout=ANSWER_TIMEOUT)
                 answer = await self.channel.receive(timeout=ANSWER_TIMEOUT, expecting=f"an answer about session {s.id}")
         except HandoverError as exc:
             # The new process may have the connections now, or not: both serving them would mix
@@ -179,8 +185,12 @@ class SessionMover:
             return False
         self.moved += 1
         s.link.detach()  # the connections live on in the new process: this one lets go, without a word
-        s.log.info("moved to pid %d with its client and backend connections (backend connection %d)", self.new_pid,
-                   backend.connection_id, extra={"event": "session_moved"})  # fmt: skip
+        if backend is not None:
+            s.log.info("moved to pid %d with its client and backend connections (backend connection %d)", self.new_pid,
+                       backend.connection_id, extra={"event": "session_moved"})  # fmt: skip
+        else:
+            s.log.info("moved to pid %d with its client connection (its backend connection was closed for idling: a new one "
+                       "at its next command)", self.new_pid, extra={"event": "session_moved"})  # fmt: skip
         return True
 
 
@@ -222,9 +232,10 @@ async def adopt_sessions(channel: HandoverChannel, proxy: Proxy, old_pid: int, w
                 _close_fds(message.fds)
                 raise HandoverError(f"expected 'session' or 'done', got {message.type!r}")
             session_id = message.fields.get("id")
-            if len(message.fds) != 2:
+            wanted = 1 if message.fields.get("backend", {}) is None else 2
+            if len(message.fds) != wanted:
                 _close_fds(message.fds)
-                raise HandoverError(f"session {session_id} came with {len(message.fds)} descriptors, not 2 (client, backend)")
+                raise HandoverError(f"session {session_id} came with {len(message.fds)} descriptors, not {wanted} (client, backend)")
             sockets = [socket.socket(fileno=fd) for fd in message.fds]  # ours from here: closed unless adopted
             try:
                 session = _thaw(proxy, message.fields, *sockets)
@@ -255,9 +266,9 @@ def _close_fds(fds: list[int]) -> None:
             pass
 
 
-def _thaw(proxy: Proxy, f: dict[str, Any], client_sock: socket.socket, backend_sock: socket.socket) -> Session:
-    """The session of a message's fields on its two connections (the caller closes them if this
-    raises)."""
+def _thaw(proxy: Proxy, f: dict[str, Any], client_sock: socket.socket, backend_sock: socket.socket | None = None) -> Session:
+    """The session of a message's fields on its two connections, or on its client's alone
+    (``"backend": null``); the caller closes them if this raises."""
     from proxy.relay.login import login_for
     from proxy.relay.tasks import Session
 
@@ -268,8 +279,10 @@ def _thaw(proxy: Proxy, f: dict[str, Any], client_sock: socket.socket, backend_s
     if proxy.config.user(state.username) is None:
         raise ValueError(f"user {state.username!r} is not in this config")
     b = f["backend"]
-    address = Address.parse(b["address"])
-    if address not in proxy.config.backend.addresses:
+    if (b is None) != (backend_sock is None):
+        raise ValueError("a backend connection without its fields, or fields without it")
+    address = Address.parse(b["address"]) if b is not None else None
+    if address is not None and address not in proxy.config.backend.addresses:
         raise ValueError(f"backend {address} is not in this config")
     now = trio.current_time()
     s = Session(target, Channel(client_sock, f"client {f['client_address']}"), f["client_address"], int(f["id"]))
@@ -278,27 +291,34 @@ def _thaw(proxy: Proxy, f: dict[str, Any], client_sock: socket.socket, backend_s
     s.client_caps = int(f["client_caps"])
     s.deprecate_eof = bool(f["deprecate_eof"])
     s.scramble = bytes.fromhex(f["scramble"])
-    hs = ServerHandshake(**{**b["handshake"], "scramble": bytes.fromhex(b["handshake"]["scramble"])})
-    backend = Backend(Channel(backend_sock, f"backend {address}"), address, hs, int(b["capabilities"]), int(b["status"]),
-                      now - float(b["age"]), b["max_allowed_packet"],
-                      cattrs.structure(b["instance"], Instance) if b["instance"] is not None else None,
-                      b["wait_timeout"])  # fmt: skip
     tracking = s.tracking
     login = f["login"]
-    tracking.logged_in(state.username, state.database, state.collation, backend.status)
+    tracking.logged_in(state.username, state.database, state.collation, AUTOCOMMIT if f["autocommit"] else 0)
     tracking.state = state
     tracking.autocommit = bool(f["autocommit"])
     s.link.set_login(login_for(s, state.username, state.database, int(login["collation"]), dict(login["connect_attrs"])))
-    s.link.replace(backend)
+    if b is not None:
+        s.link.replace(_thaw_backend(b, address, backend_sock, now))
     tracking.adopt_reading(cattrs.structure(f["reading"], ServerReading))
     tracking.statements.adopt(f["prepared"], tracking.analyze)
     if f["transaction"] is not None:
         tracking.tx.adopt(f["transaction"], tracking.prepared)
         s.parts.info._in_transaction = True
-    s.link.adopted(bool(f["owes_results"]), int(f["recoveries"]))
+    if b is not None:
+        s.link.adopted(bool(f["owes_results"]), int(f["recoveries"]))
+    else:
+        s.link.adopted_lost(int(f["recoveries"]))
     marker = f.get("marker")
     if marker is not None and s.parts.markers is not None:
         s.parts.markers.slot, s.parts.markers.written = str(marker["slot"]), int(marker["written"])
         if marker["table_ready"]:
             target.markers.known_ready()
     return s
+
+
+def _thaw_backend(b: dict[str, Any], address: Address, sock: socket.socket, now: float) -> Backend:
+    hs = ServerHandshake(**{**b["handshake"], "scramble": bytes.fromhex(b["handshake"]["scramble"])})
+    return Backend(Channel(sock, f"backend {address}"), address, hs, int(b["capabilities"]), int(b["status"]),
+                   now - float(b["age"]), b["max_allowed_packet"],
+                   cattrs.structure(b["instance"], Instance) if b["instance"] is not None else None,
+                   b["wait_timeout"])  # fmt: skip

@@ -7,6 +7,7 @@ every change of state goes through ``_go``, which checks it against ``TRANSITION
 ``_state.py``) and raises ``LinkStateError`` on any other:
 
     DOWN --replace--> RESTORING --ready--> UP --lost--> LOST --replace--> RESTORING ...
+    DOWN --adopt_lost--> LOST  (moved by an upgrade after the server closed it for idling)
                                            UP --begin_move--> MOVING --replace, moved--> UP
                                            UP --begin_swap--> SWAPPING --replace--> RESTORING ...
     any --close--> CLOSED
@@ -45,7 +46,7 @@ S = LinkState
 # The allowed moves: state -> {event (the method) -> next state}. Anything else is a bug of the
 # caller's, refused before any field changes.
 TRANSITIONS: dict[LinkState, dict[str, LinkState]] = {
-    S.DOWN: {"replace": S.RESTORING, "close": S.CLOSED},  # the client's login
+    S.DOWN: {"replace": S.RESTORING, "adopt_lost": S.LOST, "close": S.CLOSED},  # the client's login
     S.RESTORING: {
         "replace": S.RESTORING,  # the restore failed on it: recovery tries another
         "ready": S.UP,
@@ -224,6 +225,13 @@ class BackendLink:
         self.owes_results = owes_results
         self.recoveries = recoveries
         self.ready()
+
+    def adopted_lost(self, recoveries: int) -> None:
+        """The session came from the old process of an upgrade without a connection: the
+        server had closed it for idling there; a new one opens at the next command."""
+        self._go("adopt_lost")
+        self.owes_results = True
+        self.recoveries = recoveries
 
     # ------------------------------------------------------------------ other fields
 

@@ -64,7 +64,10 @@ class Relay(Protocol):
 
     def unpark(self, interrupted: bool) -> None: ...
 
-    async def command_queued(self) -> None:
+    @property
+    def waits_to_reconnect(self) -> bool: ...
+
+    async def command_queued(self) -> bool:
         """Wait until a command waits to be sent (while the link is LOST)."""
         ...
 

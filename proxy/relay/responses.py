@@ -46,6 +46,12 @@ SERVER_GOING_AWAY = frozenset({1053, KILLED})
 async def backend_task(s: Relay) -> None:
     link = s.link
     try:
+        if link.state is LinkState.LOST:
+            # No connection to read: the server closed it for idling (in this process, or in the
+            # old one of an upgrade, which moved the session without it). One at the next command.
+            if not await s.command_queued():
+                return  # stopped again: an upgrade takes the session
+            await on_lost(s, "the backend connection was closed for idling; a new one for the next command")
         while True:
             backend = link.backend
             assert backend is not None
@@ -83,7 +89,8 @@ async def backend_task(s: Relay) -> None:
                     link.lost()
                     s.log.info("backend connection %d closed after %.0fs idle (the server's wait_timeout %gs): "
                                "a new one at the next command", backend.connection_id, trio.current_time() - s.last_activity, idled)  # fmt: skip
-                    await s.command_queued()
+                    if not await s.command_queued():
+                        return  # an upgrade takes the session, without a connection
                 await on_lost(s, cut or str(exc), clean=cut is None and isinstance(exc, PeerFinished))
                 continue
             inflight = s.inflight

@@ -102,6 +102,8 @@ class Session:
         self._unparked: trio.Event | None = None  # set when that wait ends (stop_backend_task)
         self._stopped_parked = False  # and it ended by stop_backend_task's interrupt
         self._queued: trio.Event | None = None  # set by the next command while the backend task waits for one
+        self._stop_waiting = False  # stop_backend_task ended that wait (an upgrade takes the session)
+        self._unconnected = False  # idle with no backend connection (closed for idling) until a command comes
         self.commands = 0
         self._next_marker = 0  # marker number written for the COMMIT about to be submitted
         self.close_reason = ""
@@ -159,7 +161,15 @@ class Session:
         the session half recovered. The wait is ended by the channel's interrupt, which costs
         the wait nothing (a cancel scope per response did: callgrind)."""
         tasks, backend = self._tasks, self.link.backend
-        if not self.parked or tasks is None or tasks.backend_done is None or backend is None:
+        if tasks is None or tasks.backend_done is None:
+            return False
+        if self._queued is not None and self.inflight is None:  # no connection: it waits for a command
+            self._stop_waiting = True
+            self._queued.set()
+            await tasks.backend_done.wait()
+            self._stop_waiting = False
+            return True
+        if not self.parked or backend is None:
             return False
         self._unparked = trio.Event()
         if not backend.channel.interrupt_wait():
@@ -403,15 +413,26 @@ class Session:
         elif self._queued is not None:
             self._queued.set()
 
-    async def command_queued(self) -> None:
+    async def command_queued(self) -> bool:
         """Backend task: wait until a command waits to be sent (the link is LOST: nothing
-        sends it but recovery)."""
+        sends it but recovery). False: ``stop_backend_task`` ended the wait instead."""
+        self._unconnected = True
         if self.inflight is None:
             self._queued = trio.Event()
             try:
                 await self._queued.wait()
             finally:
                 self._queued = None
+        if self._stop_waiting:
+            return False
+        self._unconnected = False
+        return True
+
+    @property
+    def waits_to_reconnect(self) -> bool:
+        """Idle without a backend connection (the server closed it for idling): a new one opens
+        at the next command (the backend task waits for it, or was stopped for an upgrade)."""
+        return self._unconnected and self.inflight is None
 
     async def _write_commit_marker(self, commit: Command) -> bool:
         """Upsert this session's marker row inside the transaction about to commit, so that a

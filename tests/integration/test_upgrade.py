@@ -219,6 +219,34 @@ def test_a_moved_transaction_is_replayed_from_its_journal_after_a_later_loss(mar
         proxy.stop()
 
 
+def test_a_session_whose_backend_connection_closed_for_idling_moves_without_it(mariadb, tmp_path):
+    """The server closed an idle session's connection (its wait_timeout): it moves all the same,
+    with its state and without a backend connection, and the new process opens one at its next
+    command, with the session's variables, as the old process would have."""
+    prepare_server(mariadb)
+    proxy = Upgraded(start_proxy(tmp_path / "proxy", mariadb.port, log={"level": "info"}, listen={"handover_timeout": "5s"}))
+    try:
+        conn = pymysql.connect(host="127.0.0.1", port=proxy.proxy.port, user=APP_USER, password=APP_PASSWORD, database="test")
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION wait_timeout = 2, @x = 'kept'")
+            cur.execute("SELECT CONNECTION_ID()")
+            (first,) = cur.fetchone()
+        wait_for(lambda: "closed after" in proxy.proxy.log_text(), what="the server closing the idle connection", timeout=20)
+        proxy.signal_upgrade()
+        text = proxy.proxy.log_text()
+        assert re.search(r"moved to pid \d+ with its client connection \(its backend connection was closed for idling", text), text[-3000:]
+        assert "upgrade: 1 session(s) moved to pid" in text
+        with conn.cursor() as cur:
+            cur.execute("SELECT @x, @@session.wait_timeout, CONNECTION_ID()")
+            x, wait, now = cur.fetchone()
+        assert (x, int(wait)) == ("kept", 2) and now != first  # a new connection, opened by the new process
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{proxy.proxy.admin_port}/metrics", timeout=10).read().decode()
+        assert re.search(r'^replay_proxy_upgrade_sessions_total\{outcome="moved",target="test"\} 1\.0$', metrics, re.MULTILINE), metrics[-3000:]
+        conn.close()
+    finally:
+        proxy.stop()
+
+
 def test_a_session_the_new_config_does_not_know_stays_and_drains(mariadb, tmp_path):
     """The new process refuses a session whose user its config no longer has: the old process
     keeps it (its backend task back on) and drains it; the other session moves."""

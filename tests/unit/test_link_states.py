@@ -46,6 +46,7 @@ EVENTS = {
     "moved": lambda link: link.moved(link.backend),
     "move_failed": lambda link: link.move_failed(link.backend, link.tracking.backend_ids()),
     "begin_swap": lambda link: link.begin_swap(),
+    "adopt_lost": lambda link: link.adopted_lost(0),
     "close": lambda link: link.close(),
 }
 
