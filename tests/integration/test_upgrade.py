@@ -241,7 +241,9 @@ def test_a_session_whose_backend_connection_closed_for_idling_moves_without_it(m
             x, wait, now = cur.fetchone()
         assert (x, int(wait)) == ("kept", 2) and now != first  # a new connection, opened by the new process
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{proxy.proxy.admin_port}/metrics", timeout=10).read().decode()
-        assert re.search(r'^replay_proxy_upgrade_sessions_total\{outcome="moved",target="test"\} 1\.0$', metrics, re.MULTILINE), metrics[-3000:]
+        assert re.search(r'^replay_proxy_upgrade_sessions_total\{outcome="moved",target="test"\} 1\.0$', metrics, re.MULTILINE), metrics[
+            -3000:
+        ]
         conn.close()
     finally:
         proxy.stop()
