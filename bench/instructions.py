@@ -12,6 +12,9 @@ flight the middle reads and writes the same packets however slowly callgrind run
 count repeats. With several connections it would not: under callgrind the middle is ~50x
 slower, so more requests would queue per wakeup than in a normal run.
 
+The proxy runs without health checks (``backend.health_interval = 0``): they cost per second,
+not per statement, and a counted run's seconds depend on how loaded the machine is.
+
 ``--instructions-repeat 2`` (the default) measures every middle twice, each time a fresh
 process, to show the figure repeats. The profile by function of each cell (callgrind_annotate of
 its 2N dump) is written to the results folder.
@@ -91,6 +94,10 @@ def _start(env: BenchEnv, target: str, workdir: Path, cg: Callgrind) -> tuple[in
         middle = Floor(target.removesuffix("_pump"), workdir, port).start(timeout=START_TIMEOUT, wrap=cg)
     else:
         config = env.stack.proxy_config(with_plugins=False)
+        # No health checks: their cost is per second, not per statement, and under callgrind a
+        # run of N statements lasts minutes that differ from run to run (a login and a ping every
+        # 2 s put 0-20k instructions on each statement, as much as the machine was loaded).
+        config["backend"] = {**config.get("backend", {}), "health_interval": "0s"}
         proxy = BenchProxy(workdir, port, source=env.stack.proxy_source, **config).start(timeout=START_TIMEOUT, wrap=cg)
         assert proxy.proc is not None
         cg.attach(proxy.proc.pid)
