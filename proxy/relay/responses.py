@@ -61,15 +61,15 @@ async def backend_task(s: Relay) -> None:
                 # command: wait for readability first, except mid-response.
                 if inflight is None:
                     s.parked = True  # an upgrade may stop the task here, and only here
+                    interrupted = False
                     try:
                         data = await backend.channel.recv(wait_first=True)
                     except WaitInterrupted:
-                        s.unpark(True)
+                        interrupted = True
+                    finally:
+                        s.unpark(interrupted)
+                    if interrupted:
                         return
-                    except BaseException:
-                        s.unpark(False)
-                        raise
-                    s.unpark(False)
                 else:
                     data = await backend.channel.recv(wait_first=inflight.tracker.nbytes == 0)
             except PeerClosed as exc:
