@@ -13,6 +13,7 @@ from proxy.netio import PeerClosed
 from proxy.protocol.packets import ProtocolError, make_err
 from proxy.relay.inflight import ConnectionFailed
 from proxy.sessionlog import outcome
+from proxy.sqltext import Dialect
 
 if TYPE_CHECKING:
     from proxy.relay.link import BackendLink
@@ -89,13 +90,33 @@ async def kill_if_alive(backend: Backend, old: Backend, slog: SessionLog) -> Non
     the id may belong to someone else."""
     if await restarted_since(backend, old) is False:
         try:
-            await kill_own(backend, old.connection_id)
-            slog.info("killed old backend connection %d", old.connection_id)
+            if await _kill_safely(backend, old.connection_id, slog) is True:
+                slog.info("killed old backend connection %d", old.connection_id)
         except BackendError:
             pass  # already gone
 
 
-async def old_session_gone(backend: Backend, old: Backend, io_timeout: float) -> bool:
+async def _kill_safely(backend: Backend, conn_id: int, slog: SessionLog | None) -> bool | None:
+    """KILL ``conn_id``, except on TiDB while it has a transaction open: there a KILL makes the
+    whole tidb-server panic as the killed session rolls back (pingcap/tidb#63956, fixed by
+    #63992 / #64001; reproduced on the release-8.5 build of 10 Nov 2025, and seen in the soak
+    at the heal of long partitions). Such a connection is left to end on its own; what needed
+    it gone cannot count on it (a marker is fenced instead). True: killed; None: gone
+    already; False: left alive."""
+    if Dialect.from_server_version(backend.handshake.server_version).flavor == "tidb":
+        rows = await backend.query(f"SELECT TxnStart FROM information_schema.PROCESSLIST WHERE ID = {int(conn_id)}")
+        if not rows:
+            return None
+        if rows[0][0]:
+            if slog is not None:
+                slog.warning("not killing old backend connection %d: it has a transaction open, and a KILL of such a "
+                             "connection crashes tidb-server versions without pingcap/tidb#63992", conn_id)  # fmt: skip
+            return False
+    await kill_own(backend, conn_id)
+    return True
+
+
+async def old_session_gone(backend: Backend, old: Backend, io_timeout: float, slog: SessionLog | None = None) -> bool:
     """Is the old connection certainly dead, so that what it ran cannot still land (a COMMIT,
     a DDL job)? Only on the same server: a restarted process, or a KILL and its absence from
     PROCESSLIST."""
@@ -108,7 +129,8 @@ async def old_session_gone(backend: Backend, old: Backend, io_timeout: float) ->
         return False  # another server behind the address, or no way to tell: nothing proves it
     conn_id = int(old.connection_id)  # the same server process: the id is still ours to KILL
     try:
-        await kill_own(backend, conn_id)
+        if await _kill_safely(backend, conn_id, slog) is False:
+            return False  # alive, and not to be killed: nothing proves it will not land
     except BackendError:
         pass  # unknown thread: gone already
     deadline = trio.current_time() + io_timeout

@@ -128,6 +128,40 @@ async def test_an_idle_session_sees_nothing_of_a_partition(db_factory, tmp_path)
     assert notice[0] <= NOTICE_BOUND, notice
 
 
+async def test_a_transaction_through_a_partition_never_kills_the_server(db_factory, tmp_path):
+    """A transaction that wrote 64 rows, idle through a 12 s partition: its old connection is
+    still open on the server when the session comes back. On TiDB a KILL of it would crash
+    tidb-server (pingcap/tidb#63956, on builds without the fix): the proxy leaves it to end
+    on its own, replays the journal on a new connection, and the COMMIT lands every row once;
+    the server stays up. On MariaDB the old connection is KILLed, as before."""
+    server = db_factory()
+    proxy = start_proxy(tmp_path, server)
+    try:
+        conn = connect(proxy.port)
+        with conn.cursor() as cur:
+            cur.execute("CREATE TABLE IF NOT EXISTS doubled (id INT)")
+            cur.execute("DELETE FROM doubled")
+            cur.execute("BEGIN")
+            cur.execute("INSERT INTO doubled VALUES (1)")
+            for _ in range(6):
+                cur.execute("INSERT INTO doubled SELECT * FROM doubled")
+        with Partition(server.port):
+            await trio.sleep(12)
+        await trio.sleep(3 * HEALTH_INTERVAL)
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO doubled VALUES (2)")  # replayed first, on a new connection
+            cur.execute("COMMIT")
+        conn.close()
+        assert server.query("SELECT COUNT(*), SUM(id) FROM test.doubled") == [(65, 66)]
+        assert server.query("SELECT 1") == [(1,)]  # the server is up
+    finally:
+        log = proxy.stop()
+    if server.flavor == "tidb":
+        assert "not killing old backend connection" in log, log[-3000:]
+        assert "killed old backend connection" not in log
+    assert "replayed" in log, log[-3000:]
+
+
 async def _heal_after(partition: Partition, seconds: float) -> None:
     try:
         await trio.sleep(seconds)
