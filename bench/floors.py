@@ -43,6 +43,18 @@ BUFSIZE = 256 * 1024
 # -- the pumps (the child process) ---------------------------------------------------------------
 
 
+async def _serve_until_sigterm(handle, port: int) -> None:
+    """Serve ``handle`` on 127.0.0.1:``port`` until SIGTERM."""
+    import trio
+
+    async with trio.open_nursery() as nursery:
+        with trio.open_signal_receiver(signal.SIGTERM) as signals:
+            await nursery.start(partial(trio.serve_tcp, handle, port, host="127.0.0.1", backlog=4096))
+            async for _ in signals:
+                nursery.cancel_scope.cancel()
+                break
+
+
 async def trio_pump(port: int, backend_port: int) -> None:
     import trio
 
@@ -64,12 +76,7 @@ async def trio_pump(port: int, backend_port: int) -> None:
             nursery.start_soon(pipe, client, server, nursery.cancel_scope)
             nursery.start_soon(pipe, server, client, nursery.cancel_scope)
 
-    async with trio.open_nursery() as nursery:
-        with trio.open_signal_receiver(signal.SIGTERM) as signals:
-            await nursery.start(partial(trio.serve_tcp, handle, port, host="127.0.0.1", backlog=4096))
-            async for _ in signals:
-                nursery.cancel_scope.cancel()
-                break
+    await _serve_until_sigterm(handle, port)
 
 
 async def netio_pump(port: int, backend_port: int) -> None:
@@ -102,12 +109,7 @@ async def netio_pump(port: int, backend_port: int) -> None:
             client.close()
             server.close()
 
-    async with trio.open_nursery() as nursery:
-        with trio.open_signal_receiver(signal.SIGTERM) as signals:
-            await nursery.start(partial(trio.serve_tcp, handle, port, host="127.0.0.1", backlog=4096))
-            async for _ in signals:
-                nursery.cancel_scope.cancel()
-                break
+    await _serve_until_sigterm(handle, port)
 
 
 def uvloop_pump(port: int, backend_port: int) -> None:

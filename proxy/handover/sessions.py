@@ -64,9 +64,8 @@ ANSWER_TIMEOUT = 10.0  # the new process builds a session from a message: millis
 POLL = 0.02  # how often the old process looks for sessions at a boundary
 
 
-def _fields(s: Session) -> dict[str, Any]:
-    """What the new process needs to run the session on, as JSON."""
-    backend = None if s.waits_to_reconnect else s.link.backend
+def _fields(s: Session, backend: Backend | None) -> dict[str, Any]:
+    """What the new process needs to run the session on (on ``backend``, or without one), as JSON."""
     assert s.tracking.state is not None and s.link.login is not None
     now = trio.current_time()
     markers = s.parts.markers
@@ -160,8 +159,8 @@ class SessionMover:
         if why_not_movable(s) is not None:  # the backend task may have seen the connection go
             s.start_backend_task()
             return False
-        fields = _fields(s)
-        backend = s.link.backend if fields["backend"] is not None else None
+        backend = None if s.waits_to_reconnect else s.link.backend
+        fields = _fields(s, backend)
         fds = [s.client.sock.fileno()] + ([backend.channel.sock.fileno()] if backend is not None else [])
         try:
             async with self._lock:

@@ -129,7 +129,10 @@ async def old_session_gone(backend: Backend, old: Backend, io_timeout: float, sl
         return False  # another server behind the address, or no way to tell: nothing proves it
     conn_id = int(old.connection_id)  # the same server process: the id is still ours to KILL
     try:
-        if await _kill_safely(backend, conn_id, slog) is False:
+        killed_now = await _kill_safely(backend, conn_id, slog)
+        if killed_now is None:
+            return True  # not in PROCESSLIST any more
+        if killed_now is False:
             return False  # alive, and not to be killed: nothing proves it will not land
     except BackendError:
         pass  # unknown thread: gone already

@@ -257,6 +257,15 @@ async def test_commit_in_flight_safe_mode_refuses_non_idempotent(make_rig, autoj
     assert rig.server.db.counter == 1
 
 
+async def _open_an_unprovable_transaction(c) -> None:
+    """Row 1 'a', then a transaction whose statements read as idempotent but which the keys do
+    not prove (a DELETE by a column that is no key): run twice, it would delete row 2."""
+    await c.must("REPLACE INTO t VALUES (1, 'a')")
+    await c.must("BEGIN")
+    await c.must("DELETE FROM t WHERE v = 'a'")
+    await c.must("REPLACE INTO t VALUES (2, 'a')")
+
+
 @pytest.mark.parametrize("committed", [True, False])
 async def test_what_safe_mode_cannot_prove_a_commit_marker_settles(make_rig, autojump, committed, caplog):
     """DM's sidecar config has both: a transaction whose statements read as idempotent but
@@ -265,10 +274,7 @@ async def test_what_safe_mode_cannot_prove_a_commit_marker_settles(make_rig, aut
     rig = make_rig(make_config(recovery={"idempotent": "safe-mode", "commit_marker": True}))
     await trio.sleep(10)  # server up well before the connection: the old session gets KILLed
     c = await rig.client()
-    await c.must("REPLACE INTO t VALUES (1, 'a')")
-    await c.must("BEGIN")
-    await c.must("DELETE FROM t WHERE v = 'a'")
-    await c.must("REPLACE INTO t VALUES (2, 'a')")
+    await _open_an_unprovable_transaction(c)
     rig.server.intercept = drop_once("COMMIT", "run_then_drop" if committed else "drop")
     assert (await c.query("COMMIT")).ok
     db = rig.server.db
@@ -279,10 +285,7 @@ async def test_what_safe_mode_cannot_prove_a_commit_marker_settles(make_rig, aut
 async def test_safe_mode_without_a_marker_refuses_what_it_cannot_prove(make_rig, autojump):
     rig = make_rig(make_config(recovery={"idempotent": "safe-mode"}))
     c = await rig.client()
-    await c.must("REPLACE INTO t VALUES (1, 'a')")
-    await c.must("BEGIN")
-    await c.must("DELETE FROM t WHERE v = 'a'")
-    await c.must("REPLACE INTO t VALUES (2, 'a')")
+    await _open_an_unprovable_transaction(c)
     rig.server.intercept = drop_once("COMMIT", "run_then_drop")
     result = await c.query("COMMIT")
     assert result.code == 1158 and "cannot prove the replay idempotent" in result.message
