@@ -114,6 +114,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the database behind every target (tidb: tests/lab/tidb.py finds tidb-server)",
     )
     p.add_argument("--replicator-batch", type=int, help="rows per replicator transaction (default 10; DM's batch is 100)")
+    p.add_argument("--replicator-multirow", action="store_true",
+                   help="the replicator writes its batch as one multi-row REPLACE, as DM does (default: a statement per row)")  # fmt: skip
+    p.add_argument("--replicator-rate", type=float, metavar="TXN_PER_S",
+                   help="offer the replicator's transactions at this rate, all connections together (DM's own rate: the "
+                        "latency each statement gets at it); default: as fast as they go")  # fmt: skip
     p.add_argument(
         "--commit-marker",
         action="store_true",
@@ -197,6 +202,8 @@ def build_settings(args: argparse.Namespace) -> Settings:
     s.sysbench_ps_mode = args.sysbench_ps_mode
     if args.replicator_batch:
         s.replicator_batch = args.replicator_batch
+    s.replicator_multirow = args.replicator_multirow
+    s.replicator_rate = args.replicator_rate or 0.0
     if args.big_result_mb:
         s.big_result_mb = args.big_result_mb
     if args.big_statement_mb:

@@ -47,6 +47,8 @@ class Settings:
     replicator_time: float = 20.0
     replicator_conns: int = 16
     replicator_batch: int = 10
+    replicator_multirow: bool = False  # one multi-row REPLACE per transaction, as DM batches
+    replicator_rate: float = 0.0  # transactions per second offered (0: each worker as fast as it can)
     cpu_time: float = 15.0
     cpu_rate: int = 250  # sysbench transactions per second (oltp_write_only: 6 statements each)
     big_result_mb: int = 200

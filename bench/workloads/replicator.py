@@ -29,6 +29,12 @@ def goclient():
     return gc
 
 
+def statements_per_txn(settings: Settings) -> int:
+    """START TRANSACTION, the batch's REPLACEs (one multi-row one, or one per row), the UPDATE
+    of the counters, COMMIT."""
+    return (1 if settings.replicator_multirow else settings.replicator_batch) + 3
+
+
 class ReplicatorWorkload(Workload):
     def __init__(self) -> None:
         super().__init__(
@@ -38,6 +44,10 @@ class ReplicatorWorkload(Workload):
                 Metric("txn_per_s", "txn/s", "txn/s", "higher", digits=0),
                 Metric("stmt_per_s", "stmt/s", "q/s", "higher", digits=0),
                 Metric("p95_ms", "p95 txn latency", "ms", "lower", digits=2),
+                # Each statement's own round trip (BEGIN, the writes, COMMIT): at a fixed
+                # --replicator-rate, what the middle adds to every statement DM sends.
+                Metric("stmt_p50_ms", "p50 stmt latency", "ms", "lower", digits=3),
+                Metric("stmt_p99_ms", "p99 stmt latency", "ms", "lower", digits=3),
                 Metric("errors", "client errors", "", "lower", digits=0),
                 Metric("cpu_us_per_stmt", "CPU/stmt", "µs", "lower", intermediary_only=True),
                 # The database's own CPU per statement, beside the middle's: what share of the
@@ -51,9 +61,9 @@ class ReplicatorWorkload(Workload):
         gc = goclient()
         env.log("building tests/goclient")
         gc.build_goclient()
-        self.info.update(
-            conns=settings.replicator_conns, batch=settings.replicator_batch, sql="safe", statements_per_txn=settings.replicator_batch + 3
-        )
+        self.info.update(conns=settings.replicator_conns, batch=settings.replicator_batch, sql="safe",
+                         multirow=settings.replicator_multirow, rate=settings.replicator_rate or None,
+                         statements_per_txn=statements_per_txn(settings))  # fmt: skip
 
     def before_run(self, env: BenchEnv, settings: Settings) -> None:
         assert env.db is not None
@@ -71,6 +81,8 @@ class ReplicatorWorkload(Workload):
                 duration=settings.replicator_time,
                 batch=settings.replicator_batch,
                 sql="safe",
+                multirow=settings.replicator_multirow,
+                rate=settings.replicator_rate,
                 timeout=settings.replicator_time + 120,
                 check=False,
                 full=True,
@@ -84,14 +96,16 @@ class ReplicatorWorkload(Workload):
         if run.returncode != 0 or not data.get("ok", False):
             raise WorkloadError(f"goclient workload failed against {target.name}:\n{run.describe()}")
         txns = int(data["committed_txns"])
-        # START TRANSACTION + B REPLACE + 1 UPDATE counters + COMMIT per committed transaction.
-        statements = txns * (settings.replicator_batch + 3)
+        statements = txns * statements_per_txn(settings)
         elapsed = float(data.get("elapsed") or settings.replicator_time)
         lat = data.get("txn_latency_ms", {})
+        stmt_lat = data.get("stmt_latency_ms", {})
         return {
             "txn_per_s": float(data.get("txns_per_sec") or txns / elapsed),
             "stmt_per_s": statements / elapsed,
             "p95_ms": lat.get("p95"),
+            "stmt_p50_ms": stmt_lat.get("p50"),
+            "stmt_p99_ms": stmt_lat.get("p99"),
             "errors": float(data.get("error_count", 0)),
             **meter.per_statement(statements),
             "db_cpu_us_per_stmt": server.used * 1e6 / statements if server.used is not None and statements else None,

@@ -200,6 +200,7 @@ type options struct {
 	duration      float64
 	txns          int
 	batch         int
+	rate          float64
 	sqlMode       string
 	multirow      bool
 	payloadSize   int
@@ -243,6 +244,7 @@ func parseFlags() *options {
 	flag.Float64Var(&o.duration, "duration", 5, "seconds to run the workload")
 	flag.IntVar(&o.txns, "txns", 0, "stop each worker after this many committed transactions (0 = no limit)")
 	flag.IntVar(&o.batch, "batch", 10, "rows per transaction")
+	flag.Float64Var(&o.rate, "rate", 0, "workload: transactions per second offered, all workers together (0 = each as fast as it can)")
 	flag.StringVar(&o.sqlMode, "sql", "safe", "safe (REPLACE) | insert (INSERT + counter)")
 	flag.BoolVar(&o.multirow, "multirow", false, "one multi-VALUES statement per transaction")
 	flag.IntVar(&o.payloadSize, "payload-size", 64, "payload length (<= 255)")

@@ -27,7 +27,7 @@ type smoke struct {
 	table  string
 	big    string
 	ai     string
-	mp     int // server max_allowed_packet
+	mp     int  // server max_allowed_packet
 	tidb   bool // the server is TiDB (SELECT VERSION())
 	checks map[string]string
 	info   map[string]interface{}

@@ -88,6 +88,7 @@ type workerState struct {
 	phaseSince time.Time // when phase began
 	seqStart   time.Time // first attempt of seq began (zero: no attempt of it yet)
 	endedAt    time.Time // runWorker returned (zero: still running)
+	stmtMs     []float64 // the statements of the attempt under way, each timed
 }
 
 type workload struct {
@@ -105,6 +106,7 @@ type workload struct {
 	resolvedNot       int
 	anomalies         []string
 	latencies         []float64
+	stmtLatencies     []float64 // each statement of a committed transaction: BEGIN, the writes, COMMIT
 }
 
 func (wl *workload) recordError(ws *workerState, phase string, err error) {
@@ -202,7 +204,21 @@ func (wl *workload) runWorker(w int, ws *workerState) {
 	}
 	ws.mu.Unlock()
 
+	// -rate: this worker's share of the offered load, on a fixed schedule (a late
+	// transaction does not push the next ones back, as a steady upstream would not).
+	var interval time.Duration
+	next := time.Now()
+	if o.rate > 0 {
+		interval = time.Duration(float64(o.conns) / o.rate * float64(time.Second))
+		next = next.Add(time.Duration(w) * interval / time.Duration(o.conns))
+	}
 	for {
+		if interval > 0 {
+			if wait := time.Until(next); wait > 0 {
+				time.Sleep(wait)
+			}
+			next = next.Add(interval)
+		}
 		ws.mu.Lock()
 		seq := ws.seq
 		committed := ws.CommittedTxns
@@ -225,6 +241,7 @@ func (wl *workload) runWorker(w int, ws *workerState) {
 			ms := float64(time.Since(start).Microseconds()) / 1000
 			wl.mu.Lock()
 			wl.latencies = append(wl.latencies, ms)
+			wl.stmtLatencies = append(wl.stmtLatencies, ws.stmtMs...)
 			wl.mu.Unlock()
 			continue
 		}
@@ -280,11 +297,17 @@ func rollback(ws *workerState, tx *sql.Tx) {
 // transaction turned out to be applied by an earlier attempt.
 func (wl *workload) attempt(ctx context.Context, conn *sql.Conn, w, seq int, ws *workerState) (string, error) {
 	o := wl.o
+	ws.stmtMs = ws.stmtMs[:0]
+	timed := func(since time.Time) {
+		ws.stmtMs = append(ws.stmtMs, float64(time.Since(since).Microseconds())/1000)
+	}
 	ws.setPhase("begin")
+	began := time.Now()
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
 		return "begin", err
 	}
+	timed(began)
 	ws.setPhase("dml")
 	verb := "REPLACE"
 	if o.sqlMode == "insert" {
@@ -312,7 +335,9 @@ func (wl *workload) attempt(ctx context.Context, conn *sql.Conn, w, seq int, ws 
 	inDoubt := ws.inDoubt
 	ws.mu.Unlock()
 	for k, q := range stmts {
+		sent := time.Now()
 		_, err := tx.ExecContext(ctx, q, stmtArgs[k]...)
+		timed(sent)
 		if err != nil {
 			rollback(ws, tx)
 			if k == 0 && o.sqlMode == "insert" && isMySQLError(err, 1062) {
@@ -340,13 +365,18 @@ func (wl *workload) attempt(ctx context.Context, conn *sql.Conn, w, seq int, ws 
 		}
 	} else {
 		// Idempotent: no affected-rows check, a re-run changes nothing.
+		sent := time.Now()
 		if _, err := tx.ExecContext(ctx, "UPDATE "+o.countersTable+" SET n = ? WHERE worker = ?", seq, w); err != nil {
 			rollback(ws, tx)
 			return "dml", err
 		}
+		timed(sent)
 	}
 	ws.setPhase("commit")
-	if err := tx.Commit(); err != nil {
+	sent := time.Now()
+	err = tx.Commit()
+	timed(sent)
+	if err != nil {
 		if o.sqlMode == "insert" && isMySQLError(err, 1062) {
 			// Keys checked at COMMIT (TiDB's optimistic transactions): the rows exist already.
 			if !inDoubt {
@@ -554,6 +584,8 @@ func runWorkload(o *options) bool {
 	}
 	lat := append([]float64(nil), wl.latencies...)
 	sort.Float64s(lat)
+	stmtLat := append([]float64(nil), wl.stmtLatencies...)
+	sort.Float64s(stmtLat)
 	mean := 0.0
 	for _, v := range lat {
 		mean += v
@@ -605,7 +637,13 @@ func runWorkload(o *options) bool {
 			"max":  round3(percentile(lat, 100)),
 			"mean": round3(mean),
 		},
-		"per_worker": perWorker,
+		"stmt_latency_ms": map[string]float64{
+			"p50": round3(percentile(stmtLat, 50)),
+			"p99": round3(percentile(stmtLat, 99)),
+			"max": round3(percentile(stmtLat, 100)),
+		},
+		"offered_rate": o.rate,
+		"per_worker":   perWorker,
 	}
 	emit(o, result)
 	return ok
