@@ -58,7 +58,7 @@ def routes(proxy, upgrader=None) -> dict[str, Route]:
     target = proxy.target
 
     def healthz() -> tuple[int, str, bytes]:
-        return json_answer(200, {"status": "alive", "target": target.name, "sessions": len(target.sessions)})
+        return json_answer(200, {"status": "alive", "target": target.name, "pid": os.getpid(), "sessions": len(target.sessions)})
 
     def readyz() -> tuple[int, str, bytes]:
         ready = target.ready()

@@ -35,7 +35,7 @@ from proxy.config import Address, Config, ConfigError, load_config
 from proxy.handover.protocol import HandoverError
 from proxy.sessionlog import FIELDS
 from proxy.tls import check_files
-from proxy.workers import MAX_WORKERS, WorkerInfo, supervise
+from proxy.workers import MAX_WORKERS, WorkerInfo, supervise, supervisor_reexecuted, watch_supervisor
 
 __all__ = ["main", "run"]
 
@@ -120,9 +120,9 @@ async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, 
             await proxy.listen(take("client", config.listen.address))
             admin_listeners = await open_listeners(config, admin_address, take("admin", admin_address)) if admin_address else []
             addresses = await nursery.start(proxy.serve)
-            upgrader = None if proxy.worker is not None else Upgrader(path, lambda: _listening(proxy, admin_address, admin_listeners),
-                                                                     lambda: len(proxy.target.sessions), proxy.next_session_id,
-                                                                     _upgrade_args(config), proxy.target.stats.upgrade_failed)  # fmt: skip
+            # A worker's upgrade is asked for by its supervisor (POST /upgrade on the private port).
+            upgrader = Upgrader(path, lambda: _listening(proxy, admin_address, admin_listeners), lambda: len(proxy.target.sessions),
+                                proxy.next_session_id, _upgrade_args(config, proxy.worker), proxy.target.stats.upgrade_failed)  # fmt: skip
             admin_stopped = trio.Event()  # set when the admin listener is handed over
             if admin_listeners:
                 await nursery.start(functools.partial(serve_admin, config, hooks, proxy, admin_address, listeners=admin_listeners,
@@ -137,18 +137,20 @@ async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, 
                 nursery.start_soon(take_over, successor, inherited, bound, closed, proxy)
             elif proxy.worker is None:
                 sdnotify.notify("READY=1")  # a Type=notify unit: the proxy serves
+            if proxy.worker is not None and os.getppid() != proxy.worker.supervisor_pid:
+                nursery.start_soon(watch_supervisor, proxy.worker.supervisor_pid)  # started by the worker it replaces
             task_status.started(addresses)
             events_in, events = trio.open_memory_channel(16)
             nursery.start_soon(_forward_signals, signals, events_in)
-            if upgrader is not None:
-                nursery.start_soon(_when_set, upgrader.handed_over, events_in, _HANDED_OVER)
+            nursery.start_soon(_when_set, upgrader.handed_over, events_in, _HANDED_OVER)
             async for event in events:
                 if event == signal.SIGHUP:
                     reload(proxy, path, retired)
                     continue
                 if event == signal.SIGUSR2:
-                    if upgrader is None:
-                        log.warning("SIGUSR2 ignored: a worker is upgraded through its supervisor (which does not support it yet)")
+                    if proxy.worker is not None:
+                        log.warning("SIGUSR2 ignored: a worker is upgraded through its supervisor: send SIGUSR2 to pid %d, "
+                                    "which upgrades every worker in turn", proxy.worker.supervisor_pid)  # fmt: skip
                     else:
                         nursery.start_soon(upgrader.upgrade_logged, "SIGUSR2")
                     continue
@@ -159,8 +161,7 @@ async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, 
                     log.info("upgrade: pid %d drained, exiting; pid %d serves", os.getpid(), upgrader.outcome.new_pid)
                 else:
                     log.info("received %s; %d session(s) open", signal.Signals(event).name, len(proxy.target.sessions))
-                    if upgrader is not None:
-                        upgrader.abandon()  # a new process half started must not outlive this one
+                    upgrader.abandon()  # a new process half started must not outlive this one
                     await proxy.drain()
                 nursery.cancel_scope.cancel()
                 break
@@ -176,9 +177,12 @@ def _listening(proxy, admin_address: Address | None, admin_listeners: list) -> l
     return out
 
 
-def _upgrade_args(config: Config) -> list[str]:
-    """A single process whose config asks for workers was started with --workers 1: so is
-    the new one (a config that asks for workers now is refused by the new process)."""
+def _upgrade_args(config: Config, worker: WorkerInfo | None) -> list[str]:
+    """A worker's successor is the same worker of the same supervisor. A single process whose
+    config asks for workers was started with --workers 1: so is the new one (a config that asks
+    for workers now is refused by the new process)."""
+    if worker is not None:
+        return worker.arguments(worker.supervisor_pid)
     return ["--workers", "1"] if config.listen.workers > 1 else []
 
 
@@ -305,7 +309,7 @@ def upgrade(config: Config, path: str) -> int:
     token = config.admin.resolved_token()
     if token:
         request.add_header("Authorization", f"Bearer {token}")
-    timeout = START_TIMEOUT + 30
+    timeout = (START_TIMEOUT + 30) * config.listen.workers  # --workers N: one worker after the other
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             data = json.load(response)
@@ -315,8 +319,8 @@ def upgrade(config: Config, path: str) -> int:
             print(f"replay-proxy: upgrade of target {config.name} failed; pid {answer.get('pid')} keeps serving: {answer['error']}",
                   file=sys.stderr)  # fmt: skip
         elif exc.code in (404, 405):
-            print(f"replay-proxy: {url} does not serve POST /upgrade: the proxy runs with --workers N (upgrade is not supported "
-                  "there yet) or is a version without it; restart it instead", file=sys.stderr)  # fmt: skip
+            print(f"replay-proxy: {url} does not serve POST /upgrade: the proxy is a version without it; restart it instead",
+                  file=sys.stderr)  # fmt: skip
         else:
             print(f"replay-proxy: {_status_failure(exc, url, config, path)}", file=sys.stderr)
         return 1
@@ -327,6 +331,12 @@ def upgrade(config: Config, path: str) -> int:
     except (OSError, ValueError) as exc:
         print(f"replay-proxy: {_status_failure(exc, url, config, path)}", file=sys.stderr)
         return 1
+    if "workers" in data:  # --workers N: the supervisor re-executes itself, the workers hand over
+        print(f"target {config.name}: upgraded in {data['seconds']}s, supervisor pid {data['old_pid']} re-executes itself")
+        for w in data["workers"]:
+            print(f"  worker {w['worker']}: pid {w['old_pid']} -> pid {w['new_pid']}; {w['sessions_left_to_drain']} session(s) "
+                  f"left to drain in pid {w['old_pid']}")  # fmt: skip
+        return 0
     print(f"target {config.name}: upgraded in {data['seconds']}s, pid {data['old_pid']} -> pid {data['new_pid']}; listeners handed "
           f"over: {', '.join(data['listeners']) or 'none'}; {data['sessions_left_to_drain']} session(s) left to drain in pid "
           f"{data['old_pid']}")  # fmt: skip
@@ -376,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="processes sharing the listen port (default: listen.workers, 1)")  # fmt: skip
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # i/N: started by the supervisor
     parser.add_argument("--worker-admin", help=argparse.SUPPRESS)  # every worker's private admin port
+    parser.add_argument("--supervisor-pid", type=int, help=argparse.SUPPRESS)  # the worker's supervisor
     parser.add_argument("--handover-fd", type=int, help=argparse.SUPPRESS)  # started by an upgrade (proxy.handover)
     args = parser.parse_args(argv)
     if not args.config:
@@ -413,10 +424,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(f"{args.config}: ok (target {config.name})")
         return 0
-    worker = WorkerInfo.parse(args.worker, args.worker_admin) if args.worker else None
+    worker = WorkerInfo.parse(args.worker, args.worker_admin, args.supervisor_pid or os.getppid()) if args.worker else None
     setup_logging(config, worker)
     if worker is None:
-        _warn_if_readable(args.config, config)
+        if not supervisor_reexecuted():  # said once, when the operator started it
+            _warn_if_readable(args.config, config)
         workers = args.workers if args.workers is not None else config.listen.workers
         if not 1 <= workers <= MAX_WORKERS:
             print(f"replay-proxy: --workers must be 1 to {MAX_WORKERS}, got {workers}", file=sys.stderr)

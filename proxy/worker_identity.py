@@ -23,11 +23,18 @@ class WorkerInfo:
     index: int
     count: int
     admin_ports: tuple[int, ...]  # every worker's private admin port, by index
+    supervisor_pid: int = 0  # 0: the parent (a worker the supervisor started itself)
 
     @classmethod
-    def parse(cls, spec: str, ports: str) -> WorkerInfo:
+    def parse(cls, spec: str, ports: str, supervisor_pid: int | None = None) -> WorkerInfo:
         index, _, count = spec.partition("/")
-        return cls(int(index), int(count), tuple(int(p) for p in ports.split(",")))
+        return cls(int(index), int(count), tuple(int(p) for p in ports.split(",")), supervisor_pid or 0)
+
+    def arguments(self, supervisor_pid: int) -> list[str]:
+        """The command-line arguments of this worker, for the process that takes its place in an
+        upgrade (started by this worker, not by the supervisor: ``supervisor_pid`` says whose)."""
+        return ["--worker", f"{self.index}/{self.count}", "--worker-admin", ",".join(map(str, self.admin_ports)),
+                "--supervisor-pid", str(supervisor_pid)]  # fmt: skip
 
     @property
     def first_session_id(self) -> int:

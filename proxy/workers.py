@@ -7,6 +7,17 @@ forwards SIGTERM/SIGINT/SIGHUP to all of them, and serves the one admin endpoint
 and /status gather every worker's (each worker serves its own on a private loopback port,
 ``WorkerInfo.admin_ports``), /readyz is ready when any worker is.
 
+An upgrade (SIGUSR2 to the supervisor, or POST /upgrade on its admin endpoint, which
+``replay-proxy upgrade`` sends) first runs ``--check`` of the code and config on disk, then
+upgrades one worker after the other as a single process is upgraded: the worker starts its
+successor (the same worker index, the new code) and hands it its listener, its private admin
+port and its sessions with their connections (``proxy.handover``), then drains and exits. The
+supervisor is every worker's subreaper, so a successor becomes its child when the old worker
+exits. Last, the supervisor re-executes itself in place (the same pid, so systemd's main PID
+stays right) with the new code, keeping its admin listener and its workers (``_Inheritance``).
+A worker that fails to take over stops the upgrade there: it and the rest serve on with the
+code they run, and the answer says which workers run which.
+
 Session ids stay unique: worker ``i`` numbers its sessions from 1,000,000,001 + i * 5 * 10^7
 (``WorkerInfo.first_session_id``; 64 workers at most, so every id fits the greeting's 4 bytes);
 a ``KILL <id>`` of another worker's session is translated
@@ -55,12 +66,85 @@ def _die_with_supervisor() -> None:
     """In a new worker, before it execs: SIGTERM (its drain) when the supervisor dies, even by
     SIGKILL. A worker left behind would go on serving the shared port (SO_REUSEPORT) beside the
     next supervisor's, under a config nobody reloads."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() == 1:  # the supervisor died before the line above
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+async def watch_supervisor(supervisor_pid: int) -> None:
+    """In a worker an upgrade started (its parent is the worker it replaces): once that one has
+    exited and this one is the supervisor's child, die with the supervisor as its own workers
+    do; a parent that is neither means the supervisor is gone: drain (SIGTERM)."""
+    first_parent = os.getppid()
+    while True:
+        parent = os.getppid()
+        if parent == supervisor_pid:
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+            if os.getppid() == supervisor_pid:
+                return
+        elif parent != first_parent:
+            log.error("the supervisor (pid %d) is gone: this worker stops", supervisor_pid)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        await trio.sleep(1)
+
+
+def _prctl(option: int, value: int) -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(option, value)
+
+
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_INHERITANCE = "REPLAY_PROXY_SUPERVISOR"  # what a supervisor leaves its re-executed self
+_HANDOFF_GRACE = 0.5  # seconds between the answer to POST /upgrade and the supervisor's re-exec
+
+
+def supervisor_reexecuted() -> bool:
+    """This process is a supervisor that re-executed itself in an upgrade."""
+    return _INHERITANCE in os.environ
+
+
+class WorkerProc:
+    """A worker process by pid: one the supervisor started, or one it adopted (started by the
+    worker it replaced, a child of the supervisor once that one exits; or started before the
+    supervisor re-executed itself)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    @classmethod
+    def spawn(cls, args: list[str]) -> WorkerProc:
+        env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}  # systemd hears the supervisor only
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, preexec_fn=_die_with_supervisor, env=env)
+        proc.returncode = 0  # reaped here (poll), never by subprocess
+        return cls(proc.pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:  # not a child yet: the worker that started it still runs
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                self.returncode = -1  # gone, and its code went to another parent
+            return self.returncode
+        if pid == 0:
+            return None
+        self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 class Supervisor:
@@ -69,28 +153,64 @@ class Supervisor:
         self.path = path
         self.count = count
         self.ports = _free_loopback_ports(count)
-        self.procs: list[subprocess.Popen | None] = [None] * count
+        self.procs: list[WorkerProc | None] = [None] * count
+        self.retiring: list[WorkerProc] = []  # upgraded workers draining what did not move
         self.stopping = False
         self.restarts = 0
+        self.upgrading = False
+        self.upgrading_worker: int | None = None  # not restarted by watch() while it hands over
+        self.admin_listeners: list[trio.SocketListener] = []
+        self.inherited_admin: list[socket.socket] | None = None
+        self.reexec_due = trio.Event()
+        self._inherit()
+
+    def _inherit(self) -> None:
+        """After a re-exec: the workers, their ports and the admin listener of the old image."""
+        raw = os.environ.pop(_INHERITANCE, None)
+        if raw is None:
+            return
+        state = json.loads(raw)
+        if len(state["procs"]) != self.count:
+            log.warning("the upgrade kept %d workers: --workers %d takes a restart", len(state["procs"]), self.count)
+            self.count = len(state["procs"])
+        self.ports = state["ports"]
+        self.procs = [WorkerProc(pid) if pid else None for pid in state["procs"]]
+        self.retiring = [WorkerProc(pid) for pid in state["retiring"]]
+        self.restarts = state["restarts"]
+        sockets = [socket.socket(fileno=fd) for fd in state["admin_fds"]]
+        for sock in sockets:
+            sock.set_inheritable(False)
+        if self.config.admin.enabled and state["admin_address"] == str(self.config.admin_address):
+            self.inherited_admin = sockets
+        else:
+            for sock in sockets:
+                sock.close()
+        log.info("supervisor pid %d re-executed with the code on disk: workers %s kept", os.getpid(),
+                 ", ".join(f"{i} (pid {p.pid})" for i, p in enumerate(self.procs) if p is not None))  # fmt: skip
 
     def _spawn(self, index: int) -> None:
-        args = [sys.executable, "-m", "proxy", "--config", self.path, "--worker", f"{index}/{self.count}",
-                "--worker-admin", ",".join(map(str, self.ports))]  # fmt: skip
-        self.procs[index] = subprocess.Popen(args, stdin=subprocess.DEVNULL, preexec_fn=_die_with_supervisor)
+        args = [sys.executable, "-m", "proxy", "--config", self.path,
+                *WorkerInfo(index, self.count, tuple(self.ports)).arguments(os.getpid())]  # fmt: skip
+        self.procs[index] = WorkerProc.spawn(args)
         log.info("worker %d/%d started (pid %d)", index, self.count, self.procs[index].pid)
 
+    def live(self) -> list[WorkerProc]:
+        return [p for p in [*self.procs, *self.retiring] if p is not None and p.poll() is None]
+
     def signal_all(self, signum: int) -> None:
-        for proc in self.procs:
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signum)
+        for proc in self.live():
+            proc.send_signal(signum)
 
     async def watch(self) -> None:
-        """Restart a worker that dies while the proxy is not stopping."""
+        """Restart a worker that dies while the proxy is not stopping; reap upgraded ones."""
         failures: dict[int, list[float]] = {}
         while True:
             await trio.sleep(0.5)
+            for proc in [p for p in self.retiring if p.poll() is not None]:
+                self.retiring.remove(proc)
+                log.info("upgraded worker pid %d exited with code %s", proc.pid, proc.returncode)
             for i, proc in enumerate(self.procs):
-                if proc is None or proc.poll() is None or self.stopping:
+                if proc is None or proc.poll() is None or self.stopping or i == self.upgrading_worker:
                     continue
                 recent = [t for t in failures.get(i, []) if trio.current_time() - t < 60] + [trio.current_time()]
                 failures[i] = recent
@@ -103,18 +223,20 @@ class Supervisor:
                     self._spawn(i)
 
     async def run(self) -> None:
+        _prctl(_PR_SET_CHILD_SUBREAPER, 1)  # a worker an old worker started becomes ours when that one exits
         for i in range(self.count):
-            self._spawn(i)
+            if self.procs[i] is None:
+                self._spawn(i)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.watch)
             if self.config.admin.enabled:
                 await nursery.start(serve_gathering_admin, self)
+            nursery.start_soon(self._reexec_when_due)
             sdnotify.notify("READY=1")  # a Type=notify unit: the supervisor is up, its workers starting
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2) as signals:
                 async for signum in signals:
                     if signum == signal.SIGUSR2:
-                        log.warning("SIGUSR2 ignored: upgrading with --workers %d is not supported yet; nothing changed "
-                                    "(restart the proxy to run the new code)", self.count)  # fmt: skip
+                        nursery.start_soon(self.upgrade_logged, "SIGUSR2")
                         continue
                     if signum == signal.SIGHUP:
                         log.info("SIGHUP: reloading every worker's config")
@@ -138,17 +260,135 @@ class Supervisor:
 
     async def _wait_all(self, timeout: float) -> None:
         with trio.move_on_after(timeout):
-            while any(p is not None and p.poll() is None for p in self.procs):
+            while self.live():
                 await trio.sleep(0.1)
-        for proc in self.procs:
-            if proc is not None and proc.poll() is None:
-                log.error("worker pid %d did not stop in %.0fs: killed", proc.pid, timeout)
-                proc.kill()
+        for proc in self.live():
+            log.error("worker pid %d did not stop in %.0fs: killed", proc.pid, timeout)
+            proc.kill()
+
+    # -------------------------------------------------------------- the upgrade
+
+    async def upgrade(self, why: str) -> dict:
+        """Every worker in turn hands over to a new process of the code on disk; then this
+        process re-executes itself (``reexec_due``). UpgradeFailed says why not, and where it
+        stopped."""
+        from proxy.handover.upgrade import START_TIMEOUT, UpgradeFailed
+
+        if self.upgrading or self.reexec_due.is_set():
+            raise UpgradeFailed("an upgrade is already under way", busy=True)
+        if self.stopping:
+            raise UpgradeFailed("the proxy is stopping", busy=True)
+        self.upgrading = True
+        started = trio.current_time()
+        done: list[dict] = []
+        try:
+            with trio.move_on_after(START_TIMEOUT) as deadline:
+                check = await trio.run_process([sys.executable, "-m", "proxy", "--config", self.path, "--check"],
+                                               stdin=b"", capture_stdout=True, capture_stderr=True, check=False)  # fmt: skip
+            if deadline.cancelled_caught:
+                raise self._failed(f"the check of the new code ({sys.executable} -m proxy --check) took over {START_TIMEOUT:g}s", done)
+            if check.returncode != 0:
+                said = check.stderr.decode(errors="replace").strip().splitlines() or ["no reason given"]
+                raise self._failed(f"the new code or config does not start: {said[-1]}", done)
+            log.info("upgrade (%s): %s checks out; upgrading %d workers one after the other", why, self.path, self.count)
+            for i in range(self.count):
+                proc = self.procs[i]
+                if proc is None or proc.poll() is not None:
+                    raise self._failed(f"worker {i} is restarting", done)
+                self.upgrading_worker = i
+                status, answer = await trio.to_thread.run_sync(self._post, self.ports[i], "/upgrade", START_TIMEOUT + 20)
+                if status == 0:  # no answer: the old worker may have exited as its answer left; who serves now?
+                    answer = {**answer, **await trio.to_thread.run_sync(self._successor_of, proc)}
+                    status = 200 if "new_pid" in answer else 0
+                if status != 200:
+                    raise self._failed(f"worker {i} (pid {proc.pid}): {answer.get('error') or f'HTTP {status}'}", done)
+                self.procs[i] = WorkerProc(int(answer["new_pid"]))
+                self.retiring.append(proc)
+                done.append({"worker": i, **answer})
+                log.info("upgrade: worker %d is pid %d now (was pid %d, which moves or drains its %d session(s))", i,
+                         answer["new_pid"], proc.pid, answer["sessions_left_to_drain"], extra={"event": "upgrade_handed_over"})  # fmt: skip
+        finally:
+            self.upgrading = False
+            self.upgrading_worker = None
+        self.reexec_due.set()
+        seconds = round(trio.current_time() - started, 3)
+        log.info("upgrade: %d workers upgraded in %.3fs; the supervisor (pid %d) re-executes itself", self.count, seconds, os.getpid())
+        return {"upgraded": True, "old_pid": os.getpid(), "new_pid": os.getpid(), "seconds": seconds, "workers": done,
+                "listeners": sorted({entry for w in done for entry in w.get("listeners", [])}),
+                "sessions_left_to_drain": sum(w["sessions_left_to_drain"] for w in done)}  # fmt: skip
+
+    async def upgrade_logged(self, why: str) -> None:
+        from proxy.handover.upgrade import UpgradeFailed
+
+        try:
+            await self.upgrade(why)
+        except UpgradeFailed as exc:
+            if exc.busy:
+                log.warning("upgrade (%s) ignored: %s", why, exc)
+
+    def _failed(self, reason: str, done: list[dict]):
+        from proxy.handover.upgrade import UpgradeFailed
+
+        if done:
+            reason += f"; workers {', '.join(str(w['worker']) for w in done)} run the new code already, the rest the old"
+            self.reexec_due.set()  # the supervisor too: it must not lag its workers
+        log.error("upgrade failed, the supervisor (pid %d) serves on: %s", os.getpid(), reason, extra={"event": "upgrade_failed"})
+        return UpgradeFailed(reason)
+
+    async def _reexec_when_due(self) -> None:
+        await self.reexec_due.wait()
+        await trio.sleep(_HANDOFF_GRACE)  # the answer to POST /upgrade leaves before this image does
+        self.reexec()
+
+    def reexec(self) -> None:
+        """Replace this process's image with the code on disk; the workers and the admin
+        listener carry over (the listener's descriptors stay open across exec)."""
+        fds = [lst.socket.fileno() for lst in self.admin_listeners]
+        state = {"procs": [p.pid if p is not None and p.poll() is None else 0 for p in self.procs],
+                 "retiring": [p.pid for p in self.retiring if p.poll() is None], "ports": self.ports,
+                 "restarts": self.restarts, "admin_fds": fds, "admin_address": str(self.config.admin_address)}  # fmt: skip
+        for fd in fds:
+            os.set_inheritable(fd, True)
+        argv = [sys.executable, "-m", "proxy", "--config", self.path, "--workers", str(self.count)]
+        try:
+            os.execve(sys.executable, argv, {**os.environ, _INHERITANCE: json.dumps(state)})
+        except OSError as exc:
+            for fd in fds:
+                os.set_inheritable(fd, False)
+            log.error("the supervisor could not re-execute itself (%s): it serves on with its old code; its workers run the new", exc)
+
+    def _successor_of(self, proc: WorkerProc) -> dict:
+        """{"new_pid", "sessions_left_to_drain"} of the process now on ``proc``'s private port, if
+        it is another (the hand-over happened, its answer was lost), else {}."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[self.procs.index(proc)]}/healthz", timeout=3) as response:
+                pid = int(json.load(response).get("pid") or 0)
+        except (OSError, ValueError):
+            return {}
+        if pid in (0, proc.pid):
+            return {}
+        log.warning("upgrade: the answer of worker pid %d was lost; pid %d serves its port now", proc.pid, pid)
+        return {"old_pid": proc.pid, "new_pid": pid, "sessions_left_to_drain": 0, "listeners": []}
+
+    @staticmethod
+    def _post(port: int, path: str, timeout: float) -> tuple[int, dict]:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=b"", method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, json.load(response)
+        except urllib.error.HTTPError as exc:
+            try:
+                return exc.code, json.load(exc)
+            except ValueError:
+                return exc.code, {}
+        except (OSError, ValueError) as exc:
+            return 0, {"error": f"no answer from its admin port {port}: {exc}"}
 
     # -------------------------------------------------------------- the gathering admin endpoint
 
     def gather(self, path: str) -> list[tuple[int, int, bytes]]:
-        """(worker, status, body) of ``path`` on every live worker."""
+        """(worker, status, body) of ``path`` on every live worker (during an upgrade, the new one:
+        it answers on the private port from the moment it serves)."""
         out = []
         for i, port in enumerate(self.ports):
             try:
@@ -210,13 +450,16 @@ def merge_status(parts: list[tuple[int, dict]]) -> dict:
 
 async def serve_gathering_admin(sup: Supervisor, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     from proxy import admin
+    from proxy.handover.upgrade import START_TIMEOUT
 
     async def gather(path: str) -> list[tuple[int, int, bytes]]:
         return await trio.to_thread.run_sync(sup.gather, path)
 
     def healthz():
         alive = [i for i, p in enumerate(sup.procs) if p is not None and p.poll() is None]
-        return admin.json_answer(200, {"status": "alive", "workers_alive": alive, "workers": sup.count, "restarts": sup.restarts})
+        return admin.json_answer(200, {"status": "alive", "workers_alive": alive, "workers": sup.count, "restarts": sup.restarts,
+                                       "pids": [p.pid if p is not None else None for p in sup.procs],
+                                       "draining_pids": [p.pid for p in sup.retiring if p.poll() is None]})  # fmt: skip
 
     async def readyz():
         ready = any(status == 200 for _w, status, _b in await gather("/readyz"))
@@ -228,9 +471,23 @@ async def serve_gathering_admin(sup: Supervisor, *, task_status=trio.TASK_STATUS
     async def status():
         return admin.json_answer(200, merge_status([(w, json.loads(b)) for w, s, b in await gather("/status") if s == 200]))
 
-    table = {"/healthz": healthz, "/health": healthz, "/readyz": readyz, "/metrics": metrics, "/status": status}
-    await admin.serve_routes(sup.config, sup.config.admin_address, lambda: table, task_status=task_status,
-                             current_config=lambda: sup.config)  # fmt: skip
+    async def upgrade():
+        from proxy.handover.upgrade import UpgradeFailed
+
+        try:
+            outcome = await sup.upgrade("admin request")
+        except UpgradeFailed as exc:
+            return admin.json_answer(409 if exc.busy else 500, {"upgraded": False, "pid": os.getpid(), "error": str(exc)})
+        return admin.json_answer(200, outcome)
+
+    upgrade.method = "POST"  # type: ignore[attr-defined]
+    upgrade.seconds = (START_TIMEOUT + 20) * sup.count  # type: ignore[attr-defined]  # one worker after the other
+
+    table = {"/healthz": healthz, "/health": healthz, "/readyz": readyz, "/metrics": metrics, "/status": status, "/upgrade": upgrade}
+    address = sup.config.admin_address
+    sup.admin_listeners = await admin.open_listeners(sup.config, address, sup.inherited_admin)
+    await admin.serve_routes(sup.config, address, lambda: table, task_status=task_status, current_config=lambda: sup.config,
+                             listeners=sup.admin_listeners)  # fmt: skip
 
 
 def supervise(config: Config, path: str, count: int) -> int:

@@ -8,11 +8,13 @@ Shown here: no connection refused while clients connect in a tight loop through 
 upgrades (each connection gets a greeting, from one process or the other); a new process that
 cannot start (a secret missing from its environment, a busy port) leaves the old one serving
 and the command prints why; the admin token guards the upgrade; under systemd the main PID
-moves (``NOTIFY_SOCKET``); with ``--workers`` SIGUSR2 changes nothing and says so.
+moves (``NOTIFY_SOCKET``); with ``--workers`` every worker hands over and the supervisor
+re-executes itself.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -410,29 +412,101 @@ def test_under_systemd_the_main_pid_moves_to_the_new_process(mariadb, tmp_path, 
         proxy.stop()
 
 
-def test_with_workers_sigusr2_changes_nothing_and_says_so(mariadb, tmp_path):
+def _healthz(admin: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin}/healthz", timeout=10) as response:
+        return json.load(response)
+
+
+def test_with_workers_every_worker_hands_over_and_the_supervisor_reexecutes_itself(mariadb, tmp_path):
+    """``--workers 2``: SIGUSR2 to the supervisor, then ``replay-proxy upgrade``: each worker in
+    turn hands its listener and sessions to a successor; the supervisor keeps its pid (systemd's
+    main PID) and re-executes itself; no connection refused meanwhile; every session keeps its
+    backend connection, variables, temporary table and open transaction. A config that does not
+    start changes nothing. The successors (started by the workers they replaced) still die with
+    a SIGKILLed supervisor."""
     prepare_server(mariadb)
+    mariadb.query("DROP TABLE IF EXISTS test.w_moved")
+    mariadb.query("CREATE TABLE test.w_moved (id INT PRIMARY KEY)")
     port, admin = free_port(), free_port()
-    config = write_config(tmp_path / "proxy.toml", {
-        "name": "w", "listen": {"address": f"127.0.0.1:{port}", "workers": 2},
+    settings = {
+        "name": "w", "listen": {"address": f"127.0.0.1:{port}", "workers": 2}, "log": {"level": "info"},
         "backend": {"addresses": [f"127.0.0.1:{mariadb.port}"]},
         "users": [{"name": APP_USER, "password": APP_PASSWORD}], "admin": {"address": f"127.0.0.1:{admin}"},
-    })  # fmt: skip
+    }  # fmt: skip
+    config = write_config(tmp_path / "proxy.toml", settings)
     log_path = tmp_path / "proxy.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "proxy", "--config", str(config)], cwd=REPO, stdout=log, stderr=log)
     kill_at_exit(proc)
+    knocker = Knocker(port)
+    workers: list[int] = []
     try:
-        wait_listening(proc, port, 60, "proxy", log_path.read_text)  # the workers serve: their supervisor catches signals
         wait_listening(proc, admin, 60, "proxy", log_path.read_text)
+        wait_for(lambda: log_path.read_text().count("target w: listening on") == 2, what="both workers listening")
+        conns = [pymysql.connect(host="127.0.0.1", port=port, user=APP_USER, password=APP_PASSWORD, database="test")
+                 for _ in range(8)]  # fmt: skip
+
+        def look(conn) -> tuple:
+            with conn.cursor() as cur:
+                cur.execute("SELECT CONNECTION_ID(), @x, (SELECT COUNT(*) FROM scratch), @@in_transaction")
+                return cur.fetchone()
+
+        for i, conn in enumerate(conns):
+            with conn.cursor() as cur:
+                cur.execute(f"SET @x = 'kept {i}'")
+                cur.execute("CREATE TEMPORARY TABLE scratch (a INT)")
+                cur.execute("INSERT INTO scratch VALUES (1)")
+                cur.execute("BEGIN")
+                cur.execute(f"INSERT INTO w_moved VALUES ({i})")
+        before = [look(conn) for conn in conns]
+        assert {b[3] for b in before} == {1}
+        knocker.start()
+        wait_for(lambda: knocker.greeted > 20, what="the knocker to get going")
+        first = _healthz(admin)["pids"]
         proc.send_signal(signal.SIGUSR2)
-        wait_for(lambda: "SIGUSR2 ignored: upgrading with --workers 2 is not supported yet" in log_path.read_text(), what="the line")
+        wait_for(lambda: "re-executed with the code on disk" in log_path.read_text(), what="the supervisor's re-exec")
+        second = _healthz(admin)["pids"]
+        assert not set(first) & set(second), (first, second)
+        wait_for(lambda: not _healthz(admin)["draining_pids"], what="the old workers to exit")
+        assert [look(conn) for conn in conns] == before  # the same backend connections, in the same state
         answer = run_cli("upgrade", "--config", str(config))
-        assert answer.returncode == 1 and "does not serve POST /upgrade" in answer.stderr, answer.stderr
-        assert query_one(port) == 1 and proc.poll() is None
+        assert answer.returncode == 0, answer.stderr
+        assert re.search(r"worker 0: pid \d+ -> pid \d+; \d+ session\(s\) left to drain", answer.stdout), answer.stdout
+        wait_for(lambda: log_path.read_text().count("re-executed with the code on disk") == 2, what="the second re-exec")
+        workers = _healthz(admin)["pids"]
+        assert not set(workers) & set(second)
+        wait_for(lambda: not _healthz(admin)["draining_pids"], what="the old workers to exit")
+        assert [look(conn) for conn in conns] == before
+        # A config the new code cannot start with (a secret the proxy's environment lacks: only
+        # the new processes can tell) changes nothing, and says why.
+        write_config(config, {**settings, "users": [{"name": APP_USER, "password_env": "REPLAY_PROXY_TEST_UNSET"}]})
+        failed = run_cli("upgrade", "--config", str(config))
+        assert failed.returncode == 1 and "does not start" in failed.stderr and "REPLAY_PROXY_TEST_UNSET" in failed.stderr, failed.stderr
+        assert _healthz(admin)["pids"] == workers
+        knocker.stop()
+        assert (knocker.refused, knocker.other) == (0, []), f"{knocker.greeted} greeted"
+        for i, conn in enumerate(conns):
+            with conn.cursor() as cur:
+                cur.execute(f"INSERT INTO w_moved VALUES ({100 + i})")
+                cur.execute("COMMIT" if i % 2 == 0 else "ROLLBACK")
+            conn.close()
+        rows = sorted(r for (r,) in mariadb.query("SELECT id FROM test.w_moved"))
+        assert rows == sorted(x for i in range(0, 8, 2) for x in (i, 100 + i))  # each transaction went on across both upgrades
+        assert proc.poll() is None
+        text = log_path.read_text()
+        assert len(re.findall(r"moved to pid \d+ with its client and backend connections", text)) == 16, text[-4000:]
+        proc.kill()  # the supervisor dies: its workers (each started by the one before) drain and exit
+        proc.wait(10)
+        wait_for(lambda: not any(alive(pid) for pid in workers), what="the workers to stop with their supervisor", timeout=30)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
+        knocker.stop()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+        for pid in workers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert "Traceback" not in log_path.read_text()
 
 
 def test_a_worker_ignores_sigusr2(tmp_path):
