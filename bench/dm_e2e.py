@@ -94,6 +94,7 @@ import statistics
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -110,6 +111,7 @@ from tests.lab.dm import DMCluster, dm_unavailable_reason
 from tests.lab.faultshim import FaultShim
 from tests.lab.mariadb import MariaDB
 from tests.lab.netfault import Partition
+from tests.lab.procs import wait_for
 from tests.lab.proxy import ProxyProcess
 from tests.lab.tidb import TiDB, tidb_unavailable_reason
 from tests.lab.tiproxy import tiproxy_unavailable_reason
@@ -142,6 +144,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chaos", choices=("proxy-upgrade", "proxy-restart"),
                    help="the proxy's own faults, every --chaos-interval s: proxy-upgrade (SIGUSR2: sessions move to a new "
                         "process), proxy-restart (SIGTERM, then started again, as systemctl restart); target proxy only")  # fmt: skip
+    p.add_argument("--proxy-workers", type=int, default=1, metavar="N",
+                   help="the proxy runs N worker processes (listen.workers); --chaos proxy-upgrade then upgrades through "
+                        "the supervisor, every worker in turn (default 1)")  # fmt: skip
     p.add_argument("--chaos-interval", type=float, default=8,
                    help="--chaos: seconds from one of the proxy's faults to the next (default 8)")  # fmt: skip
     p.add_argument("--soak", type=float, metavar="SECONDS",
@@ -355,17 +360,25 @@ class Shimmed:
         self.port, self.status_port = shim.port, tidb.status_port
 
 
-def proxy_event(proxy: ProxyProcess, kind: str) -> tuple[Callable[[int], dict[str, Any]], Callable[[], None]]:
+def proxy_event(proxy: ProxyProcess, kind: str, workers: int = 1) -> tuple[Callable[[int], dict[str, Any]], Callable[[], None]]:
     """The proxy's own fault (``--chaos``), and how to stop the proxy serving at the end:
     ``proxy-upgrade``: SIGUSR2, done once the new process serves and the old one exited (every
-    session moved, or drained at listen.handover_timeout); ``proxy-restart``: SIGTERM (the
-    sessions drain), then the same config started again, as ``systemctl restart``."""
+    session moved, or drained at listen.handover_timeout); with ``workers`` > 1 SIGUSR2 to the
+    supervisor, done once it re-executed itself and every old worker exited;
+    ``proxy-restart``: SIGTERM (the sessions drain), then the same config started again, as
+    ``systemctl restart``."""
     upgraded = Upgraded(proxy)
 
     def event(n: int) -> dict[str, Any]:
         record: dict[str, Any] = {"server": "proxy", "index": 0, "graceful_wait": 0, "stop": time.time(), "down": None, "up": None}
         try:
-            if kind == "proxy-upgrade":
+            if kind == "proxy-upgrade" and workers > 1:
+                record["signal"] = "SIGUSR2"
+                record.update(_upgrade_workers(proxy))
+                record["down"] = record["up"] = time.time()
+                record["summary"] = (f"upgrade of {workers} workers {record['pids']} in {record['up'] - record['stop']:.1f} s: "
+                                     f"{record['moved']} session(s) moved, {record['drained']} drained")  # fmt: skip
+            elif kind == "proxy-upgrade":
                 record["signal"] = "SIGUSR2"
                 old = upgraded.pid
                 new = upgraded.signal_upgrade()
@@ -395,6 +408,25 @@ def proxy_event(proxy: ProxyProcess, kind: str) -> tuple[Callable[[int], dict[st
             upgraded.stop()
 
     return event, stop
+
+
+def _upgrade_workers(proxy: ProxyProcess) -> dict[str, Any]:
+    """SIGUSR2 to the supervisor; once it has re-executed itself and its old workers exited:
+    the new workers' pids and the sessions they took over (moved) or left to drain."""
+    done = "re-executed with the code on disk"
+    before = proxy.log_text().count(done)
+    proxy.proc.send_signal(_signal.SIGUSR2)
+    wait_for(lambda: proxy.log_text().count(done) > before, timeout=180, what="the supervisor's re-exec")
+    wait_for(lambda: not _healthz(proxy.admin_port)["draining_pids"], timeout=120, what="the old workers to exit")
+    pids = _healthz(proxy.admin_port)["pids"]
+    text = proxy.log_text()
+    return {"pids": pids, "moved": sum(text.count(f"moved to pid {pid} with its client") for pid in pids),
+            "drained": sum(text.count(f"not moved to pid {pid}") for pid in pids)}  # fmt: skip
+
+
+def _healthz(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+        return json.load(response)
 
 
 def _serves(port: int) -> bool:
@@ -593,7 +625,7 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
             faulted = [Shimmed(tidb, shim)]
             event = soak_event(tidb, shim, args.seed)
         port, middle = start_middle(target, workdir, faulted, cluster.pd.address if cluster else None, DM_USER, DM_PASSWORD,
-                                    args.buffer_window)  # fmt: skip
+                                    args.buffer_window, args.proxy_workers)  # fmt: skip
         dm = DMCluster(workdir / "dm")
         dm.start()
         dm.create_source(source_yaml(workdir / "source.yaml", up.port))
@@ -605,7 +637,7 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
         ready = sampler.in_sync if args.chaos_from == "sync" else None
         restarter = Restarter(event, args.interval, log, args.restarts, ready, start_to_start=args.cluster)
         if args.chaos:  # the proxy's own faults, beside TiDB's (if any)
-            chaos_event, stop_chaos = proxy_event(middle, args.chaos)
+            chaos_event, stop_chaos = proxy_event(middle, args.chaos, args.proxy_workers)
             chaos = Restarter(chaos_event, args.chaos_interval, log, args.chaos_events, ready, start_to_start=True)
         started = time.time()
         answer = dm.ctl("start-task", str(task))

@@ -57,13 +57,15 @@ def sidecar_overrides(servers: list[TiDB], user: str, password: str, buffer_wind
 
 
 def start_middle(target: str, workdir: Path, servers: list[TiDB], pd_address: str | None, user: str, password: str,
-                 buffer_window: float = 30.0):  # fmt: skip
+                 buffer_window: float = 30.0, workers: int = 1):  # fmt: skip
     """Start ``target`` in front of ``servers``; (the port DM writes to, the middle or None).
-    ``buffer_window``: the proxy's (``recovery.buffer_window``)."""
+    ``buffer_window``, ``workers``: the proxy's (``recovery.buffer_window``, ``listen.workers``)."""
     if target == "direct":
         return servers[0].port, None
     if target == "proxy":
-        proxy = ProxyProcess(workdir / "proxy", [s.port for s in servers], **sidecar_overrides(servers, user, password, buffer_window))
+        overrides = sidecar_overrides(servers, user, password, buffer_window)
+        overrides["listen"]["workers"] = workers
+        proxy = ProxyProcess(workdir / "proxy", [s.port for s in servers], **overrides)
         return proxy.start().port, proxy
     if target == "haproxy":
         haproxy = HAProxy(workdir / "haproxy", [s.port for s in servers], status_ports=[s.status_port for s in servers])

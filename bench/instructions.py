@@ -137,11 +137,14 @@ def count_all(env: BenchEnv, targets: list[str], settings: Settings, n: int, rep
               only: list[str] | None = None) -> dict:  # fmt: skip
     """Every counted target, ``repeat`` times (a fresh process each), one at a time: the machine's
     two cores are shared with the client and the database, and callgrind is slow enough.
-    ``only``: these cells (by name), else all."""
-    unknown = set(only or ()) - {c.name for c in CELLS}
+    ``only``: these cells (by name), in that order (one process counts them one after the
+    other, and what ran before a cell moves its figure), else all."""
+    by_name = {c.name: c for c in CELLS}
+    unknown = set(only or ()) - set(by_name)
     if unknown:
         raise WorkloadError(f"--instructions-cells: no cell {', '.join(sorted(unknown))}")
-    cells = [c for c in CELLS if (c.name != "dm_batches" or _has_go()) and (only is None or c.name in only)]
+    cells = [by_name[name] for name in only] if only is not None else list(CELLS)
+    cells = [c for c in cells if c.name != "dm_batches" or _has_go()]
     result: dict = {"statements": n, "repeat": repeat, "cells": {c.name: {"title": c.title, "workload": c.workload} for c in cells},
                     "targets": {}, "errors": []}  # fmt: skip
     for target in [t for t in COUNTED_TARGETS if t in targets]:

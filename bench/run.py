@@ -180,7 +180,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--instructions-statements", type=int, default=1500, metavar="N",
                    help="statements per counted run (N, then 2N; default %(default)s)")  # fmt: skip
     p.add_argument("--instructions-cells", metavar="C[,C]",
-                   help="only these cells (point_select, write_only, point_select_ps, write_only_ps, dm_batches; default all)")  # fmt: skip
+                   help="only these cells, in this order (point_select, write_only, point_select_ps, write_only_ps, dm_batches; default all)")  # fmt: skip
     p.add_argument("--instructions-repeat", type=int, default=2, metavar="K",
                    help="fresh processes per counted target, to show the count repeats (default %(default)s)")  # fmt: skip
     p.add_argument("--proxy-source", type=Path, metavar="DIR",
