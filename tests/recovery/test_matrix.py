@@ -1862,6 +1862,20 @@ add(
     [T],
     [Alt(oks(4), {QT: [(1, "a"), (2, "b")]})],
 )
+# On TiDB the old connection outlives the partition with its transaction open (the proxy's reset
+# was dropped; TiDB's keepalive ends it seconds later), and a KILL of it would crash tidb-server
+# builds without pingcap/tidb#63992: the proxy leaves it alone, says so, and replays the journal,
+# whose INSERTs wait for the old transaction's locks to go with it.
+add(
+    "partition-in-transaction-old-connection-left",
+    "default",
+    ["BEGIN", "INSERT INTO t VALUES (1, 'a')", "INSERT INTO t VALUES (2, 'b')", "COMMIT"],
+    fault(PART_FAULT, 2, seconds=PARTITION_SECONDS),
+    [T],
+    [Alt(oks(4), {QT: [(1, "a"), (2, "b")]})],
+    flavors=TIDB,
+    log_has="not killing old backend connection",
+)
 inflight(
     "partition-autocommit-insert",
     ["INSERT INTO t VALUES (1, 'a')", "SELECT 1"],
