@@ -14,7 +14,7 @@ successor (the same worker index, the new code) and hands it its listener, its p
 port and its sessions with their connections (``proxy.handover``), then drains and exits. The
 supervisor is every worker's subreaper, so a successor becomes its child when the old worker
 exits. Last, the supervisor re-executes itself in place (the same pid, so systemd's main PID
-stays right) with the new code, keeping its admin listener and its workers (``_Inheritance``).
+stays right) with the new code, keeping its admin listener and its workers (``_INHERITANCE``).
 A worker that fails to take over stops the upgrade there: it and the rest serve on with the
 code they run, and the answer says which workers run which.
 
@@ -169,10 +169,7 @@ class Supervisor:
         raw = os.environ.pop(_INHERITANCE, None)
         if raw is None:
             return
-        state = json.loads(raw)
-        if len(state["procs"]) != self.count:
-            log.warning("the upgrade kept %d workers: --workers %d takes a restart", len(state["procs"]), self.count)
-            self.count = len(state["procs"])
+        state = json.loads(raw)  # the re-exec passed --workers as it ran: the same count
         self.ports = state["ports"]
         self.procs = [WorkerProc(pid) if pid else None for pid in state["procs"]]
         self.retiring = [WorkerProc(pid) for pid in state["retiring"]]
@@ -298,7 +295,7 @@ class Supervisor:
                 self.upgrading_worker = i
                 status, answer = await trio.to_thread.run_sync(self._post, self.ports[i], "/upgrade", START_TIMEOUT + 20)
                 if status == 0:  # no answer: the old worker may have exited as its answer left; who serves now?
-                    answer = {**answer, **await trio.to_thread.run_sync(self._successor_of, proc)}
+                    answer = {**answer, **await trio.to_thread.run_sync(self._successor_of, i, proc)}
                     status = 200 if "new_pid" in answer else 0
                 if status != 200:
                     raise self._failed(f"worker {i} (pid {proc.pid}): {answer.get('error') or f'HTTP {status}'}", done)
@@ -336,9 +333,11 @@ class Supervisor:
         return UpgradeFailed(reason)
 
     async def _reexec_when_due(self) -> None:
-        await self.reexec_due.wait()
-        await trio.sleep(_HANDOFF_GRACE)  # the answer to POST /upgrade leaves before this image does
-        self.reexec()
+        while True:
+            await self.reexec_due.wait()
+            await trio.sleep(_HANDOFF_GRACE)  # the answer to POST /upgrade leaves before this image does
+            self.reexec()
+            self.reexec_due = trio.Event()  # it failed (logged): the next upgrade tries again
 
     def reexec(self) -> None:
         """Replace this process's image with the code on disk; the workers and the admin
@@ -357,11 +356,11 @@ class Supervisor:
                 os.set_inheritable(fd, False)
             log.error("the supervisor could not re-execute itself (%s): it serves on with its old code; its workers run the new", exc)
 
-    def _successor_of(self, proc: WorkerProc) -> dict:
-        """{"new_pid", "sessions_left_to_drain"} of the process now on ``proc``'s private port, if
-        it is another (the hand-over happened, its answer was lost), else {}."""
+    def _successor_of(self, index: int, proc: WorkerProc) -> dict:
+        """The outcome's fields for the process now on worker ``index``'s private port, if it is
+        not ``proc`` (the hand-over happened, its answer was lost), else {}."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[self.procs.index(proc)]}/healthz", timeout=3) as response:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[index]}/healthz", timeout=3) as response:
                 pid = int(json.load(response).get("pid") or 0)
         except (OSError, ValueError):
             return {}
