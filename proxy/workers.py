@@ -104,6 +104,14 @@ def supervisor_reexecuted() -> bool:
     return _INHERITANCE in os.environ
 
 
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
 class WorkerProc:
     """A worker process by pid: one the supervisor started, or one it adopted (started by the
     worker it replaced, a child of the supervisor once that one exits; or started before the
@@ -126,10 +134,8 @@ class WorkerProc:
         try:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:  # not a child yet: the worker that started it still runs
-            try:
-                os.kill(self.pid, 0)
-            except ProcessLookupError:
-                self.returncode = -1  # gone, and its code went to another parent
+            if not _running(self.pid):
+                self.returncode = -1  # gone (or a zombie another parent reaps): its code is not ours
             return self.returncode
         if pid == 0:
             return None
