@@ -1,13 +1,56 @@
 """Protocol constants: commands, capability sets, status bits, error codes the proxy emits.
 
-Enums come from mysql-mimic; the sets here say what the proxy itself understands.
+The capability and status enums come from mysql-mimic; the command codes are its too, as
+plain ints (``Commands``); the sets here say what the proxy itself understands.
 """
 
 from __future__ import annotations
 
-from mysql_mimic.types import Capabilities, Commands, ServerStatus
+from mysql_mimic.types import Capabilities, ServerStatus
+from mysql_mimic.types import Commands as CommandCodes
 
-__all__ = ["Capabilities", "Commands", "ServerStatus", "Err", "PROXY_CAPABILITIES", "MAX_FRAME"]
+__all__ = ["Capabilities", "Commands", "CommandCodes", "ServerStatus", "Err", "PROXY_CAPABILITIES", "MAX_FRAME"]
+
+
+class Commands:
+    """mysql-mimic's command codes (``CommandCodes``, an IntEnum) as plain ints: the relay
+    compares a command's first byte with several per statement, and in CPython 3.11 each read
+    of an Enum member goes through EnumType's ``__getattr__`` hook (~15x a plain attribute),
+    each comparison with one through int's subclass path."""
+
+    COM_SLEEP = 0x00
+    COM_QUIT = 0x01
+    COM_INIT_DB = 0x02
+    COM_QUERY = 0x03
+    COM_FIELD_LIST = 0x04
+    COM_CREATE_DB = 0x05
+    COM_DROP_DB = 0x06
+    COM_REFRESH = 0x07
+    COM_SHUTDOWN = 0x08
+    COM_STATISTICS = 0x09
+    COM_PROCESS_INFO = 0x0A
+    COM_CONNECT = 0x0B
+    COM_PROCESS_KILL = 0x0C
+    COM_DEBUG = 0x0D
+    COM_PING = 0x0E
+    COM_TIME = 0x0F
+    COM_DELAYED_INSERT = 0x10
+    COM_CHANGE_USER = 0x11
+    COM_BINLOG_DUMP = 0x12
+    COM_TABLE_DUMP = 0x13
+    COM_CONNECT_OUT = 0x14
+    COM_REGISTER_SLAVE = 0x15
+    COM_STMT_PREPARE = 0x16
+    COM_STMT_EXECUTE = 0x17
+    COM_STMT_SEND_LONG_DATA = 0x18
+    COM_STMT_CLOSE = 0x19
+    COM_STMT_RESET = 0x1A
+    COM_SET_OPTION = 0x1B
+    COM_STMT_FETCH = 0x1C
+    COM_DAEMON = 0x1D
+    COM_BINLOG_DUMP_GTID = 0x1E
+    COM_RESET_CONNECTION = 0x1F
+
 
 # Largest payload of one frame; a payload of exactly this size is continued by the next frame.
 MAX_FRAME = 0xFFFFFF

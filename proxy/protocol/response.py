@@ -48,6 +48,13 @@ class Expect(enum.IntEnum):
     STRING = 7  # COM_STATISTICS: one human-readable string packet
 
 
+# The members read per command, as module globals: each read of ``Expect.X`` goes through
+# EnumType's __getattr__ hook in CPython 3.11 (~15x a global). Trackers are made with members
+# only (``Expect(value)`` where one is read back), so they compare by identity.
+_E_NONE, _E_SINGLE, _E_QUERY, _E_EXECUTE, _E_PREPARE, _E_STRING = (Expect.NONE, Expect.SINGLE, Expect.QUERY, Expect.EXECUTE,
+                                                                  Expect.PREPARE, Expect.STRING)  # fmt: skip
+
+
 _EXPECT = {
     Commands.COM_QUERY: Expect.QUERY,
     Commands.COM_STMT_EXECUTE: Expect.EXECUTE,
@@ -62,7 +69,7 @@ _EXPECT = {
 
 
 def expect_for(command: int) -> Expect:
-    return _EXPECT.get(command, Expect.SINGLE)
+    return _EXPECT.get(command, _E_SINGLE)
 
 
 # Tracker states (plain ints: this runs once per packet).
@@ -101,11 +108,11 @@ class ResponseTracker:
         self.deprecate_eof = deprecate_eof
         self.hashing = fingerprint
         self.done = False
-        if expect == Expect.QUERY or expect == Expect.EXECUTE or expect == Expect.PREPARE:
+        if expect is _E_QUERY or expect is _E_EXECUTE or expect is _E_PREPARE:
             self._state = _FIRST
-        elif expect == Expect.SINGLE or expect == Expect.STRING:
+        elif expect is _E_SINGLE or expect is _E_STRING:
             self._state = _SINGLE
-        elif expect == Expect.NONE:
+        elif expect is _E_NONE:
             self._state = _DONE
             self.done = True
         else:  # FETCH: rows then EOF; FIELD_LIST: definitions until a terminator, like rows
@@ -320,7 +327,7 @@ class ResponseTracker:
             return True
         if state == _FIRST:
             if first == OK_HEADER:
-                if self.expect == Expect.PREPARE:
+                if self.expect is _E_PREPARE:
                     return self._prepare_ok(pkt)
                 self.ok = parse_ok(pkt)
                 self.status = self.ok.status
@@ -329,7 +336,7 @@ class ResponseTracker:
                 if self.hashing:
                     self._summarize(0, self.ok.affected_rows, self.ok.last_insert_id, self.ok.warnings)
                 return not self.status & _MORE
-            if first == LOCAL_INFILE_HEADER and self.expect == Expect.QUERY:
+            if first == LOCAL_INFILE_HEADER and self.expect is _E_QUERY:
                 self.local_infile = True
                 return True
             ncols = Reader(pkt).lenenc()
@@ -351,7 +358,7 @@ class ResponseTracker:
             self.results += 1
             if self.hashing:
                 self._summarize(2, self.rows, warnings)
-            if self.status & _MORE and self.expect in (Expect.QUERY, Expect.EXECUTE):
+            if self.status & _MORE and (self.expect is _E_QUERY or self.expect is _E_EXECUTE):
                 self._state = _FIRST
                 self.rows = 0
                 return False
@@ -359,7 +366,7 @@ class ResponseTracker:
         if state == _COLDEFS_EOF:
             _warnings, self.status = _eof_fields(pkt)
             self.saw_status = True
-            if self.expect == Expect.EXECUTE and self.status & _CURSOR:
+            if self.expect is _E_EXECUTE and self.status & _CURSOR:
                 self.results += 1
                 return True  # rows come later through COM_STMT_FETCH
             self._state = _ROWS

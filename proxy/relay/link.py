@@ -41,6 +41,9 @@ class LinkState(enum.Enum):
     CLOSED = "closed"  # the session ended: closed for good
 
 
+_UP = LinkState.UP  # read per statement (``link.up``): a global, not EnumType's __getattr__ hook
+
+
 S = LinkState
 
 # The allowed moves: state -> {event (the method) -> next state}. Anything else is a bug of the
@@ -103,7 +106,7 @@ class BackendLink:
 
     @property
     def up(self) -> bool:
-        return self.state is LinkState.UP
+        return self.state is _UP
 
     @property
     def connection_id(self) -> int | None:

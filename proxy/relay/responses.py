@@ -32,6 +32,9 @@ from proxy.relay.link import LinkState
 from proxy.sqltext import Kind
 from proxy.sqltext.tokens import quote_ident
 
+# Enum members read per response: globals, not EnumType's __getattr__ hook (CPython 3.11).
+_LOST, _MOVING, _DDL = LinkState.LOST, LinkState.MOVING, Kind.DDL
+
 if TYPE_CHECKING:
     from proxy.relay.relay import Relay
 
@@ -46,7 +49,7 @@ SERVER_GOING_AWAY = frozenset({1053, KILLED})
 async def backend_task(s: Relay) -> None:
     link = s.link
     try:
-        if link.state is LinkState.LOST:
+        if link.state is _LOST:
             # No connection to read: the server closed it for idling (in this process, or in the
             # old one of an upgrade, which moved the session without it). One at the next command.
             if not await s.command_queued():
@@ -73,7 +76,7 @@ async def backend_task(s: Relay) -> None:
                 else:
                     data = await backend.channel.recv(wait_first=inflight.tracker.nbytes == 0)
             except PeerClosed as exc:
-                if link.backend is not backend or link.state is LinkState.MOVING:  # replaced on purpose (COM_CHANGE_USER, a move)
+                if link.backend is not backend or link.state is _MOVING:  # replaced on purpose (COM_CHANGE_USER, a move)
                     await link.replaced.wait()
                     continue
                 if isinstance(exc, PeerFinished) and _kills(s.inflight) and s.inflight.state != NOT_SENT:
@@ -95,7 +98,7 @@ async def backend_task(s: Relay) -> None:
                 continue
             inflight = s.inflight
             if inflight is None or inflight.state == NOT_SENT:
-                if link.state is LinkState.MOVING:  # the old connection's last words: the move goes on
+                if link.state is _MOVING:  # the old connection's last words: the move goes on
                     await link.replaced.wait()
                     continue
                 err = _unsolicited_err(data)
@@ -233,7 +236,7 @@ async def complete(s: Relay, inflight: Inflight, last: bytes) -> None:
     client have the rest of it."""
     tracker = inflight.tracker
     captures = s.tracking.completed(inflight)
-    if inflight.analysis is not None and any(st.kind is Kind.DDL for st in inflight.analysis.statements):
+    if inflight.analysis is not None and any(st.kind is _DDL for st in inflight.analysis.statements):
         s.parts.target.keys.clear()  # safe mode reads table keys again
     if captures:
         # Read the values back before the client hears "OK": a loss now is a loss with the

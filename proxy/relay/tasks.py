@@ -47,6 +47,9 @@ log = logging.getLogger("replay_proxy.session")
 
 
 C = Commands
+# Enum members read per statement, as module globals (EnumType's __getattr__ hook otherwise).
+_UP, _MOVING = LinkState.UP, LinkState.MOVING
+_SELECT, _OTHER, _COMMIT = Kind.SELECT, Kind.OTHER, Kind.COMMIT
 
 _STMT_COMMANDS = frozenset({C.COM_STMT_EXECUTE, C.COM_STMT_SEND_LONG_DATA, C.COM_STMT_CLOSE, C.COM_STMT_RESET, C.COM_STMT_FETCH})
 # Texts at least this long are judged in a thread (about 0.5 s per MB of Python).
@@ -358,7 +361,7 @@ class Session:
                 await oversize.refuse_long_data(self, cmd, statement)
                 return
         if (
-            link.state in (LinkState.UP, LinkState.MOVING)
+            (link.state is _UP or link.state is _MOVING)
             and link.takes_results_debt(code)
             and await cmd.judged_whole(lambda payload: needs_last_results(tracking.reading, payload, statement))
         ):  # mid-recovery, proxy.recovery.driver.finish asks instead
@@ -398,9 +401,9 @@ class Session:
             inflight.piece = tracking.long_data_received(statement, cmd, link.limit)
             if inflight.piece is None:
                 return  # kept from the server; the execute that would use it gets 1153
-        elif analysis is not None and analysis.single and analysis.first.kind is Kind.SELECT and oversize.asks_max_packet(cmd):
+        elif analysis is not None and analysis.single and analysis.first.kind is _SELECT and oversize.asks_max_packet(cmd):
             cmd = inflight.command = oversize.tell_effective_limit(cmd, link.limit, link.backend)
-        elif analysis is not None and analysis.first.kind is Kind.OTHER and analysis.keywords(0, 1) == ("KILL",):
+        elif analysis is not None and analysis.first.kind is _OTHER and analysis.keywords(0, 1) == ("KILL",):
             cmd = inflight.command = await translate_kill(self, cmd)
         await self._dispatch(inflight)
 
@@ -532,7 +535,7 @@ def _is_commit(analysis: Analysis | None) -> bool:
         analysis is not None
         and analysis.unknown is None
         and analysis.single
-        and analysis.first.kind is Kind.COMMIT
+        and analysis.first.kind is _COMMIT
         and not analysis.first.release
     )
 

@@ -11,7 +11,7 @@ from typing import Any
 import attrs
 
 from proxy import sqltext
-from proxy.protocol.constants import Commands
+from proxy.protocol.constants import CommandCodes
 from proxy.sessionlog import SessionLog
 from proxy.sqltext.triage import fast_verb
 
@@ -21,7 +21,7 @@ COM_QUERY = 0x03
 COM_STMT_PREPARE = 0x16
 _TEXT_COMMANDS = frozenset({COM_QUERY, COM_STMT_PREPARE})
 # Names by command byte, computed once: plugins label metrics and log lines with them.
-_COMMAND_NAMES = {c.value: c.name for c in Commands}
+_COMMAND_NAMES = {c.value: c.name for c in CommandCodes}
 # A data change that starts right with its verb (the hot path) is judged by the verb alone:
 # one statement that writes and cannot commit. (A SELECT needs its calls looked at.)
 _DML_ANALYSIS = {

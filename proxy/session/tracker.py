@@ -37,6 +37,8 @@ AUTOCOMMIT = int(ServerStatus.SERVER_STATUS_AUTOCOMMIT)
 NO_BACKSLASH_ESCAPES = int(ServerStatus.SERVER_STATUS_NO_BACKSLASH_ESCAPES)
 
 _NO_TRANSACTION_EFFECT = frozenset({Kind.INSERT, Kind.REPLACE, Kind.UPDATE, Kind.DELETE, Kind.SELECT})
+# Read per completed statement: module globals, not ``Kind.X`` (EnumType's __getattr__ hook).
+_BEGIN, _COMMIT, _ROLLBACK, _USE, _SET, _SET_TRANSACTION = Kind.BEGIN, Kind.COMMIT, Kind.ROLLBACK, Kind.USE, Kind.SET, Kind.SET_TRANSACTION
 
 
 @attrs.frozen
@@ -300,7 +302,7 @@ class SessionTracker:
                 state.mark_unrestorable("a stored routine ran: it may change the session")
             if st.xa is not None:
                 in_doubt = self._xa(st.xa) or in_doubt
-            if st.implicit_commit or st.kind in (Kind.COMMIT, Kind.ROLLBACK):
+            if st.implicit_commit or st.kind is _COMMIT or st.kind is _ROLLBACK:
                 boundary = i
             captures += self._note_statement(analysis, i, st)
         if failed is not None:
@@ -316,7 +318,7 @@ class SessionTracker:
             long_data,
             in_doubt=in_doubt,
             record=record,
-            begins=ender is not None and ender.kind is Kind.BEGIN,
+            begins=ender is not None and ender.kind is _BEGIN,
             chained=ender is not None and ender.chain,
         )
         return captures
@@ -329,7 +331,7 @@ class SessionTracker:
             return
         if code in CONNECTION_FATAL:
             return
-        if st.kind is Kind.COMMIT and self.dialect.flavor == "tidb":
+        if st.kind is _COMMIT and self.dialect.flavor == "tidb":
             # TiDB ends the transaction when its COMMIT fails, whatever the error (session.go:
             # doCommitWithRetry invalidates it; an undetermined outcome closes the connection
             # instead): nothing committed, nothing is left open.
@@ -429,11 +431,12 @@ class SessionTracker:
     def _note_statement(self, analysis: Analysis, i: int, st: Statement) -> list[str]:
         """Session effects of one statement that completed; returns variables to read back."""
         self._note_pins(st)
-        if st.kind is Kind.USE:
+        kind = st.kind
+        if kind is _USE:
             self.tx.note_session_change(self.state)
             self._use(st.target)
             return []
-        if st.kind not in (Kind.SET, Kind.SET_TRANSACTION):
+        if kind is not _SET and kind is not _SET_TRANSACTION:
             return []
         start, end = analysis.spans[i]
         try:

@@ -46,6 +46,9 @@ class Kind(enum.Enum):
 
 TRANSACTION_KINDS = frozenset({Kind.BEGIN, Kind.COMMIT, Kind.ROLLBACK, Kind.SAVEPOINT,
                                Kind.ROLLBACK_TO_SAVEPOINT, Kind.RELEASE_SAVEPOINT})  # fmt: skip
+# Read per statement: globals, not ``Kind.X`` (EnumType's __getattr__ hook in CPython 3.11).
+_ENDS = frozenset({Kind.COMMIT, Kind.ROLLBACK})
+_ROLLBACK = Kind.ROLLBACK
 
 
 @attrs.frozen
@@ -91,13 +94,13 @@ class Statement:
         """Might an open transaction be over (committed or rolled back) once it ran?"""
         return (
             self.implicit_commit or self.runs_code or self.unknown is not None or self.xa is not None
-            or self.kind in (Kind.COMMIT, Kind.ROLLBACK)
+            or self.kind in _ENDS
         )  # fmt: skip
 
     @property
     def may_commit(self) -> bool:
         """Might it commit something (an open transaction, or itself in autocommit)?"""
-        return self.may_end_transaction and self.kind is not Kind.ROLLBACK
+        return self.may_end_transaction and self.kind is not _ROLLBACK
 
 
 @attrs.frozen
