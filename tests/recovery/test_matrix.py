@@ -1863,9 +1863,10 @@ add(
     [Alt(oks(4), {QT: [(1, "a"), (2, "b")]})],
 )
 # On TiDB the old connection outlives the partition with its transaction open (the proxy's reset
-# was dropped; something on TiDB's side, presumably its TCP keepalive, ends it seconds later), and a KILL of it would crash tidb-server
-# builds without pingcap/tidb#63992: the proxy leaves it alone, says so, and replays the journal,
-# whose INSERTs wait for the old transaction's locks to go with it.
+# was dropped; something on TiDB's side, presumably its TCP keepalive, ends it seconds later),
+# and a KILL of it would crash tidb-server builds without pingcap/tidb#63992: the proxy leaves it
+# alone, says so, and replays the journal, whose INSERTs wait for the old transaction's locks to
+# go with it.
 add(
     "partition-in-transaction-old-connection-left",
     "default",
