@@ -94,9 +94,10 @@ def routes(proxy, upgrader=None) -> dict[str, Route]:
     return table
 
 
-def upgrade_route(upgrader) -> Route:
+def upgrade_route(upgrader, processes: int = 1) -> Route:
     """POST /upgrade: 200 once the new process serves (pids, listeners, sessions left to drain
-    here, seconds), 500 with the reason when it could not start, 409 when one is under way."""
+    here, seconds), 500 with the reason when it could not start, 409 when one is under way.
+    ``processes``: how many start one after the other (a supervisor's workers)."""
     from proxy.handover.upgrade import START_TIMEOUT, UpgradeFailed
 
     async def upgrade() -> tuple[int, str, bytes]:
@@ -107,7 +108,7 @@ def upgrade_route(upgrader) -> Route:
         return json_answer(200, {"upgraded": True, **vars(outcome)})
 
     upgrade.method = "POST"  # type: ignore[attr-defined]
-    upgrade.seconds = START_TIMEOUT + 20  # type: ignore[attr-defined]  # the new process's start, not 5 s
+    upgrade.seconds = (START_TIMEOUT + 20) * processes  # type: ignore[attr-defined]  # the new processes' start, not 5 s
     return upgrade
 
 

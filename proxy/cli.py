@@ -97,7 +97,7 @@ async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, 
     from proxy.admin import open_listeners, serve_admin
     from proxy.handover import sdnotify
     from proxy.handover.sessions import move_sessions, take_over
-    from proxy.handover.upgrade import Upgrader
+    from proxy.handover.upgrade import Upgrader, upgrade_logged
 
     # The signals are caught before anything starts: a SIGTERM while starting (a supervisor
     # stopping a worker it just restarted) is a drain like any other, not a silent death.
@@ -152,7 +152,7 @@ async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, 
                         log.warning("SIGUSR2 ignored: a worker is upgraded through its supervisor: send SIGUSR2 to pid %d, "
                                     "which upgrades every worker in turn", proxy.worker.supervisor_pid)  # fmt: skip
                     else:
-                        nursery.start_soon(upgrader.upgrade_logged, "SIGUSR2")
+                        nursery.start_soon(upgrade_logged, upgrader, "SIGUSR2")
                     continue
                 if event == _HANDED_OVER:
                     admin_stopped.set()  # the new process answers the admin endpoint from now on

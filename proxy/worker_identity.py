@@ -11,7 +11,7 @@ import urllib.request
 import attrs
 import trio
 
-__all__ = ["WorkerInfo", "backend_connection_of", "SESSION_ID_BASE", "SESSION_ID_SPAN", "MAX_WORKERS"]
+__all__ = ["WorkerInfo", "backend_connection_of", "get_json", "SESSION_ID_BASE", "SESSION_ID_SPAN", "MAX_WORKERS"]
 
 SESSION_ID_BASE = 1_000_000_001
 SESSION_ID_SPAN = 50_000_000  # ids per worker: 64 spans end below 2**32
@@ -57,7 +57,7 @@ async def backend_connection_of(worker: WorkerInfo, session_id: int, killing: bo
         return None
     url = f"{worker.peer_admin(owner)}/session?id={session_id}" + ("&kill=1" if killing else "")
     try:
-        data = await trio.to_thread.run_sync(_get_json, url)
+        data = await trio.to_thread.run_sync(get_json, url)
     except (OSError, ValueError):
         return None
     if not data or data.get("backend_connection") is None:
@@ -65,6 +65,6 @@ async def backend_connection_of(worker: WorkerInfo, session_id: int, killing: bo
     return data["backend"], int(data["backend_connection"])
 
 
-def _get_json(url: str, timeout: float = 2) -> dict:
+def get_json(url: str, timeout: float = 2) -> dict:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return json.load(response)

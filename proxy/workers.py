@@ -42,7 +42,8 @@ import trio
 
 from proxy.config import Config, ConfigError, load_config
 from proxy.handover import sdnotify
-from proxy.worker_identity import MAX_WORKERS, SESSION_ID_BASE, SESSION_ID_SPAN, WorkerInfo
+from proxy.handover.upgrade import START_TIMEOUT, UpgradeFailed, WorkersOutcome, upgrade_logged
+from proxy.worker_identity import MAX_WORKERS, SESSION_ID_BASE, SESSION_ID_SPAN, WorkerInfo, get_json
 
 __all__ = ["WorkerInfo", "supervise", "SESSION_ID_BASE", "SESSION_ID_SPAN", "MAX_WORKERS"]
 
@@ -239,7 +240,7 @@ class Supervisor:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2) as signals:
                 async for signum in signals:
                     if signum == signal.SIGUSR2:
-                        nursery.start_soon(self.upgrade_logged, "SIGUSR2")
+                        nursery.start_soon(upgrade_logged, self, "SIGUSR2")
                         continue
                     if signum == signal.SIGHUP:
                         log.info("SIGHUP: reloading every worker's config")
@@ -271,11 +272,10 @@ class Supervisor:
 
     # -------------------------------------------------------------- the upgrade
 
-    async def upgrade(self, why: str) -> dict:
+    async def upgrade(self, why: str) -> WorkersOutcome:
         """Every worker in turn hands over to a new process of the code on disk; then this
         process re-executes itself (``reexec_due``). UpgradeFailed says why not, and where it
         stopped."""
-        from proxy.handover.upgrade import START_TIMEOUT, UpgradeFailed
 
         if self.upgrading or self.reexec_due.is_set():
             raise UpgradeFailed("an upgrade is already under way", busy=True)
@@ -316,22 +316,10 @@ class Supervisor:
         self.reexec_due.set()
         seconds = round(trio.current_time() - started, 3)
         log.info("upgrade: %d workers upgraded in %.3fs; the supervisor (pid %d) re-executes itself", self.count, seconds, os.getpid())
-        return {"upgraded": True, "old_pid": os.getpid(), "new_pid": os.getpid(), "seconds": seconds, "workers": done,
-                "listeners": sorted({entry for w in done for entry in w.get("listeners", [])}),
-                "sessions_left_to_drain": sum(w["sessions_left_to_drain"] for w in done)}  # fmt: skip
+        listeners = sorted({entry for w in done for entry in w.get("listeners", [])})
+        return WorkersOutcome(os.getpid(), os.getpid(), listeners, sum(w["sessions_left_to_drain"] for w in done), seconds, done)
 
-    async def upgrade_logged(self, why: str) -> None:
-        from proxy.handover.upgrade import UpgradeFailed
-
-        try:
-            await self.upgrade(why)
-        except UpgradeFailed as exc:
-            if exc.busy:
-                log.warning("upgrade (%s) ignored: %s", why, exc)
-
-    def _failed(self, reason: str, done: list[dict]):
-        from proxy.handover.upgrade import UpgradeFailed
-
+    def _failed(self, reason: str, done: list[dict]) -> UpgradeFailed:
         if done:
             reason += f"; workers {', '.join(str(w['worker']) for w in done)} run the new code already, the rest the old"
             self.reexec_due.set()  # the supervisor too: it must not lag its workers
@@ -366,8 +354,7 @@ class Supervisor:
         """The outcome's fields for the process now on worker ``index``'s private port, if it is
         not ``proc`` (the hand-over happened, its answer was lost), else {}."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[index]}/healthz", timeout=3) as response:
-                pid = int(json.load(response).get("pid") or 0)
+            pid = int(get_json(f"http://127.0.0.1:{self.ports[index]}/healthz", timeout=3).get("pid") or 0)
         except (OSError, ValueError):
             return {}
         if pid in (0, proc.pid):
@@ -455,7 +442,6 @@ def merge_status(parts: list[tuple[int, dict]]) -> dict:
 
 async def serve_gathering_admin(sup: Supervisor, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     from proxy import admin
-    from proxy.handover.upgrade import START_TIMEOUT
 
     async def gather(path: str) -> list[tuple[int, int, bytes]]:
         return await trio.to_thread.run_sync(sup.gather, path)
@@ -476,19 +462,8 @@ async def serve_gathering_admin(sup: Supervisor, *, task_status=trio.TASK_STATUS
     async def status():
         return admin.json_answer(200, merge_status([(w, json.loads(b)) for w, s, b in await gather("/status") if s == 200]))
 
-    async def upgrade():
-        from proxy.handover.upgrade import UpgradeFailed
-
-        try:
-            outcome = await sup.upgrade("admin request")
-        except UpgradeFailed as exc:
-            return admin.json_answer(409 if exc.busy else 500, {"upgraded": False, "pid": os.getpid(), "error": str(exc)})
-        return admin.json_answer(200, outcome)
-
-    upgrade.method = "POST"  # type: ignore[attr-defined]
-    upgrade.seconds = (START_TIMEOUT + 20) * sup.count  # type: ignore[attr-defined]  # one worker after the other
-
-    table = {"/healthz": healthz, "/health": healthz, "/readyz": readyz, "/metrics": metrics, "/status": status, "/upgrade": upgrade}
+    table = {"/healthz": healthz, "/health": healthz, "/readyz": readyz, "/metrics": metrics, "/status": status,
+             "/upgrade": admin.upgrade_route(sup, processes=sup.count)}  # fmt: skip
     address = sup.config.admin_address
     sup.admin_listeners = await admin.open_listeners(sup.config, address, sup.inherited_admin)
     await admin.serve_routes(sup.config, address, lambda: table, task_status=task_status, current_config=lambda: sup.config,

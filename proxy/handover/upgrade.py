@@ -40,7 +40,8 @@ from proxy.handover.fdpass import HandoverChannel
 from proxy.handover.protocol import ChannelClosed, HandoverError, Message, ProtocolError
 from proxy.handover.sessions import FORMAT as SESSION_FORMAT
 
-__all__ = ["START_TIMEOUT", "STEP_TIMEOUT", "describe", "Listening", "Outcome", "UpgradeFailed", "Upgrader", "Inherited", "Successor"]
+__all__ = ["START_TIMEOUT", "STEP_TIMEOUT", "describe", "Listening", "Outcome", "WorkersOutcome", "UpgradeFailed", "Upgrader",
+           "upgrade_logged", "Inherited", "Successor"]  # fmt: skip
 
 log = logging.getLogger("replay_proxy.handover")
 
@@ -67,6 +68,14 @@ class Outcome:
     listeners: list[str]
     sessions_left_to_drain: int
     seconds: float
+
+
+@dataclass
+class WorkersOutcome(Outcome):
+    """A supervisor's upgrade (``--workers N``): its own pid stays; ``workers`` holds each
+    worker's answer (an ``Outcome``'s fields) with its index."""
+
+    workers: list[dict] = field(default_factory=list)
 
 
 class UpgradeFailed(HandoverError):
@@ -174,14 +183,6 @@ class Upgrader:
         self.handed_over.set()
         return self.outcome
 
-    async def upgrade_logged(self, why: str) -> None:
-        """SIGUSR2: nobody waits for the answer but the log."""
-        try:
-            await self.upgrade(why)
-        except UpgradeFailed as exc:
-            if exc.busy:
-                log.warning("upgrade (%s) ignored: %s", why, exc)
-
     def _failed(self, reason: str) -> UpgradeFailed:
         self.on_failure()
         log.error("upgrade failed, pid %d keeps serving: %s", os.getpid(), reason, extra={"event": "upgrade_failed"})
@@ -207,6 +208,15 @@ class Upgrader:
         if self._process is not None and self.outcome is None and self._process.returncode is None:
             log.warning("upgrade abandoned: pid %d stops, so the new process (pid %d) is killed", os.getpid(), self._process.pid)
             self._process.kill()
+
+
+async def upgrade_logged(upgrader, why: str) -> None:
+    """SIGUSR2 to an ``Upgrader`` or a supervisor: nobody waits for the answer but the log."""
+    try:
+        await upgrader.upgrade(why)
+    except UpgradeFailed as exc:
+        if exc.busy:
+            log.warning("upgrade (%s) ignored: %s", why, exc)
 
 
 class Inherited:

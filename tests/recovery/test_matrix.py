@@ -1854,29 +1854,16 @@ PART_FAULT = "partition"
 for m in MODES:
     add("partition-read", m, [T_ROWS, "SELECT COUNT(*) FROM t"], fault(PART_FAULT, 1, seconds=PARTITION_SECONDS), [T],
         [Alt([OK(), OK(rows=((2,),))], {QT: [(3, "c"), (4, "d")]})])  # fmt: skip
-add(
-    "partition-in-transaction",
-    "default",
-    ["BEGIN", "INSERT INTO t VALUES (1, 'a')", "INSERT INTO t VALUES (2, 'b')", "COMMIT"],
-    fault(PART_FAULT, 2, seconds=PARTITION_SECONDS),
-    [T],
-    [Alt(oks(4), {QT: [(1, "a"), (2, "b")]})],
-)
+PART_TX = ["BEGIN", "INSERT INTO t VALUES (1, 'a')", "INSERT INTO t VALUES (2, 'b')", "COMMIT"]
+PART_TX_DONE = [Alt(oks(4), {QT: [(1, "a"), (2, "b")]})]
+add("partition-in-transaction", "default", PART_TX, fault(PART_FAULT, 2, seconds=PARTITION_SECONDS), [T], PART_TX_DONE)
 # On TiDB the old connection outlives the partition with its transaction open (the proxy's reset
 # was dropped; something on TiDB's side, presumably its TCP keepalive, ends it seconds later),
 # and a KILL of it would crash tidb-server builds without pingcap/tidb#63992: the proxy leaves it
 # alone, says so, and replays the journal, whose INSERTs wait for the old transaction's locks to
 # go with it.
-add(
-    "partition-in-transaction-old-connection-left",
-    "default",
-    ["BEGIN", "INSERT INTO t VALUES (1, 'a')", "INSERT INTO t VALUES (2, 'b')", "COMMIT"],
-    fault(PART_FAULT, 2, seconds=PARTITION_SECONDS),
-    [T],
-    [Alt(oks(4), {QT: [(1, "a"), (2, "b")]})],
-    flavors=TIDB,
-    log_has="not killing old backend connection",
-)
+add("partition-in-transaction-old-connection-left", "default", PART_TX, fault(PART_FAULT, 2, seconds=PARTITION_SECONDS), [T],
+    PART_TX_DONE, flavors=TIDB, log_has="not killing old backend connection")  # fmt: skip
 inflight(
     "partition-autocommit-insert",
     ["INSERT INTO t VALUES (1, 'a')", "SELECT 1"],
