@@ -125,15 +125,23 @@ async def backend_task(s: Relay) -> None:
 
 def _closed_for_idling(s: Relay, backend) -> float | None:
     """The session's wait_timeout (seconds) if the server closed it for idling that long: no
-    command, no transaction, nothing owed to the client, idle for about its wait_timeout. Else
-    None."""
+    command sent, no transaction, nothing owed to the client, idle for about its wait_timeout.
+    Else None. (A command that arrived with the close waits unsent: ``Session.send_inflight``.)"""
     tracking = s.tracking
-    if s.inflight is not None or s.first_answer is not None or tracking.state is None:
+    inflight = s.inflight
+    if (inflight is not None and inflight.state is not NOT_SENT) or s.first_answer is not None or tracking.state is None:
         return None
     if tracking.tx.active or tracking.pending is not None or tracking.xa is not None:
         return None
-    wait = tracking.state.wait_timeout(backend.wait_timeout)
-    return wait if wait and trio.current_time() - s.last_activity >= wait - 1 else None
+    return idled_out(s, backend, trio.current_time())
+
+
+def idled_out(s: Relay, backend, now: float) -> float | None:
+    """The session's wait_timeout (seconds) if it has been idle about that long at ``now`` (the
+    server may close its connection for idling), else None."""
+    state = s.tracking.state
+    wait = state.wait_timeout(backend.wait_timeout) if state is not None else backend.wait_timeout
+    return wait if wait and now - s.last_activity >= wait - 1 else None
 
 
 def _kills(inflight: Inflight | None) -> bool:

@@ -478,7 +478,10 @@ class Session:
         backend = link.backend
         assert backend is not None
         cmd = inflight.command
-        if inflight.look_first and backend.channel.data_pending() and not await self._still_up(backend):
+        # After an idle spell as long as the server's wait_timeout, its close may be waiting
+        # unread too: a command sent into it would look lost in flight.
+        look = inflight.look_first or responses.idled_out(self, backend, inflight.arrived) is not None
+        if look and backend.channel.data_pending() and not await self._still_up(backend):
             return  # the server closed before this command left: recovery sends it, as not run
         inflight.state = SENDING
         link.sending()

@@ -135,6 +135,9 @@ class _FakeChannel(StreamChannel):
         super().__init__(stream, name)
         self.conn = conn
 
+    def data_pending(self) -> bool:  # as a socket's peek: a close not yet read is pending too
+        return self.conn.closed or super().data_pending()
+
     async def recv(self, size: int = 256 * 1024, wait_first: bool = False) -> bytes:
         try:
             return await super().recv(size, wait_first)

@@ -5,8 +5,11 @@ own wait_timeout: the session it closed reconnects at its next command."""
 
 from __future__ import annotations
 
+import logging
+
 import trio
 
+from proxy.hooks import Hooks
 from proxy.protocol.framing import encode_packet
 from tests.component.fakes import make_config, trickle_stream_pair
 from tests.component.test_admission import admission_rig, closed  # noqa: F401 (a fixture)
@@ -76,3 +79,27 @@ async def test_a_session_closed_for_idling_reconnects_at_its_next_command_not_be
     rig.backend_of().close(clean=True)  # 1 s idle: not the wait_timeout, a server going away
     await trio.sleep(2)
     assert len(rig.server.live()) == 1  # reconnected at once, before any command
+
+
+async def test_a_command_arriving_with_the_idle_close_goes_to_a_new_connection(make_rig, autojump, caplog):
+    """The server's idle close arrives while the proxy handles the client's next command (a
+    plugin closes the fake connection then, with no yield before the send): the command is not
+    sent into the closed connection, where its loss would look like one in flight; it waits for
+    a new connection, as when the close came first."""
+    caplog.set_level(logging.INFO)
+    rig = None
+
+    class CloseNow:
+        def command_received(self, session, command):
+            if command.sql == "SELECT @@sql_mode":
+                rig.backend_of().close(clean=True)  # the server's wait_timeout, this very moment
+
+    rig = make_rig(hooks=Hooks([("closenow", CloseNow())]))
+    rig.server.wait_timeout = 5
+    c = await rig.client()
+    for mode in ["ANSI", "TRADITIONAL", "ANSI"]:
+        await c.must(f"SET sql_mode = {mode}")
+        await trio.sleep(5)
+        assert (await c.must("SELECT @@sql_mode")).rows == [mode]
+    assert caplog.text.count("a new one at the next command") == 3
+    assert "(sent)" not in caplog.text  # how a command sent into the closed one is logged
