@@ -139,6 +139,11 @@ async def _serve(config: Config, hooks, proxy, path: str | None, retired: list, 
                 sdnotify.notify("READY=1")  # a Type=notify unit: the proxy serves
             if proxy.worker is not None and os.getppid() != proxy.worker.supervisor_pid:
                 nursery.start_soon(watch_supervisor, proxy.worker.supervisor_pid)  # started by the worker it replaces
+            if proxy.worker is not None and config.listen.takeover:  # the supervisor keeps this worker's clients
+                from proxy.handover.mirror import Mirror
+
+                proxy.mirror = Mirror(proxy, proxy.worker.supervisor_pid, proxy.worker.index)
+                await nursery.start(proxy.mirror.run)
             task_status.started(addresses)
             events_in, events = trio.open_memory_channel(16)
             nursery.start_soon(_forward_signals, signals, events_in)
@@ -201,6 +206,7 @@ _RESTART_ONLY = (
     ("listen", "address"),
     ("listen", "tls"),
     ("listen", "workers"),
+    ("listen", "takeover"),
     ("admin", "address"),
     ("admin", "enabled"),
     ("log", "format"),

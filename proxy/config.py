@@ -124,6 +124,12 @@ class ListenConfig:
     # session to reach a command boundary (in a transaction or not) and move to the new process
     # with its connections; the sessions left then are drained as on SIGTERM.
     handover_timeout: Duration = Duration(30)
+    # With workers > 1: the supervisor keeps a copy of every client socket and of each session's
+    # state, so that when a worker dies (SIGKILL, OOM, a bug) the one started in its place takes
+    # its clients over instead of dropping them. Sessions nobody takes over within
+    # takeover_timeout are closed.
+    takeover: bool = True
+    takeover_timeout: Duration = Duration(60)
     # [listen.tls]: TLS for clients; without it an SSLRequest is refused.
     tls: ListenTLSConfig | None = None
     # Processes sharing the listen port (SO_REUSEPORT), one trio loop each: 1 for a sidecar;

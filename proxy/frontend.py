@@ -41,6 +41,7 @@ class Proxy:
         self.listeners: list[trio.SocketListener] = []  # what serve() accepts on (an upgrade hands them over)
         self.listen_address = config.listen.address  # the address they are bound to (a reload cannot move it)
         self._accepting: trio.CancelScope | None = None
+        self.mirror = None  # --workers N: the link to the supervisor that keeps the clients (proxy.handover.mirror)
 
     async def drain(self) -> None:
         """Stop accepting; close each session when it is idle between transactions; after
@@ -149,12 +150,13 @@ class Proxy:
             return
         await self._run(Session(target, channel, client_address, session_id))
 
-    def adopt(self, session: Session, old_pid: int, age: float) -> None:
-        """A session an upgrade's old process handed over (``proxy.handover.sessions``): it runs
-        here from its next command on."""
+    def adopt(self, session: Session, old_pid: int, age: float, taken_over: bool = False) -> None:
+        """A session an upgrade's old process handed over (``proxy.handover.sessions``), or, with
+        ``taken_over``, one of a worker that died (``proxy.handover.takeover``): it runs here from
+        its next command on."""
         self.ids_above(session.id)
         assert self.target.nursery is not None
-        self.target.nursery.start_soon(functools.partial(self._run, session, moved_from=(old_pid, age)))
+        self.target.nursery.start_soon(functools.partial(self._run, session, moved_from=(old_pid, age), taken_over=taken_over))
 
     def next_session_id(self) -> int:
         return self._next_id
@@ -175,9 +177,10 @@ class Proxy:
             self.target.stats.logins_failed += 1
         return opened
 
-    async def _run(self, session: Session, moved_from: tuple[int, float] | None = None) -> None:
-        """A session from its login (or, ``moved_from`` (pid, age), its arrival from the old
-        process of an upgrade) to its end, and the log lines of both."""
+    async def _run(self, session: Session, moved_from: tuple[int, float] | None = None, taken_over: bool = False) -> None:
+        """A session from its login (or, ``moved_from`` (pid, age), its arrival from another
+        process: the old one of an upgrade, or a worker that died) to its end, and the log lines
+        of both. With --workers N, the supervisor keeps a copy of it meanwhile (``mirror``)."""
         target = self.target
         client_address = session.parts.client_address
         channel = session.client
@@ -188,7 +191,15 @@ class Proxy:
             if opened:
                 target.sessions.add(session)
                 target.stats.sessions_opened += 1
-                moved = f" (moved from pid {moved_from[0]} by an upgrade)" if moved_from else ""
+                if self.mirror is not None:
+                    await self.mirror.opened(session)
+                moved = ""
+                if moved_from:
+                    moved = (
+                        f" (taken over from worker pid {moved_from[0]}, which died)"
+                        if taken_over
+                        else f" (moved from pid {moved_from[0]} by an upgrade)"
+                    )
                 session.log.info(
                     "open: user=%s client=%s backend=%s backend_conn=%d%s",
                     session.parts.info.user,
@@ -212,6 +223,9 @@ class Proxy:
             session.log.exception("internal error")
         finally:
             session.close()
+            if session.mirror is not None:
+                with trio.CancelScope(shield=True):
+                    await session.mirror.closed(session)
             if session in target.sessions:
                 target.sessions.discard(session)
                 target.stats.session_closed(session.commands)

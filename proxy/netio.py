@@ -43,7 +43,7 @@ class PeerFinished(PeerClosed):
 class Channel:
     """One TCP connection: raw chunk I/O plus a packet decoder for whole-packet reads."""
 
-    __slots__ = ("sock", "name", "decoder", "_unyielded", "closed", "between_commands", "_interrupting")
+    __slots__ = ("sock", "name", "decoder", "_unyielded", "closed", "between_commands", "_interrupting", "tape")
 
     def __init__(self, sock: socket.socket, name: str) -> None:
         sock.setblocking(False)
@@ -60,6 +60,8 @@ class Channel:
         # ``wait_data``): ``interrupt_wait`` may take the connection away now, losing nothing.
         self.between_commands = False
         self._interrupting = False
+        # A client's: what it reads lands in the session's record first (``proxy.handover.slot``).
+        self.tape = None
 
     async def recv(self, size: int = RECV_SIZE, wait_first: bool = False) -> bytes:
         """Next chunk of bytes; raises PeerClosed on EOF or reset.
@@ -76,7 +78,8 @@ class Channel:
                 self.between_commands = False
         while True:
             try:
-                data = sock.recv(size)
+                tape = self.tape
+                data = sock.recv(size) if tape is None else tape.receive(sock, size, self.decoder.buffered())
             except BlockingIOError:
                 await self._park(wait_readable)
                 self._unyielded = 0
@@ -192,6 +195,15 @@ class Channel:
                 pass
         self.close()
 
+    def shutdown(self) -> None:
+        """End the connection itself, whoever else holds a copy of the socket (close() alone
+        leaves it open while another process does)."""
+        if not self.closed:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def close(self) -> None:
         """Close; a task blocked reading or writing this channel gets PeerClosed."""
         if not self.closed:
@@ -216,6 +228,7 @@ class StreamChannel(Channel):
         self.closed = False
         self.between_commands = False
         self._interrupting = False
+        self.tape = None
         self._wait_scope: trio.CancelScope | None = None  # of ``recv(wait_first=True)``: ``interrupt_wait`` cancels it
 
     async def recv(self, size: int = RECV_SIZE, wait_first: bool = False) -> bytes:

@@ -108,6 +108,10 @@ class Stats:
         # moved with their connections, refused by this process, or left to drain there.
         self.upgrade_sessions = {"moved": 0, "refused": 0, "drained": 0}
         self.upgrades_failed = 0  # upgrades of this process that failed (it serves on)
+        # Sessions of a worker that died, taken over by this one (``proxy.handover.takeover``), by
+        # where they stood: idle, in a transaction (lost: 1213 next), a command in flight
+        # (recovered), or closed (an answer begun, or a record that cannot be trusted).
+        self.takeover_sessions = {"idle": 0, "in_transaction": 0, "in_flight": 0, "closed": 0}
         self.last_reload_ok = True
         self.config_loaded_at = time.time()  # unix time the config in force was loaded (start or reload)
         self.build = {"version": _package_version(), "python": platform.python_version()}
@@ -270,6 +274,9 @@ class Stats:
         yield counter("upgrade_sessions", "Sessions of the process this one took over from (an upgrade), by outcome: moved here with "
                       "their connections, refused here, or drained there", 0, ("outcome",),
                       {(o,): n for o, n in self.upgrade_sessions.items()})  # fmt: skip
+        yield counter("takeover_sessions", "Sessions of a worker that died, taken over by this one (--workers N), by where they "
+                      "stood: idle, in_transaction (its next statement gets 1213), in_flight (recovered), or closed", 0,
+                      ("state",), {(k,): n for k, n in self.takeover_sessions.items()})  # fmt: skip
         yield counter("upgrades_failed", "Upgrades (SIGUSR2, replay-proxy upgrade) whose new process did not take over; this one serves on",
                       self.upgrades_failed)  # fmt: skip
         yield gauge("config_last_reload_successful", "1 unless the last reload (SIGHUP) was rejected", float(self.last_reload_ok))

@@ -237,6 +237,7 @@ def _take_over(channel, plain: Channel, tls: ssl.SSLObject, incoming: ssl.Memory
     channel.name = plain.name
     channel.decoder = plain.decoder
     channel._unyielded = plain._unyielded
+    channel.tape = None  # a TLS session is never taken over by another process
     channel.closed = False
     channel.tls, channel._in, channel._out = tls, incoming, outgoing
     channel._flushing = False

@@ -42,6 +42,7 @@ import trio
 
 from proxy.config import Config, ConfigError, load_config
 from proxy.handover import sdnotify
+from proxy.handover.keeper import SessionKeeper
 from proxy.handover.upgrade import START_TIMEOUT, UpgradeFailed, WorkersOutcome, upgrade_logged
 from proxy.worker_identity import MAX_WORKERS, SESSION_ID_BASE, SESSION_ID_SPAN, WorkerInfo, get_json
 
@@ -169,6 +170,8 @@ class Supervisor:
         self.admin_listeners: list[trio.SocketListener] = []
         self.inherited_admin: list[socket.socket] | None = None
         self.reexec_due = trio.Event()
+        # Holds every worker's clients, so that a worker's crash loses none (listen.takeover).
+        self.keeper = SessionKeeper(os.getpid(), config.listen.takeover_timeout) if config.listen.takeover else None
         self._inherit()
 
     def _inherit(self) -> None:
@@ -233,6 +236,8 @@ class Supervisor:
                 self._spawn(i)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.watch)
+            if self.keeper is not None:
+                await nursery.start(self.keeper.serve)
             if self.config.admin.enabled:
                 await nursery.start(serve_gathering_admin, self)
             nursery.start_soon(self._reexec_when_due)
@@ -249,6 +254,8 @@ class Supervisor:
                         continue
                     log.info("received %s: stopping %d workers", signal.Signals(signum).name, self.count)
                     self.stopping = True
+                    if self.keeper is not None:
+                        self.keeper.stop()
                     self.signal_all(signal.SIGTERM)
                     await self._wait_all(self.config.listen.drain_timeout + 10)
                     nursery.cancel_scope.cancel()

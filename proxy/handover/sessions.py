@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import cattrs
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     from proxy.frontend import Proxy
     from proxy.relay.tasks import Session
 
-__all__ = ["FORMAT", "SessionMover", "adopt_sessions", "move_sessions", "take_over"]
+__all__ = ["FORMAT", "SessionMover", "adopt_sessions", "move_sessions", "take_over", "session_fields", "thaw_session", "thaw_backend"]
 
 log = logging.getLogger("replay_proxy.handover")
 
@@ -64,8 +65,10 @@ ANSWER_TIMEOUT = 10.0  # the new process builds a session from a message: millis
 POLL = 0.02  # how often the old process looks for sessions at a boundary
 
 
-def _fields(s: Session, backend: Backend | None) -> dict[str, Any]:
-    """What the new process needs to run the session on (on ``backend``, or without one), as JSON."""
+def session_fields(s: Session, backend: Backend | None, transaction: bool = True) -> dict[str, Any]:
+    """What another process needs to run the session on (on ``backend``, or without one), as
+    JSON; ``transaction``: with the open transaction's journal (an upgrade moves it; the
+    supervisor's copy for a crash has none: ``proxy.handover.mirror``)."""
     assert s.tracking.state is not None and s.link.login is not None
     now = trio.current_time()
     markers = s.parts.markers
@@ -75,6 +78,7 @@ def _fields(s: Session, backend: Backend | None) -> dict[str, Any]:
         "client_address": s.parts.client_address,
         "age": now - s.parts.info.opened_at,
         "commands": s.commands,
+        "settled": s.settled,
         "client_caps": s.client_caps,
         "deprecate_eof": s.deprecate_eof,
         "scramble": s.scramble.hex(),
@@ -82,7 +86,7 @@ def _fields(s: Session, backend: Backend | None) -> dict[str, Any]:
         "reading": cattrs.unstructure(s.tracking.reading),
         "state": cattrs.unstructure(s.tracking.state),
         "prepared": s.tracking.statements.export(),
-        "transaction": s.tracking.tx.export(s.tracking.prepared),
+        "transaction": s.tracking.tx.export(s.tracking.prepared) if transaction else None,
         "login": {"collation": s.link.login.collation, "connect_attrs": s.link.login.connect_attrs},
         "owes_results": s.link.owes_results,
         "recoveries": s.link.recoveries,
@@ -160,7 +164,7 @@ class SessionMover:
             s.start_backend_task()
             return False
         backend = None if s.waits_to_reconnect else s.link.backend
-        fields = _fields(s, backend)
+        fields = session_fields(s, backend)
         fds = [s.client.sock.fileno()] + ([backend.channel.sock.fileno()] if backend is not None else [])
         try:
             async with self._lock:
@@ -183,6 +187,7 @@ class SessionMover:
             s.start_backend_task()
             return False
         self.moved += 1
+        s.handed_over = True
         s.link.detach()  # the connections live on in the new process: this one lets go, without a word
         if backend is not None:
             s.log.info("moved to pid %d with its client and backend connections (backend connection %d)", self.new_pid,
@@ -268,6 +273,30 @@ def _close_fds(fds: list[int]) -> None:
 def _thaw(proxy: Proxy, f: dict[str, Any], client_sock: socket.socket, backend_sock: socket.socket | None = None) -> Session:
     """The session of a message's fields on its two connections, or on its client's alone
     (``"backend": null``); the caller closes them if this raises."""
+    b = f.get("backend")
+    if (b is None) != (backend_sock is None):
+        raise ValueError("a backend connection without its fields, or fields without it")
+
+    def attach(s: Session) -> None:
+        if b is not None:
+            s.link.replace(thaw_backend(proxy, b, Channel(backend_sock, f"backend {b['address']}")))
+            s.link.adopted(bool(f["owes_results"]), int(f["recoveries"]))
+        else:
+            s.link.adopted_lost(int(f["recoveries"]))
+
+    s = thaw_session(proxy, f, client_sock, attach)
+    tracking = s.tracking
+    if f["transaction"] is not None:
+        tracking.tx.adopt(f["transaction"], tracking.prepared)
+        s.parts.info._in_transaction = True
+    return s
+
+
+def thaw_session(proxy: Proxy, f: dict[str, Any], client_sock: socket.socket, attach: Callable[[Session], None]) -> Session:
+    """The session of ``session_fields`` on its client connection: who is logged in, the session
+    state, prepared statements (valid on the backend connection ``attach`` gives the link, or
+    to prepare again), how the server reads its text, the commit-marker slot. Raises ValueError
+    when this process cannot run it."""
     from proxy.relay.login import login_for
     from proxy.relay.tasks import Session
 
@@ -277,16 +306,11 @@ def _thaw(proxy: Proxy, f: dict[str, Any], client_sock: socket.socket, backend_s
     state = cattrs.structure(f["state"], SessionState)
     if proxy.config.user(state.username) is None:
         raise ValueError(f"user {state.username!r} is not in this config")
-    b = f["backend"]
-    if (b is None) != (backend_sock is None):
-        raise ValueError("a backend connection without its fields, or fields without it")
-    address = Address.parse(b["address"]) if b is not None else None
-    if address is not None and address not in proxy.config.backend.addresses:
-        raise ValueError(f"backend {address} is not in this config")
     now = trio.current_time()
     s = Session(target, Channel(client_sock, f"client {f['client_address']}"), f["client_address"], int(f["id"]))
     s.parts.info.opened_at = now - float(f["age"])
     s.commands = int(f["commands"])
+    s.settled = int(f.get("settled", 0))
     s.client_caps = int(f["client_caps"])
     s.deprecate_eof = bool(f["deprecate_eof"])
     s.scramble = bytes.fromhex(f["scramble"])
@@ -296,17 +320,9 @@ def _thaw(proxy: Proxy, f: dict[str, Any], client_sock: socket.socket, backend_s
     tracking.state = state
     tracking.autocommit = bool(f["autocommit"])
     s.link.set_login(login_for(s, state.username, state.database, int(login["collation"]), dict(login["connect_attrs"])))
-    if b is not None:
-        s.link.replace(_thaw_backend(b, address, backend_sock, now))
+    attach(s)
     tracking.adopt_reading(cattrs.structure(f["reading"], ServerReading))
     tracking.statements.adopt(f["prepared"], tracking.analyze)
-    if f["transaction"] is not None:
-        tracking.tx.adopt(f["transaction"], tracking.prepared)
-        s.parts.info._in_transaction = True
-    if b is not None:
-        s.link.adopted(bool(f["owes_results"]), int(f["recoveries"]))
-    else:
-        s.link.adopted_lost(int(f["recoveries"]))
     marker = f.get("marker")
     if marker is not None and s.parts.markers is not None:
         s.parts.markers.slot, s.parts.markers.written = str(marker["slot"]), int(marker["written"])
@@ -315,9 +331,13 @@ def _thaw(proxy: Proxy, f: dict[str, Any], client_sock: socket.socket, backend_s
     return s
 
 
-def _thaw_backend(b: dict[str, Any], address: Address, sock: socket.socket, now: float) -> Backend:
+def thaw_backend(proxy: Proxy, b: dict[str, Any], channel: Channel) -> Backend:
+    """The backend connection of ``session_fields``' "backend" on ``channel``."""
+    address = Address.parse(b["address"])
+    if address not in proxy.config.backend.addresses:
+        raise ValueError(f"backend {address} is not in this config")
     hs = ServerHandshake(**{**b["handshake"], "scramble": bytes.fromhex(b["handshake"]["scramble"])})
-    return Backend(Channel(sock, f"backend {address}"), address, hs, int(b["capabilities"]), int(b["status"]),
-                   now - float(b["age"]), b["max_allowed_packet"],
+    return Backend(channel, address, hs, int(b["capabilities"]), int(b["status"]),
+                   trio.current_time() - float(b["age"]), b["max_allowed_packet"],
                    cattrs.structure(b["instance"], Instance) if b["instance"] is not None else None,
                    b["wait_timeout"])  # fmt: skip

@@ -87,7 +87,10 @@ async def restore(parts: SessionParts, backend: Backend, state: SessionState, ol
         await backend.query(statement)
     insert_id = await last_insert_id(backend, state, parts.target.keys)
     if insert_id is None:
-        parts.log.warning("LAST_INSERT_ID() cannot be restored (set by an expression, or an INSERT the proxy cannot follow)")
+        parts.log.warning(
+            "LAST_INSERT_ID() cannot be restored (set by an expression, an INSERT the proxy cannot follow, "
+            "or a statement the worker that died ran after its last copy of the session)"
+        )
     elif insert_id:
         await backend.query(f"DO LAST_INSERT_ID({int(insert_id)})")
     for stmt in list(parts.tracking.prepared.values()):

@@ -7,7 +7,8 @@ every change of state goes through ``_go``, which checks it against ``TRANSITION
 ``_state.py``) and raises ``LinkStateError`` on any other:
 
     DOWN --replace--> RESTORING --ready--> UP --lost--> LOST --replace--> RESTORING ...
-    DOWN --adopt_lost--> LOST  (moved by an upgrade after the server closed it for idling)
+    DOWN --adopt_lost--> LOST  (moved by an upgrade after the server closed it for idling; taken
+                               over from a worker that died)
                                            UP --begin_move--> MOVING --replace, moved--> UP
                                            UP --begin_swap--> SWAPPING --replace--> RESTORING ...
     any --close--> CLOSED
@@ -229,10 +230,14 @@ class BackendLink:
         self.recoveries = recoveries
         self.ready()
 
-    def adopted_lost(self, recoveries: int) -> None:
-        """The session came from the old process of an upgrade without a connection: the
-        server had closed it for idling there; a new one opens at the next command."""
+    def adopted_lost(self, recoveries: int, dead: Backend | None = None) -> None:
+        """The session came from another process without a connection: the server had closed
+        it for idling there (an upgrade), or ``dead``, the connection that process held, died
+        with it (a worker's crash; recovery reads which server and connection it was). A new
+        one opens at the next command."""
         self._go("adopt_lost")
+        if dead is not None:
+            self._take(dead)
         self.owes_results = True
         self.recoveries = recoveries
 

@@ -255,4 +255,6 @@ async def change_user(s: Relay, cmd: Command) -> None:
     s.tracking.logged_in(user, change.database, collation, backend.status)
     s.link.replace(backend)
     s.link.ready()
+    s.settled = s.commands
+    await s.mirror_state()  # the new user is the supervisor's before the client's
     await s.send_client(make_ok(backend.status), seq)

@@ -171,6 +171,8 @@ class SplitWarnings:
         if cmd.code != C.COM_QUERY or not _SHOW_WARNINGS.match(cmd.payload, 1):
             return False
         merged = self.merged
+        if s.slot is not None:
+            s.slot.answering()
         await s.client.send(build_text_result(merged.coldefs, merged.rows, s.tracking.status_word(), s.deprecate_eof, cmd.seq_end + 1))
         return True
 

@@ -48,10 +48,23 @@ class Relay(Protocol):
     inflight: Inflight | None  # the command sent (or waiting to be) whose response is not complete
     first_answer: FirstAnswer | None
     last_activity: float  # when the last command completed
+    # --workers N: the session's record in shared memory (``proxy.handover.slot``), or None;
+    # the last command the supervisor's copy of its state includes; why a LOST link has no
+    # connection.
+    slot: object | None
+    settled: int
+    commands: int
+    unconnected_reason: str
     close_reason: str
     login_refused: bool  # wrong credentials (counted against the client's host)
 
     async def send_client(self, payload: bytes, seq: int) -> None: ...
+
+    async def mirror_state(self) -> None:
+        """The supervisor's copy of the state follows a change (``--workers N``)."""
+        ...
+
+    def rebase_slot(self) -> None: ...
 
     async def run_internal(self, payload: bytes, seq_end: int, capture: bytearray | None = None) -> ResponseTracker | None:
         """Run a command of the proxy's own and wait for its whole response; None when

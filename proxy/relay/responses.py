@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from proxy.backend import BackendError
+from proxy.handover.slot import flags_of
 from proxy.hooks import CommandInfo, ResultInfo
 from proxy.netio import PeerClosed, PeerFinished, WaitInterrupted
 from proxy.protocol.constants import Err
@@ -54,7 +55,7 @@ async def backend_task(s: Relay) -> None:
             # old one of an upgrade, which moved the session without it). One at the next command.
             if not await s.command_queued():
                 return  # stopped again: an upgrade takes the session
-            await on_lost(s, "the backend connection was closed for idling; a new one for the next command")
+            await on_lost(s, s.unconnected_reason)
         while True:
             backend = link.backend
             assert backend is not None
@@ -198,6 +199,9 @@ async def on_response_data(s: Relay, inflight: Inflight, data: bytes) -> None:
                 inflight.captured += data
             return
         inflight.forwarded = True
+        slot = s.slot
+        if slot is not None:
+            slot.answering()
         await s.client.send(data)
         return
     extra = data[end:]
@@ -268,14 +272,29 @@ async def complete(s: Relay, inflight: Inflight, last: bytes) -> None:
         out = _rewrite_prepare_ok(inflight)
     else:
         out = last
-    s.inflight = None
     s.link.completed()
     s.last_activity = trio.current_time()
     inflight.command.release()
-    if s.link.move_requested and s.idle():
-        s.start_move()
-    if out:
-        await s.client.send(out)
+    slot = s.slot
+    if slot is None or inflight.internal:
+        s.inflight = None
+        if s.link.move_requested and s.idle():
+            s.start_move()
+        if out:
+            await s.client.send(out)
+    else:
+        # The record's order: the state the client is about to hear of is the supervisor's
+        # first; the next command waits until this answer is out (``inflight`` stays set).
+        if s.tracking.changed:
+            s.settled = s.commands
+            await s.mirror_state()
+        if out:
+            slot.answering()
+            await s.client.send(out)
+        s.inflight = None
+        slot.idle(flags_of(s.tracking))
+        if s.link.move_requested and s.idle():
+            s.start_move()
     if inflight.done is not None:
         inflight.done.set()
     if s.result_hooks:

@@ -18,6 +18,7 @@ import logging
 
 import trio
 
+from proxy.handover.slot import consumed, flags_of
 from proxy.hooks import CommandInfo, SessionInfo
 from proxy.netio import Channel, PeerClosed, WaitInterrupted
 from proxy.protocol.constants import MAX_FRAME, Commands, Err
@@ -112,6 +113,17 @@ class Session:
         self.close_reason = ""
         self.login_refused = False  # wrong credentials (counted against the client's host)
         self.last_activity = trio.current_time()  # when the last command completed (wait_timeout)
+        # --workers N: its record in shared memory and the worker's link to the supervisor, which
+        # holds the client's socket and state so that another worker can take over if this one
+        # dies (``proxy.handover.mirror``); None when not registered (one process, TLS).
+        self.slot = None
+        self.mirror = None
+        self.settled = 0  # the last command whose completion the supervisor's copy of the state includes
+        self.handed_over = False  # moved to another process: its client connection lives on there
+        # Why its link is LOST without a backend connection (recovery's first line): the server
+        # closed it for idling (here, or before an upgrade moved the session), or it died with
+        # the worker this session was taken over from.
+        self.unconnected_reason = "the backend connection was closed for idling; a new one for the next command"
 
     async def handshake(self) -> bool:
         return await login.handshake(self)
@@ -261,6 +273,8 @@ class Session:
 
     def close(self) -> None:
         self.link.close()  # after a move the link is closed already (detach): no COM_QUIT
+        if self.slot is not None and not self.handed_over:
+            self.client.shutdown()  # the supervisor's copy of the socket must not keep the connection open
         self.client.close()
         self.tracking.close()
 
@@ -268,6 +282,9 @@ class Session:
 
     async def _client_task(self) -> str:
         while True:
+            slot = self.slot
+            if slot is not None and slot.phase and self.inflight is None:  # answered here: idle
+                slot.idle(flags_of(self.tracking))
             cmd = await self._read_command()
             if cmd is None:
                 return "client closed the connection"
@@ -276,6 +293,9 @@ class Session:
             self.commands += 1
             if self.inflight is not None:
                 await self._wait_inflight()
+            slot = self.slot
+            if slot is not None:
+                slot.read(cmd.wire_size, self.commands)
             if self.first_answer is not None:
                 first, self.first_answer = self.first_answer, None
                 if await first.answer(self, cmd):
@@ -286,6 +306,7 @@ class Session:
                 continue
             if code == C.COM_CHANGE_USER:
                 await login.change_user(self, cmd)
+                self.rebase_slot()  # its exchange read more of the client's stream than the command
                 continue
             if self._command_hooks:
                 cmd = await run_command_hooks(self, cmd)
@@ -316,6 +337,7 @@ class Session:
                 continue
             if isinstance(cmd, Oversized):
                 await oversize.refuse(self, cmd.size, cmd.seq_end, cmd.code)
+                self.rebase_slot()
                 continue
             if not cmd.payload:
                 raise SessionClosed("client sent an empty command packet")
@@ -326,6 +348,26 @@ class Session:
                 await self.answer_error(cmd, *Err.PACKETS_OUT_OF_ORDER, "Got packets out of order")
                 raise SessionClosed("client sent a command out of sequence")
             return cmd
+
+    def attach_slot(self, slot) -> None:
+        """Keep the session's record in ``slot`` from now on (``proxy.handover.slot``): the
+        client's bytes land in it as they are read."""
+        self.slot = self.client.tape = slot
+
+    def rebase_slot(self) -> None:
+        """The client's bytes were read past what the record follows (a command dropped for its
+        size, COM_CHANGE_USER's exchange): the record starts over from the kernel's count."""
+        slot = self.slot
+        if slot is not None:
+            read = consumed(self.client.sock)
+            if read is not None:
+                slot.rebase(read - self.client.decoder.buffered())
+
+    async def mirror_state(self) -> None:
+        """The supervisor's copy of the session's state follows a change, before the client
+        hears of it or a command runs on a new backend connection."""
+        if self.mirror is not None and self.tracking.changed:
+            await self.mirror.state(self)
 
     async def _hand_over(self) -> None:
         """An upgrade asked for this session (``proxy.handover.sessions``): if it can move now,
@@ -442,6 +484,8 @@ class Session:
         lost COMMIT answer can be resolved exactly. False: the client was already answered."""
         markers = self.parts.markers
         number, payload = markers.upsert_sql()
+        if self.slot is not None:
+            self.slot.marker(number)
         tracker = await self.run_internal(payload, commit.seq_end)
         if tracker is None:
             return False
@@ -483,6 +527,13 @@ class Session:
         look = inflight.look_first or responses.idled_out(self, backend, inflight.arrived) is not None
         if look and backend.channel.data_pending() and not await self._still_up(backend):
             return  # the server closed before this command left: recovery sends it, as not run
+        slot = self.slot
+        if slot is not None:
+            if self.tracking.changed:
+                await self.mirror_state()
+                if not (link.up and link.backend is backend):
+                    return  # lost meanwhile: recovery sends it
+            slot.sent()
         inflight.state = SENDING
         link.sending()
         try:
@@ -513,6 +564,8 @@ class Session:
     # ------------------------------------------------------------------ answering locally
 
     async def send_client(self, payload: bytes, seq: int) -> None:
+        if self.slot is not None:
+            self.slot.answering()
         await self.client.send(encode_packet(payload, seq)[0])
 
     async def answer_error(self, cmd: Command, code: int, sqlstate: str, message: str) -> None:
@@ -523,13 +576,22 @@ class Session:
         a commit marker proved committed)."""
         inflight = self.inflight
         assert inflight is not None
-        self.inflight = None
         inflight.answered = True
         payload = err if err is not None else make_ok(self.tracking.status_word())
-        try:
+        slot = self.slot
+        if slot is None or inflight.internal:  # (an internal one's client task settles the record)
+            self.inflight = None
+            try:
+                await self.send_client(payload, inflight.answer_seq())
+            finally:
+                inflight.finish()
+            return
+        try:  # the next command waits until the answer is out (the record's order)
             await self.send_client(payload, inflight.answer_seq())
         finally:
+            self.inflight = None
             inflight.finish()
+        slot.idle(flags_of(self.tracking))
 
 
 def _is_commit(analysis: Analysis | None) -> bool:

@@ -24,8 +24,9 @@ _DO_INSERT_ID = re.compile(rb"\s*(?:DO|SELECT)\s+LAST_INSERT_ID\s*\(\s*(\d+)\s*\
 _INSERT_TEXT = 64 * 1024  # an INSERT whose OK carried an id is kept up to this size, to tell "generated" later
 
 
-def follow_insert_id(state: SessionState, done: Completed) -> None:
-    """A COM_QUERY or COM_STMT_EXECUTE that succeeded: what it did to LAST_INSERT_ID()."""
+def follow_insert_id(state: SessionState, done: Completed) -> bool:
+    """A COM_QUERY or COM_STMT_EXECUTE that succeeded: what it did to LAST_INSERT_ID(). True
+    when it may have changed what is known of it."""
     ok = done.tracker.ok
     value = ok.last_insert_id if ok is not None else 0
     if value:
@@ -43,10 +44,10 @@ def follow_insert_id(state: SessionState, done: Completed) -> None:
         if value:
             text = cmd.text() if cmd.code == C.COM_QUERY and cmd.complete and cmd.size <= _INSERT_TEXT else None
             state.insert_id(value, text, done.reading)
-        return
+        return bool(value)
     if value:  # UPDATE ... SET id = LAST_INSERT_ID(expr): the OK carries the new value
         state.known_insert_id(value)
-        return
+        return True
     if kind is _SELECT or done.analysis is not None:
         m = _SETS_INSERT_ID.search(cmd.payload, 1)
         if m is not None:
@@ -55,3 +56,5 @@ def follow_insert_id(state: SessionState, done: Completed) -> None:
                 state.known_insert_id(int(constant.group(1)))
             else:
                 state.insert_id_lost()
+            return True
+    return False

@@ -37,6 +37,10 @@ COM_STMT_EXECUTE = Commands.COM_STMT_EXECUTE
 BackendIds = tuple[int, dict[PreparedStatement, tuple[int, int, bool]]]
 
 
+def _nothing() -> None:
+    pass
+
+
 class PreparedStatements:
     def __init__(self, long_data: LongDataSpool) -> None:
         self.long_data = long_data  # the session's spool (shared with the journal)
@@ -44,6 +48,7 @@ class PreparedStatements:
         self.remap_ids = False
         self.next_id = 1
         self.generation = 0
+        self.on_change = _nothing  # a statement's kept parameter types changed (the tracker's ``changed``)
 
     def statement_of(self, payload: bytes) -> PreparedStatement | None:
         """The prepared statement a COM_STMT_* payload names (by the client's id)."""
@@ -128,7 +133,10 @@ class PreparedStatements:
             flag_pos = 10 + (stmt.num_params + 7) // 8
             if len(payload) > flag_pos:
                 if payload[flag_pos]:
-                    stmt.param_types = payload[flag_pos + 1 : flag_pos + 1 + 2 * stmt.num_params]
+                    types = payload[flag_pos + 1 : flag_pos + 1 + 2 * stmt.num_params]
+                    if types != stmt.param_types:
+                        stmt.param_types = types
+                        self.on_change()
                     stmt.types_bound_on_backend = True
                 elif not stmt.types_bound_on_backend and stmt.param_types is not None:
                     new = payload[:flag_pos] + b"\x01" + stmt.param_types + payload[flag_pos + 1 :]

@@ -89,12 +89,28 @@ class SessionTracker:
         self.restore_backend_ids = statements.restore_backend_ids
         self.reprepared = statements.reprepared
         self.safe_mode = safe_mode  # recovery.idempotent = "safe-mode": idempotence is asked
+        # What another process would need to run the session changed (its state, statements,
+        # reading, backend connection) since ``mirrored()``: a worker tells its supervisor
+        # (``proxy.handover.mirror``) before the client hears of the change.
+        self.changed = False
+        statements.on_change = self._changed
+        # LAST_INSERT_ID() moved since ``mirrored()`` (not worth a message per INSERT: a worker
+        # taking the session over knows it is not restorable then, ``proxy.handover.slot``).
+        self.insert_id_moved = False
+
+    def _changed(self) -> None:
+        self.changed = True
+
+    def mirrored(self) -> None:
+        """Another process has the session's state as it is now."""
+        self.changed = self.insert_id_moved = False
 
     # ------------------------------------------------------------------ what plugins see
 
     def logged_in(self, user: str, database: str | None, collation: int, status: int) -> None:
         """A (new) login: the session starts over as ``user``."""
         self.state = SessionState(user, database, collation)
+        self.changed = True
         self.info._user = user
         self.info._database = database
         self.autocommit = bool(status & AUTOCOMMIT)
@@ -102,6 +118,7 @@ class SessionTracker:
         self._end_transaction()
 
     def backend_changed(self, address: str, server_version: str) -> None:
+        self.changed = True
         self.statements.new_backend()
         self.info._backend_address = address
         self._read(dialect=Dialect.from_server_version(server_version))
@@ -119,6 +136,7 @@ class SessionTracker:
         self._read(multi=on)
 
     def _read(self, **changes) -> None:
+        self.changed = True
         self.reading = self.info._reading = attrs.evolve(self.reading, **changes)
 
     @property
@@ -180,7 +198,8 @@ class SessionTracker:
         captures = self._bookkeep(done)
         self.info._in_transaction = self.tx.active
         if tracker.error is None and (done.command.code == C.COM_QUERY or done.command.code == C.COM_STMT_EXECUTE):
-            follow_insert_id(self.state, done)
+            if follow_insert_id(self.state, done):
+                self.insert_id_moved = True
         return captures
 
     def _settle(self, in_trans: bool) -> None:
@@ -219,7 +238,7 @@ class SessionTracker:
             if stmt is not None:
                 long_data = self.statements.executed(stmt)
                 if len(cmd.payload) > 5 and cmd.payload[5] & 0x07:
-                    state.mark_unrestorable("a server-side cursor was opened")
+                    self.mark_unrestorable("a server-side cursor was opened")
                 a = stmt.analysis
                 if a is not None and a.unknown is None and a.first.kind in _NO_TRANSACTION_EFFECT:
                     if tracker.error is None and a.first.session_unrestorable:
@@ -234,10 +253,12 @@ class SessionTracker:
             return captures
         if code == C.COM_STMT_PREPARE:
             if ok and tracker.prepare_ok is not None:
+                self.changed = True
                 done.statement = self.statements.prepare_ok(cmd.payload, tracker.prepare_ok, self.analyze(cmd.payload, multi=False))
             return []
         if code == C.COM_STMT_CLOSE:
             if done.statement is not None:
+                self.changed = True
                 self.statements.closed(done.statement)
             return []
         if code == C.COM_STMT_RESET:
@@ -255,6 +276,7 @@ class SessionTracker:
             return []
         if code == C.COM_RESET_CONNECTION:
             if ok:
+                self.changed = True
                 state.reset()
                 self.statements.forget()
                 self._end_transaction()
@@ -264,7 +286,7 @@ class SessionTracker:
                 # 0: MYSQL_OPTION_MULTI_STATEMENTS_ON, 1: ..._OFF. A new connection starts with
                 # what the handshake negotiated, so the session is not restorable any more.
                 self._read(multi=cmd.payload[1] == 0)
-                state.mark_unrestorable("COM_SET_OPTION changed multi-statement mode")
+                self.mark_unrestorable("COM_SET_OPTION changed multi-statement mode")
             return []
         if code in SESSION_ONLY_COMMANDS or code == C.COM_STMT_SEND_LONG_DATA:
             return []
@@ -276,7 +298,6 @@ class SessionTracker:
         transaction ended or began, what is now in doubt."""
         tracker = done.tracker
         err = tracker.error
-        state = self.state
         if analysis is None:  # a prepared statement the proxy could not judge at PREPARE
             analysis = Analysis("", (Statement(Kind.OTHER, unknown="unknown prepared statement"),), ((0, 0),), "unknown prepared statement")
         statements = analysis.statements
@@ -290,7 +311,7 @@ class SessionTracker:
             analysis = attrs.evolve(analysis, unknown="a stored routine inside a multi-statement query")
         if analysis.unknown is not None:
             why = f"a statement the proxy cannot judge ran ({analysis.unknown})"
-            state.mark_unrestorable(why)
+            self.mark_unrestorable(why)
             self._journal_step(done, None, False, long_data, in_doubt=why)
             return []
         captures: list[str] = []
@@ -299,7 +320,7 @@ class SessionTracker:
         for i, st in enumerate(statements[:ran]):
             if st.runs_code:
                 in_doubt = in_doubt or "a stored routine ran (it may commit)"
-                state.mark_unrestorable("a stored routine ran: it may change the session")
+                self.mark_unrestorable("a stored routine ran: it may change the session")
             if st.xa is not None:
                 in_doubt = self._xa(st.xa) or in_doubt
             if st.implicit_commit or st.kind is _COMMIT or st.kind is _ROLLBACK:
@@ -387,8 +408,9 @@ class SessionTracker:
         if not tx.active:
             state = self.state
             tx.start(state.next_transaction if state else None)
-            if state is not None:
+            if state is not None and state.next_transaction is not None:
                 state.next_transaction = None
+                self.changed = True
             if boundary is not None and not begins:
                 if single and chained:
                     return  # COMMIT|ROLLBACK AND CHAIN: the new transaction starts empty
@@ -425,6 +447,7 @@ class SessionTracker:
 
     def _use(self, database: str) -> None:
         assert self.state is not None
+        self.changed = True
         self.state.database = database
         self.info._database = database
 
@@ -442,22 +465,24 @@ class SessionTracker:
         try:
             assignments = parse_set(analysis.text[start:end], dialect=analysis.dialect, no_backslash_escapes=analysis.nbe)
         except SqlParseError as exc:  # classify judged it; a parse failure here is a bug to survive
-            self.state.mark_unrestorable(f"SET statement not understood: {exc}")
+            self.mark_unrestorable(f"SET statement not understood: {exc}")
             return []
         if not assignments:
             return []
+        self.changed = True
         self.tx.note_session_change(self.state)
         return self.state.apply_set(assignments)
 
     def _note_pins(self, st: Statement) -> None:
         if st.session_unrestorable:
-            self.state.mark_unrestorable(st.session_unrestorable)
+            self.mark_unrestorable(st.session_unrestorable)
 
     def captured(self, name: str, column: Column, value: bytes | None) -> None:
         """The server's value of a session variable that was set from an expression or a
         parameter: a number as a number (MariaDB refuses wait_timeout = '7777', 1232), anything
         else as a string."""
         assert self.state is not None
+        self.changed = True
         self.state.variables.pop(name, None)
         self.state.variables[name] = session_variable_literal(column, value)
 
@@ -467,8 +492,9 @@ class SessionTracker:
         assert self.state is not None
         literal = user_variable_literal(column, value, hexed, charset, collation)
         if literal is None:
-            self.state.mark_unrestorable(f"user variable @{name} holds a value the proxy cannot write back (column type {column.type})")
+            self.mark_unrestorable(f"user variable @{name} holds a value the proxy cannot write back (column type {column.type})")
             return
+        self.changed = True
         self.state.user_variables[name] = literal
 
     # ------------------------------------------------------------------ the session's end
@@ -476,6 +502,8 @@ class SessionTracker:
     def mark_unrestorable(self, reason: str) -> None:
         """The session holds something a new backend connection cannot be given."""
         assert self.state is not None
+        if self.state.unrestorable is None:
+            self.changed = True
         self.state.mark_unrestorable(reason)
 
     def close(self) -> None:
