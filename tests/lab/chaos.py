@@ -21,9 +21,11 @@ Shared by the chaos tests, bench/chaos.py, bench/chaos_matrix.py and the README 
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -60,12 +62,21 @@ CHAOS_BUFFER_WINDOW = f"{CHAOS_BUFFER_WINDOW_S}s"
 CHAOS_GRACE_S = CHAOS_BUFFER_WINDOW_S + 10
 
 
-def start_chaos_proxy(workdir: Path, server_port: int, backend: dict[str, Any] | None = None, **recovery: Any) -> ProxyProcess:
+def start_chaos_proxy(workdir: Path, server_port: int, backend: dict[str, Any] | None = None, listen: dict[str, Any] | None = None,
+                      **recovery: Any) -> ProxyProcess:  # fmt: skip
     """The proxy as the chaos tests run it: info logging, a buffer window longer than a lab
     restart and shorter than the workload's grace (``CHAOS_BUFFER_WINDOW``), plus the given
-    ``[recovery]`` keys (and ``[backend]`` ones)."""
+    ``[recovery]`` keys (and ``[backend]``, ``[listen]`` ones). With workers, once all listen."""
     recovery = {"buffer_window": CHAOS_BUFFER_WINDOW, **recovery}
-    return ProxyProcess(workdir, server_port, recovery=recovery, log={"level": "info"}, backend=backend or {}).start()
+    proxy = ProxyProcess(workdir, server_port, recovery=recovery, log={"level": "info"}, backend=backend or {},
+                         **({"listen": listen} if listen else {})).start()  # fmt: skip
+    workers = (listen or {}).get("workers", 1)
+    deadline = time.monotonic() + 60
+    while workers > 1 and proxy.log_text().count("listening on") < workers:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not every worker listens after 60 s:\n{proxy.log_text()[-3000:]}")
+        time.sleep(0.1)
+    return proxy
 
 
 def tidb_backend(server: TiDB) -> dict[str, Any]:
@@ -266,6 +277,28 @@ def crashing(shim: FaultShim, down: float = 1.0) -> Disrupt:
         return f"crash ({len(cut)} connections cut, {'RST' if i % 2 else 'FIN'})"
 
     return lambda duration, interval, log: _every(interval, duration, log, crash)
+
+
+def killing_workers(proxy: ProxyProcess) -> Disrupt:
+    """SIGKILL the proxy's workers in turn (``--workers N``): each time, the supervisor starts
+    another in its place, which takes the dead one's clients over. Checked: the pid changed."""
+
+    def healthz() -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{proxy.admin_port}/healthz", timeout=5) as response:
+            return json.load(response)
+
+    def kill(i: int) -> str:
+        pids = healthz()["pids"]
+        index = i % len(pids)
+        os.kill(pids[index], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while healthz()["pids"][index] in (pids[index], None):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"worker {index} (pid {pids[index]}) was not replaced within 30 s")
+            time.sleep(0.1)
+        return f"SIGKILL of worker {index} (pid {pids[index]})"
+
+    return lambda duration, interval, log: _every(interval, duration, log, kill)
 
 
 def cut_times(proxy_log: str) -> list[float]:
