@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +91,55 @@ class BenchProxy(ProxyProcess):
 
 
 _LIVE_PROXIES: set[BenchProxy] = set()
+
+
+class BenchKeeper:
+    """The supervisor's session keeper (``proxy.handover.keeper``) run by the benchmark itself,
+    in a thread: a proxy started with ``worker_args`` runs as the one worker of a supervisor
+    that keeps its clients (``listen.takeover``), so its hot path writes every session's record,
+    and callgrind counts that one process. One per benchmark process (its address is the pid's)."""
+
+    _running: BenchKeeper | None = None
+
+    def __init__(self) -> None:
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-keeper", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("the benchmark's session keeper did not start")
+
+    @classmethod
+    def running(cls) -> BenchKeeper:
+        if cls._running is None:
+            cls._running = cls()
+        return cls._running
+
+    def _run(self) -> None:
+        import trio
+
+        from proxy.handover.keeper import SessionKeeper
+
+        async def main() -> None:
+            keeper = SessionKeeper(os.getpid(), timeout=60)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(keeper.serve)
+                self._ready.set()
+
+        trio.run(main)
+
+    @staticmethod
+    def worker_args(admin_port: int) -> list[str]:
+        """The arguments that make ``python -m proxy`` this keeper's worker 0 (its private admin
+        endpoint on ``admin_port``)."""
+        return ["--worker", "0/1", "--worker-admin", str(admin_port), "--supervisor-pid", str(os.getpid())]
+
+
+def mirrored_proxy(workdir: Path, backend_port: int, **kwargs: Any) -> BenchProxy:
+    """A BenchProxy that runs as the one worker of the benchmark's ``BenchKeeper``."""
+    BenchKeeper.running()
+    proxy = BenchProxy(workdir, backend_port, **kwargs)
+    proxy.args = BenchKeeper.worker_args(proxy.admin_port)
+    return proxy
 
 
 @atexit.register

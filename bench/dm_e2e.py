@@ -85,6 +85,7 @@ import argparse
 import bisect
 import datetime as _dt
 import json
+import os as _os
 import random
 import re
 import shutil
@@ -141,9 +142,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--faults", choices=("rolling", "kill", "none", "off"),
                    help="rolling: SIGTERM one server at a time (default); kill: SIGKILL one at a time (--cluster); none: no faults, "
                         "DM's replication rate (= --no-faults); off: TiDB is not restarted (the default with --chaos)")  # fmt: skip
-    p.add_argument("--chaos", choices=("proxy-upgrade", "proxy-restart"),
+    p.add_argument("--chaos", choices=("proxy-upgrade", "proxy-restart", "worker-kill"),
                    help="the proxy's own faults, every --chaos-interval s: proxy-upgrade (SIGUSR2: sessions move to a new "
-                        "process), proxy-restart (SIGTERM, then started again, as systemctl restart); target proxy only")  # fmt: skip
+                        "process), proxy-restart (SIGTERM, then started again, as systemctl restart), worker-kill (SIGKILL of "
+                        "one worker in turn; --proxy-workers 2 or more); target proxy only")  # fmt: skip
     p.add_argument("--proxy-workers", type=int, default=1, metavar="N",
                    help="the proxy runs N worker processes (listen.workers); --chaos proxy-upgrade then upgrades through "
                         "the supervisor, every worker in turn (default 1)")  # fmt: skip
@@ -183,6 +185,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--chaos restarts or upgrades the proxy: --targets proxy only")
     if args.chaos and args.faults == "none":
         p.error("--chaos measures faults: not with --no-faults")
+    if args.chaos == "worker-kill" and args.proxy_workers < 2:
+        p.error("--chaos worker-kill kills one worker while the others serve: --proxy-workers 2 or more")
     args.graceful_waits = [int(x) for x in args.graceful_waits.split(",")]
     default_targets = "proxy" if args.chaos else "haproxy,tiproxy,proxy" if args.cluster else "direct,proxy"
     args.targets = [t.strip() for t in (args.targets or default_targets).split(",") if t.strip()]
@@ -378,6 +382,13 @@ def proxy_event(proxy: ProxyProcess, kind: str, workers: int = 1) -> tuple[Calla
                 record["down"] = record["up"] = time.time()
                 record["summary"] = (f"upgrade of {workers} workers {record['pids']} in {record['up'] - record['stop']:.1f} s: "
                                      f"{record['moved']} session(s) moved, {record['drained']} drained")  # fmt: skip
+            elif kind == "worker-kill":
+                record["signal"] = "SIGKILL"
+                record.update(_kill_worker(proxy, n % workers))
+                record["down"], record["up"] = record["stop"], time.time()
+                record["summary"] = (f"SIGKILL of worker {n % workers} (pid {record['pid']}): replaced by pid {record['new_pid']} "
+                                     f"in {record['up'] - record['stop']:.1f} s; {record['taken_over']} session(s) taken over, "
+                                     f"{record['closed']} closed")  # fmt: skip
             elif kind == "proxy-upgrade":
                 record["signal"] = "SIGUSR2"
                 old = upgraded.pid
@@ -422,6 +433,31 @@ def _upgrade_workers(proxy: ProxyProcess) -> dict[str, Any]:
     text = proxy.log_text()
     return {"pids": pids, "moved": sum(text.count(f"moved to pid {pid} with its client") for pid in pids),
             "drained": sum(text.count(f"not moved to pid {pid}") for pid in pids)}  # fmt: skip
+
+
+def _kill_worker(proxy: ProxyProcess, index: int) -> dict[str, Any]:
+    """SIGKILL worker ``index``; once the supervisor has started another in its place and that
+    one took the dead one's sessions over (or 60 s passed): the pids and the sessions taken
+    over or closed (from the proxy's log)."""
+    before = proxy.log_text()
+    pid = _healthz(proxy.admin_port)["pids"][index]
+    _os.kill(pid, _signal.SIGKILL)
+    wait_for(lambda: _healthz(proxy.admin_port)["pids"][index] not in (pid, None), timeout=60, what=f"worker {index} replaced")
+    new_pid = _healthz(proxy.admin_port)["pids"][index]
+
+    def settled() -> bool:  # the keeper handed everything over (nothing left orphaned)
+        text = proxy.log_text()[len(before) :]
+        left = re.search(rf"worker {index} \(pid {pid}\) left (\d+) session", text)
+        done = text.count(f"from worker pid {pid}, which died (") + text.count(f"worker pid {pid}, which ran it, died")
+        return left is None or done >= int(left.group(1))
+
+    try:
+        wait_for(settled, timeout=60, what=f"the sessions of worker pid {pid} taken over")
+    except AssertionError:
+        pass  # reported as counted
+    text = proxy.log_text()[len(before) :]
+    return {"pid": pid, "new_pid": new_pid, "taken_over": text.count(f"from worker pid {pid}, which died ("),
+            "closed": text.count(f"worker pid {pid}, which ran it, died")}  # fmt: skip
 
 
 def _healthz(port: int) -> dict[str, Any]:
@@ -769,7 +805,8 @@ def describe_faults(args: argparse.Namespace) -> str:
         return f"no faults: the task paused {args.backlog:g} s once the sync runs (DM's catch-up rate)"
     when = "the start" if args.chaos_from == "start" else "the sync unit on"
     if args.chaos:
-        what = "upgrades (SIGUSR2)" if args.chaos == "proxy-upgrade" else "restarts (SIGTERM, started again)"
+        what = {"proxy-upgrade": "upgrades (SIGUSR2)", "proxy-restart": "restarts (SIGTERM, started again)",
+                "worker-kill": f"worker kills (SIGKILL, one of {args.proxy_workers} in turn)"}[args.chaos]  # fmt: skip
         own = f"{args.chaos_events} proxy {what} every {args.chaos_interval:g} s from {when}"
         return own if args.faults == "off" else f"{own}; and {_tidb_faults(args, when)}"
     return _tidb_faults(args, when)
@@ -1139,6 +1176,8 @@ def render(results: dict[str, Any]) -> str:
         row("  of them failed", lambda r: str(sum(1 for x in r.get("proxy_events") or [] if "error" in x)))
         row("  sessions moved / drained (upgrades)", lambda r: "-" if r.get("chaos") != "proxy-upgrade" else
             f"{sum(x.get('moved', 0) for x in r['proxy_events'])} / {sum(x.get('drained', 0) for x in r['proxy_events'])}")  # fmt: skip
+        row("  sessions taken over / closed (worker kills)", lambda r: "-" if r.get("chaos") != "worker-kill" else
+            f"{sum(x.get('taken_over', 0) for x in r['proxy_events'])} / {sum(x.get('closed', 0) for x in r['proxy_events'])}")  # fmt: skip
         row("  each took, median (s)", lambda r: "-" if not r.get("proxy_events") else
             f"{statistics.median([x['up'] - x['stop'] for x in r['proxy_events'] if x.get('up')] or [0]):.1f}")  # fmt: skip
     row("DM reached the sync unit", sync_reached)

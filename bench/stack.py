@@ -7,6 +7,9 @@
 - ``proxy``: replay-proxy with an empty plugin chain (bench/benchproxy.py);
 - ``proxy_workers``: the same with ``--workers N``; skipped while ``python -m proxy --help`` does
   not list ``--workers``;
+- ``proxy_mirrored``: replay-proxy as the one worker of a supervisor that keeps its clients
+  (``listen.takeover``; the benchmark plays the supervisor's keeper, bench/benchproxy.py): the
+  proxy beside it is the same code without the records a worker's crash is survived by;
 - ``proxy+plugins``: replay-proxy with a chain of plugins (bench/plugin_variants.py).
 
 A ``Stack`` starts the intermediaries for a list of targets in parallel, in front of one database
@@ -24,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from bench import REPO
-from bench.benchproxy import BenchProxy, proxy_has_workers_flag
+from bench.benchproxy import BenchProxy, mirrored_proxy, proxy_has_workers_flag
 from bench.floors import Floor, floor_unavailable_reason
 from bench.haproxy import HAProxy
 from bench.plugin_variants import PluginVariant
 from tests.lab.proxy import ProxyProcess
 
-ALL_TARGETS = ("direct", "haproxy", "trio_pump", "uvloop_pump", "netio_pump", "proxy", "proxy_workers", "proxy+plugins")
+ALL_TARGETS = ("direct", "haproxy", "trio_pump", "uvloop_pump", "netio_pump", "proxy", "proxy_mirrored", "proxy_workers", "proxy+plugins")
 INTERMEDIARIES = ALL_TARGETS[1:]
 FLOORS = {"trio_pump": "trio", "uvloop_pump": "uvloop", "netio_pump": "netio"}
 
@@ -108,11 +111,12 @@ class Stack:
                 raise TargetUnavailable("replay-proxy has no --workers option yet (`python -m proxy --help` does not list it)")
             args = ["--workers", str(self.workers)]
         workdir = self.workdir / f"stack{self._stack_no}" / name.replace("+", "_")
-        proxy = BenchProxy(
+        make = mirrored_proxy if name == "proxy_mirrored" else BenchProxy
+        proxy = make(
             workdir,
             self.db_port,
             args=args,
-            counts=self.instrument and name != "proxy_workers",
+            counts=self.instrument and name not in ("proxy_workers", "proxy_mirrored"),
             source=self.proxy_source,
             **self.proxy_config(with_plugins),
         )

@@ -99,6 +99,8 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _INHERITANCE = "REPLAY_PROXY_SUPERVISOR"  # what a supervisor leaves its re-executed self
 _HANDOFF_GRACE = 0.5  # seconds between the answer to POST /upgrade and the supervisor's re-exec
+_WATCH_EVERY = 0.2  # how often the supervisor looks for a dead worker (its clients wait meanwhile)
+_LIVED = 10.0  # a worker that dies sooner after its start is in a crash loop: its restarts back off
 
 
 def supervisor_reexecuted() -> bool:
@@ -167,6 +169,7 @@ class Supervisor:
         self.restarts = 0
         self.upgrading = False
         self.upgrading_worker: int | None = None  # not restarted by watch() while it hands over
+        self.started_at: dict[int, float] = {}  # when the supervisor last started each worker (trio clock)
         self.admin_listeners: list[trio.SocketListener] = []
         self.inherited_admin: list[socket.socket] | None = None
         self.reexec_due = trio.Event()
@@ -199,6 +202,7 @@ class Supervisor:
         args = [sys.executable, "-m", "proxy", "--config", self.path,
                 *WorkerInfo(index, self.count, tuple(self.ports)).arguments(os.getpid())]  # fmt: skip
         self.procs[index] = WorkerProc.spawn(args)
+        self.started_at[index] = trio.current_time()
         log.info("worker %d/%d started (pid %d)", index, self.count, self.procs[index].pid)
 
     def live(self) -> list[WorkerProc]:
@@ -209,19 +213,24 @@ class Supervisor:
             proc.send_signal(signum)
 
     async def watch(self) -> None:
-        """Restart a worker that dies while the proxy is not stopping; reap upgraded ones."""
+        """Restart a worker that dies while the proxy is not stopping (at once: its clients wait
+        for it, ``keeper``; after a growing pause when it died soon after its start, a crash
+        loop); reap upgraded ones."""
         failures: dict[int, list[float]] = {}
         while True:
-            await trio.sleep(0.5)
+            await trio.sleep(_WATCH_EVERY)
             for proc in [p for p in self.retiring if p.poll() is not None]:
                 self.retiring.remove(proc)
                 log.info("upgraded worker pid %d exited with code %s", proc.pid, proc.returncode)
             for i, proc in enumerate(self.procs):
                 if proc is None or proc.poll() is None or self.stopping or i == self.upgrading_worker:
                     continue
-                recent = [t for t in failures.get(i, []) if trio.current_time() - t < 60] + [trio.current_time()]
+                now = trio.current_time()
+                recent = [t for t in failures.get(i, []) if now - t < 60]
+                if now - self.started_at.get(i, now - _LIVED) < _LIVED:  # died young: a crash loop backs off
+                    recent.append(now)
                 failures[i] = recent
-                delay = min(30.0, 0.5 * 2 ** (len(recent) - 1))
+                delay = min(30.0, 0.5 * 2 ** (len(recent) - 1)) if recent else 0.0
                 log.error("worker %d (pid %d) exited with code %s; restarting it in %.1fs", i, proc.pid, proc.returncode, delay)
                 self.procs[i] = None
                 self.restarts += 1

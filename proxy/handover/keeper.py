@@ -99,7 +99,7 @@ class SessionKeeper:
     def __init__(self, supervisor_pid: int, timeout: float) -> None:
         self.address = keeper_address(supervisor_pid)
         self.timeout = timeout
-        self.links: dict[int, WorkerLink] = {}  # by worker pid
+        self.links: set[WorkerLink] = set()  # the workers connected now
         self.orphans: dict[int, list[Kept]] = {}  # by worker index
         self.stopping = False
         self.taken_over = 0  # orphans handed to a worker
@@ -108,7 +108,7 @@ class SessionKeeper:
 
     @property
     def sessions(self) -> int:
-        return sum(len(link.sessions) for link in self.links.values())
+        return sum(len(link.sessions) for link in self.links)
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -163,12 +163,12 @@ class SessionKeeper:
             channel.close()
             return
         link = WorkerLink(int(hello.fields["index"]), pid, channel)
-        self.links[pid] = link
+        self.links.add(link)
         try:
             await self._deliver(link)
             await self._listen(link)
         finally:
-            del self.links[pid]
+            self.links.discard(link)
             channel.close()
             self._orphan(link)
 
@@ -212,7 +212,7 @@ class SessionKeeper:
         self.orphans.setdefault(link.index, []).extend(left)
         log.warning("session keeper: worker %d (pid %d) left %d session(s) behind: worker %d takes them over", link.index, link.pid,
                     len(left), link.index, extra={"event": "worker_sessions_orphaned"})  # fmt: skip
-        for other in self.links.values():
+        for other in self.links:
             if other.index == link.index and self._nursery is not None:  # an upgrade's successor serves already
                 self._nursery.start_soon(self._deliver, other)
                 break

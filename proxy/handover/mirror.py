@@ -27,7 +27,7 @@ from proxy.handover.fdpass import HandoverChannel
 from proxy.handover.keeper import STEP_TIMEOUT, keeper_address
 from proxy.handover.protocol import HandoverError, Message
 from proxy.handover.sessions import session_fields
-from proxy.handover.slot import Slot, consumed
+from proxy.handover.slot import Slot, consumed, written
 from proxy.netio import Channel
 
 if TYPE_CHECKING:
@@ -85,7 +85,9 @@ class Mirror:
                         for fd in message.fds:
                             os.close(fd)
             except (HandoverError, OSError, trio.ClosedResourceError) as exc:
-                log.warning("lost the supervisor's session keeper: %s", exc or type(exc).__name__)
+                # An upgrade's re-exec of the supervisor does this too: it listens again in a second.
+                log.info("the supervisor's session keeper went away (%s): this worker registers its sessions again once it is back",
+                         exc or type(exc).__name__)  # fmt: skip
                 said_down = True
             finally:
                 self.channel = None
@@ -110,10 +112,10 @@ class Mirror:
         if s.slot is None:
             if type(s.client) is not Channel:
                 return
-            start = consumed(s.client.sock)
-            if start is None:
+            start, out = consumed(s.client.sock), written(s.client.sock)
+            if start is None or out is None:
                 return  # the kernel does not say what was read: a takeover could not tell what the client waits for
-            s.attach_slot(Slot.create(s.id, start - s.client.decoder.buffered()))
+            s.attach_slot(Slot.create(s.id, start - s.client.decoder.buffered(), out))
         s.mirror = self
         async with self._lock:
             if self.channel is not None:

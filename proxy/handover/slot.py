@@ -12,8 +12,10 @@ socket (``consumed``) says how far. On top, the session writes where each comman
 
 - ``read(wire)``: a command was taken from the stream, nothing of it reached the server;
 - ``sent()``: it goes to the server (it may run from here on);
-- ``answering()``: bytes of an answer go to the client (a response begun cannot be finished by
-  another process);
+- ``answering(n)``: ``n`` bytes of an answer go to the client (a response begun cannot be
+  finished by another process); ``answering(n, flags)``: the last ``n`` bytes of it, and the
+  transaction's state after it: if the kernel says they all left (``written``), the answer is
+  whole and the session idle;
 - ``idle(flags)``: the answer is complete; ``flags``: the transaction's state after it.
 
 Each of these is one aligned 8-byte store (the word: the stream offset where the current or
@@ -30,6 +32,9 @@ Layout (native byte order, 64 bytes, then the client's bytes)::
     24  u64  the current command's bytes on the wire (its frames, headers included)
     32  u64  commit-marker number written for it (a COMMIT; 0: none)
     40  u64  the session's command number
+    48  u64  the client's outgoing stream offset where the answer being written ends (0: not known)
+    56  u64  1 + the stream offset of the command a takeover ran again (0: none): one that was
+             in flight at two worker deaths in a row is not run a third time
     64  ...  the area: the client's bytes from area_start on (CAPACITY at most)
 """
 
@@ -45,7 +50,7 @@ import termios
 
 import attrs
 
-__all__ = ["Slot", "Record", "Phase", "CAPACITY", "FORMAT", "consumed", "flags_of", "IN_TRANSACTION", "INSERT_ID_MOVED"]
+__all__ = ["Slot", "Record", "Phase", "CAPACITY", "FORMAT", "consumed", "written", "flags_of", "IN_TRANSACTION", "INSERT_ID_MOVED"]
 
 FORMAT = 1
 HEADER = 64
@@ -56,7 +61,7 @@ _OFFSET_BITS = (1 << 48) - 1
 _MIN_ROOM = 4096  # less room left in the area than this: read past it, and say the area is spent
 
 # Indexes of the u64 fields (the map seen as an array of u64).
-_WORD, _FORMAT, _AREA_START, _WIRE, _MARKER, _NUMBER = 0, 1, 2, 3, 4, 5
+_WORD, _FORMAT, _AREA_START, _WIRE, _MARKER, _NUMBER, _ANSWER_END, _RETRIED = 0, 1, 2, 3, 4, 5, 6, 7
 
 
 class Phase:
@@ -101,7 +106,7 @@ class Slot:
     """The writing side, in the worker that runs the session. ``fd``: the memory file (the
     supervisor gets a copy; this one stays open to send again if the supervisor asks anew)."""
 
-    __slots__ = ("fd", "_map", "_u64", "_area", "start", "wire", "flags", "phase", "area_start", "fill")
+    __slots__ = ("fd", "_map", "_u64", "_area", "start", "wire", "flags", "phase", "area_start", "fill", "out")
 
     def __init__(self, fd: int) -> None:
         """The slot in memory file ``fd``, as its record says (a new one: all zero)."""
@@ -116,10 +121,12 @@ class Slot:
         self.wire = self._u64[_WIRE]
         self.area_start = self._u64[_AREA_START]
         self.fill = 0
+        self.out = 0  # bytes written to the client (the kernel's count, followed here)
 
     @classmethod
-    def create(cls, session_id: int, start: int) -> Slot:
-        """A new record for a session whose client stream was read up to ``start`` (its login)."""
+    def create(cls, session_id: int, start: int, out: int) -> Slot:
+        """A new record for a session whose client stream was read up to ``start`` and written
+        up to ``out`` (its login)."""
         fd = os.memfd_create(f"replay-proxy-session-{session_id}", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, SIZE)
@@ -128,6 +135,7 @@ class Slot:
             os.close(fd)
             raise
         slot._u64[_FORMAT] = FORMAT
+        slot.out = out
         slot.rebase(start)
         return slot
 
@@ -143,15 +151,23 @@ class Slot:
         self._u64[_AREA_START] = start
         self._store(Phase.IDLE)
 
-    def adopted(self, consumed_now: int) -> None:
+    def retried(self, command_start: int | None) -> None:
+        """A takeover runs the command at stream offset ``command_start`` again (None: nothing)."""
+        self._u64[_RETRIED] = 0 if command_start is None else command_start + 1
+
+    def adopted(self, consumed_now: int, written_now: int) -> None:
         """In the worker that took the slot over, whose client stream was read up to
-        ``consumed_now``: the area holds what the dead worker read (kept while a command in it
-        is not answered); a command read and not sent is read again here (idle before it)."""
+        ``consumed_now`` and written up to ``written_now``: the area holds what the dead worker
+        read (kept while a command in it is not answered); a command read and not sent is read
+        again here (idle before it); one whose whole answer left is done (idle after it)."""
+        self.out = written_now
         if self.area_start != NO_AREA:
             self.fill = consumed_now - self.area_start
         if self.phase == Phase.READ:
             self.wire = 0
             self._store(Phase.IDLE)
+        elif self.phase == Phase.ANSWERING:  # ``decide`` let it through: answered whole
+            self.idle(self.flags)
 
     # ------------------------------------------------------------------ the client's stream
 
@@ -189,7 +205,15 @@ class Slot:
     def sent(self) -> None:
         self._store(Phase.SENT)
 
-    def answering(self) -> None:
+    def answering(self, n: int, flags: int | None = None) -> None:
+        """``n`` bytes of the answer are about to be written; with ``flags`` (the transaction's
+        state after the command), they are its last."""
+        self.out += n
+        if flags is None:
+            self._u64[_ANSWER_END] = 0
+        else:
+            self._u64[_ANSWER_END] = self.out
+            self.flags = flags
         self._store(Phase.ANSWERING)
 
     def idle(self, flags: int) -> None:
@@ -220,13 +244,16 @@ class Record:
     marker: int
     number: int
     area: bytes  # the client's bytes from area_start on, as many as are there (``take``)
+    answer_end: int = 0
+    retried: int = 0  # 1 + the stream offset of the command the last takeover ran again (0: none)
 
     @classmethod
     def parse(cls, data) -> Record:
-        word, fmt, area_start, wire, marker, number = struct.unpack_from("=6Q", data, 0)
+        word, fmt, area_start, wire, marker, number, answer_end, retried = struct.unpack_from("=8Q", data, 0)
         if fmt != FORMAT:
             raise ValueError(f"session record format {fmt}, this version reads {FORMAT}")
-        return cls((word >> 48) & 0xFF, word >> 56, word & _OFFSET_BITS, area_start, wire, marker, number, bytes(data[HEADER:SIZE]))
+        return cls((word >> 48) & 0xFF, word >> 56, word & _OFFSET_BITS, area_start, wire, marker, number, bytes(data[HEADER:SIZE]),
+                   answer_end, retried)  # fmt: skip
 
     @classmethod
     def from_fd(cls, fd: int) -> Record:
@@ -259,7 +286,8 @@ class Record:
 # --- the kernel's count of what was read from a TCP socket --------------------------------------
 
 _TCP_INFO_SIZE = 256
-_BYTES_RECEIVED = 128  # struct tcp_info: tcpi_bytes_received (Linux 4.1+)
+_BYTES_ACKED = 120  # struct tcp_info: tcpi_bytes_acked (Linux 4.1+)
+_BYTES_RECEIVED = 128  # tcpi_bytes_received
 # TCP states after the peer's FIN (it takes a sequence number of its own).
 _FIN_RECEIVED = frozenset({6, 7, 8, 9, 11})  # TIME_WAIT, CLOSE, CLOSE_WAIT, LAST_ACK, CLOSING
 
@@ -267,14 +295,32 @@ _FIN_RECEIVED = frozenset({6, 7, 8, 9, 11})  # TIME_WAIT, CLOSE, CLOSE_WAIT, LAS
 def consumed(sock: socket.socket) -> int | None:
     """Bytes the processes holding this socket have read from it so far: the kernel's count of
     bytes received, less what waits unread. None when the kernel does not say."""
-    try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
-        unread = array.array("i", [0])
-        fcntl.ioctl(sock.fileno(), termios.FIONREAD, unread)
-    except OSError:
-        return None
-    if len(info) < _BYTES_RECEIVED + 8:
-        return None
-    (received,) = struct.unpack_from("=Q", info, _BYTES_RECEIVED)
-    fin = 1 if info[0] in _FIN_RECEIVED else 0
-    return received - fin - unread[0]
+    return _counted(sock, _BYTES_RECEIVED, termios.FIONREAD, -1)
+
+
+def written(sock: socket.socket) -> int | None:
+    """Bytes the processes holding this socket have written to it so far (acknowledged by the
+    peer, and still queued); None when the kernel does not say."""
+    return _counted(sock, _BYTES_ACKED, termios.TIOCOUTQ, 1)
+
+
+def _counted(sock: socket.socket, offset: int, queue_ioctl: int, sign: int) -> int | None:
+    """The tcp_info counter at ``offset`` plus (``sign``) the queue ``queue_ioctl`` says: two
+    reads that bytes arriving (or acknowledged) between them would put out of step, so they are
+    read again until the counter held still around the queue's reading."""
+    for _ in range(100):
+        try:
+            before = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
+            queued = array.array("i", [0])
+            fcntl.ioctl(sock.fileno(), queue_ioctl, queued)
+            after = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
+        except OSError:
+            return None
+        if len(after) < offset + 8:
+            return None
+        if before[0] == after[0] and before[offset : offset + 8] == after[offset : offset + 8]:
+            (count,) = struct.unpack_from("=Q", after, offset)
+            if offset == _BYTES_RECEIVED and after[0] in _FIN_RECEIVED:
+                count -= 1  # the FIN takes a sequence number, not a byte
+            return count + sign * queued[0]
+    return None  # never still: a stream too busy to count (not a client waiting for its answer)

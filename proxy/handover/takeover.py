@@ -33,7 +33,18 @@ import attrs
 import trio
 
 from proxy.handover.sessions import thaw_backend, thaw_session
-from proxy.handover.slot import INSERT_ID_MOVED, LONG_DATA_HELD, PENDING, PENDING_MAY_HAVE_COMMITTED, WROTE, Phase, Record, Slot, consumed
+from proxy.handover.slot import (
+    INSERT_ID_MOVED,
+    LONG_DATA_HELD,
+    PENDING,
+    PENDING_MAY_HAVE_COMMITTED,
+    WROTE,
+    Phase,
+    Record,
+    Slot,
+    consumed,
+    written,
+)
 from proxy.netio import Channel
 from proxy.protocol.constants import Commands
 from proxy.protocol.framing import PacketDecoder, encode_packet
@@ -70,14 +81,20 @@ class Verdict:
     inflight: bytes | None = None
 
 
-def decide(record: Record, consumed_now: int | None, settled: int) -> Verdict:
-    """The fate of a session from its record, the kernel's count of what was read from its
-    client socket, and the last command whose completion the supervisor's copy of its state
-    includes (``settled``)."""
-    if consumed_now is None:
-        return Verdict("the kernel does not say how much of the client's stream was read")
+def decide(record: Record, consumed_now: int | None, written_now: int | None, settled: int) -> Verdict:
+    """The fate of a session from its record, the kernel's counts of what was read from its
+    client socket and written to it, and the last command whose completion the supervisor's
+    copy of its state includes (``settled``)."""
+    if consumed_now is None or written_now is None:
+        return Verdict("the kernel does not say how much of the client's stream was read and written")
     if record.phase == Phase.ANSWERING:
-        return Verdict("the worker died while it wrote an answer to the client")
+        if not record.answer_end or written_now != record.answer_end:
+            return Verdict("the worker died while it wrote an answer to the client")
+        # The whole answer left (only the record's last word was missing): idle after it.
+        record = attrs.evolve(record, phase=Phase.IDLE, start=record.start + record.wire, wire=0)
+    if record.phase in (Phase.READ, Phase.SENT) and record.retried == record.start + 1:
+        return Verdict("its command was in flight when the worker died, and again when the worker that ran it again died: "
+                       "it is not run a third time")  # fmt: skip
     if consumed_now < record.expected:
         return Verdict(f"the record ({record.expected} bytes) is ahead of the client socket ({consumed_now} bytes read)")
     if record.phase == Phase.IDLE or record.phase == Phase.READ:
@@ -113,11 +130,14 @@ async def take_over_session(mirror: Mirror, message: dict[str, Any], fds: list[i
         os.close(slot_fd)
         return
     sock = socket.socket(fileno=client_fd)
-    now = consumed(sock)
+    now, out = consumed(sock), written(sock)
     record = session = None
     try:
         record = Record.from_fd(slot_fd)
-        verdict = decide(record, now, int(fields.get("settled", 0)))
+        verdict = decide(record, now, out, int(fields.get("settled", 0)))
+        peer = _address(sock)
+        if verdict.close is None and peer != fields.get("client_address"):
+            verdict = Verdict(f"the socket kept for it is connected to {peer}, not to its client {fields.get('client_address')}")
         if verdict.close is None:
             session = _thaw(proxy, fields, sock, dead, record, verdict)
     except Exception as exc:  # noqa: BLE001 -- a record or a state this version cannot read: closed, never guessed
@@ -136,7 +156,8 @@ async def take_over_session(mirror: Mirror, message: dict[str, Any], fds: list[i
         os.close(slot_fd)
         return
     slot = Slot(slot_fd)
-    slot.adopted(now)
+    slot.retried(record.start if verdict.inflight is not None or verdict.pending else None)
+    slot.adopted(now, out)
     session.attach_slot(slot)
     kind = "in_flight" if verdict.inflight is not None else "in_transaction" if record.in_transaction else "idle"
     proxy.target.stats.takeover_sessions[kind] += 1
@@ -191,3 +212,11 @@ def _inflight(s: Session, payload: bytes, record: Record) -> Inflight:
     inflight = Inflight(command, tracker, statement, trio.current_time(), verb, analysis, tracking.reading, state=SENT)
     inflight.marker = record.marker
     return inflight
+
+
+def _address(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError as exc:
+        return f"nothing ({exc.strerror or exc})"
+    return f"{host}:{port}"

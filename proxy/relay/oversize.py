@@ -8,6 +8,7 @@ import struct
 from typing import TYPE_CHECKING
 
 from proxy.backend import Backend
+from proxy.handover.slot import flags_of
 from proxy.hooks import CommandInfo
 from proxy.protocol.constants import Commands, Err
 from proxy.protocol.framing import encode_packet
@@ -171,9 +172,10 @@ class SplitWarnings:
         if cmd.code != C.COM_QUERY or not _SHOW_WARNINGS.match(cmd.payload, 1):
             return False
         merged = self.merged
+        result = build_text_result(merged.coldefs, merged.rows, s.tracking.status_word(), s.deprecate_eof, cmd.seq_end + 1)
         if s.slot is not None:
-            s.slot.answering()
-        await s.client.send(build_text_result(merged.coldefs, merged.rows, s.tracking.status_word(), s.deprecate_eof, cmd.seq_end + 1))
+            s.slot.answering(len(result), flags_of(s.tracking))  # the whole answer
+        await s.client.send(result)
         return True
 
 

@@ -201,7 +201,7 @@ async def on_response_data(s: Relay, inflight: Inflight, data: bytes) -> None:
         inflight.forwarded = True
         slot = s.slot
         if slot is not None:
-            slot.answering()
+            slot.answering(len(data))
         await s.client.send(data)
         return
     extra = data[end:]
@@ -288,11 +288,12 @@ async def complete(s: Relay, inflight: Inflight, last: bytes) -> None:
         if s.tracking.changed:
             s.settled = s.commands
             await s.mirror_state()
+        flags = flags_of(s.tracking)
         if out:
-            slot.answering()
+            slot.answering(len(out), flags)  # its last bytes
             await s.client.send(out)
         s.inflight = None
-        slot.idle(flags_of(s.tracking))
+        slot.idle(flags)
         if s.link.move_requested and s.idle():
             s.start_move()
     if inflight.done is not None:

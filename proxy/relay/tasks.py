@@ -120,6 +120,7 @@ class Session:
         self.mirror = None
         self.settled = 0  # the last command whose completion the supervisor's copy of the state includes
         self.handed_over = False  # moved to another process: its client connection lives on there
+        self._exchanging = False  # in COM_CHANGE_USER's exchange with the client
         # Why its link is LOST without a backend connection (recovery's first line): the server
         # closed it for idling (here, or before an upgrade moved the session), or it died with
         # the worker this session was taken over from.
@@ -305,7 +306,11 @@ class Session:
                 await self.answer_error(cmd, *Err.UNKNOWN_COM, f"{CommandInfo(code, b'').name} is not supported through replay-proxy")
                 continue
             if code == C.COM_CHANGE_USER:
-                await login.change_user(self, cmd)
+                self._exchanging = True  # what it writes before its last answer is not an answer
+                try:
+                    await login.change_user(self, cmd)
+                finally:
+                    self._exchanging = False
                 self.rebase_slot()  # its exchange read more of the client's stream than the command
                 continue
             if self._command_hooks:
@@ -564,9 +569,12 @@ class Session:
     # ------------------------------------------------------------------ answering locally
 
     async def send_client(self, payload: bytes, seq: int) -> None:
-        if self.slot is not None:
-            self.slot.answering()
-        await self.client.send(encode_packet(payload, seq)[0])
+        """One packet to the client: a whole answer (or, in COM_CHANGE_USER's exchange, part of one)."""
+        frame = encode_packet(payload, seq)[0]
+        slot = self.slot
+        if slot is not None:
+            slot.answering(len(frame), None if self._exchanging else flags_of(self.tracking))
+        await self.client.send(frame)
 
     async def answer_error(self, cmd: Command, code: int, sqlstate: str, message: str) -> None:
         await self.send_client(make_err(code, sqlstate, message), cmd.seq_end + 1)

@@ -259,3 +259,34 @@ def test_a_session_with_a_temporary_table_cannot_be_restored(rig):
     with conn.cursor() as cur, pytest.raises(pymysql.err.OperationalError) as err:
         cur.execute("SELECT COUNT(*) FROM scratch")
     assert err.value.args[0] == 1158 and "temporary table" in err.value.args[1], err.value
+
+
+def test_after_an_upgrade_a_crash_still_loses_nothing(mariadb, tmp_path):
+    """The sessions moved by an upgrade are registered by the workers that took them, and the
+    supervisor that re-executed itself keeps them again (its workers register anew)."""
+    prepare_server(mariadb)
+    proxy = start_proxy(tmp_path / "proxy", mariadb.port, listen={"workers": 2}, log={"level": "info"})
+    try:
+        wait_for(lambda: proxy.log_text().count("listening on") >= 2, what="both workers listening")
+        rig = Rig(mariadb, None, proxy)
+        conns = [rig.connect() for _ in range(6)]
+        for i, conn in enumerate(conns):
+            with conn.cursor() as cur:
+                cur.execute(f"SET @x = {i}")
+        proxy.proc.send_signal(signal.SIGUSR2)
+        wait_for(lambda: "re-executed with the code on disk" in proxy.log_text(), what="the supervisor's re-exec")
+        wait_for(lambda: not rig.admin("/healthz")["draining_pids"], what="the old workers to exit")
+        wait_for(lambda: proxy.log_text().count("reached the supervisor's session keeper again") >= 2 or
+                 proxy.log_text().count("lost the supervisor's session keeper") == 0, what="the workers to register again")  # fmt: skip
+        time.sleep(1)
+        before = rig.kill_worker(conns[0].thread_id())
+        for i, conn in enumerate(conns):
+            with conn.cursor() as cur:
+                cur.execute("SELECT @x")
+                assert cur.fetchone() == (i,)
+        rig.wait_taken_over(before)
+        assert "which ran it, died" not in proxy.log_text()
+        for conn in conns:
+            conn.close()
+    finally:
+        assert "Traceback" not in proxy.stop(timeout=30)
