@@ -63,7 +63,17 @@ class Workload:
     name: str
     title: str
     metrics: list[Metric]
-    targets: tuple[str, ...] = ("direct", "haproxy", "trio_pump", "uvloop_pump", "netio_pump", "proxy", "proxy_workers", "proxy+plugins")
+    targets: tuple[str, ...] = (
+        "direct",
+        "haproxy",
+        "trio_pump",
+        "uvloop_pump",
+        "netio_pump",
+        "proxy",
+        "proxy_mirrored",
+        "proxy_workers",
+        "proxy+plugins",
+    )
     info: dict[str, Any] = field(default_factory=dict)
     # Start the intermediaries afresh for this workload and for each of its rounds (memory).
     fresh_stack: bool = False
