@@ -961,7 +961,9 @@ def error_kind(fields: str) -> str:
 
 # What dm-worker logs for a failed transaction, as DM sees it (tiflow dm/syncer/dbconn/db.go,
 # dm/pkg/conn/baseconn.go; Lightning's TiDB backend for the full load): one line per failed try.
-SYNC_RETRIED = ("execute sql failed by connection error", "execute sql failed by retryable error")  # retried in place
+# Retried in place; v8.5.5 says a retryable error's try (a 1213) with ``retry strategy takes effect``
+# (dm/pkg/retry/strategy.go), once per failed try of the batch.
+SYNC_RETRIED = ("execute sql failed by connection error", "execute sql failed by retryable error", "retry strategy takes effect")
 SYNC_GAVE_UP = ("execute statements failed after retry",)  # the batch failed for good: the unit errs, the task pauses
 STATEMENT_FAILED = ("execute statement failed",)  # a statement of a batch (sync) or of a chunk (full load)
 _ERROR_LINE = re.compile(r"^\[[^\]]+\] \[ERROR\]", re.M)

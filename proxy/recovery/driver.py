@@ -304,6 +304,7 @@ def _plan(loss: Loss, in_flight: StatementFacts | None, journal: list[StatementF
         safe_mode=tracking.safe_mode,
         commit_marker=inflight is not None and inflight.marker > 0,
         ddl_jobs=loss.parts.config.recovery.ddl_jobs and tracking.dialect.flavor == "tidb",
+        wrote=tx.active and tx.writes,
     )
 
 

@@ -79,13 +79,16 @@ def plan_recovery(
     in_doubt: str | None = None,
     maybe_rolled_back: str | None = None,
     ddl_jobs: bool = False,
+    wrote: bool | None = None,
 ) -> Plan:
     """Decide what happens to the session. ``sent``/``inflight`` are None when the client was
     idle; ``journal`` describes the statements of the open transaction; ``commit_marker``: the
     in-flight COMMIT wrote a marker row that tells afterwards whether it committed.
     ``in_doubt``: part of the open transaction may have committed already. ``maybe_rolled_back``:
     an error may have rolled the transaction back (no status word said yet). ``ddl_jobs``: the
-    server keeps a DDL job list to read a DDL's outcome from (TiDB)."""
+    server keeps a DDL job list to read a DDL's outcome from (TiDB). ``wrote``: whether a command of the
+    open transaction may have written (the tracker knows it even when the journal is gone;
+    None: not known beyond the journal)."""
     if sent is Sent.PARTIAL_RESPONSE:
         return Plan(Outcome.FAIL_CONNECTION, "connection lost while the response was being relayed")
     if unrestorable is not None:
@@ -110,9 +113,12 @@ def plan_recovery(
         # the job list says whether it ran, and its implicit commit ended nothing that matters.
         if not in_transaction:
             return Plan(Outcome.RESOLVE_DDL, "DDL in flight; TiDB's DDL job list will tell", resend=True)
-        if not_replayable is None and not any(s.writes for s in journal):
+        wrote_nothing = not any(s.writes for s in journal) and (not wrote if wrote is not None else not_replayable is None)
+        if wrote_nothing:
+            # Its implicit commit ends a transaction with nothing to commit: what ran before it
+            # is replayed if the journal has it, and matters to nobody if it does not.
             return Plan(Outcome.RESOLVE_DDL, "DDL in flight in a transaction that wrote nothing; TiDB's DDL job list will tell",
-                        replay=True, resend=True)  # fmt: skip
+                        replay=not_replayable is None, resend=True)  # fmt: skip
 
     if not in_transaction:
         if not maybe_ran or inflight is None:

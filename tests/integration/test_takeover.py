@@ -290,3 +290,25 @@ def test_after_an_upgrade_a_crash_still_loses_nothing(mariadb, tmp_path):
             conn.close()
     finally:
         assert "Traceback" not in proxy.stop(timeout=30)
+
+
+def test_a_ddl_in_flight_is_settled_from_tidbs_job_list(rig):
+    """DM's BEGIN + DDL, the worker dead while the DDL ran: its journal went with the worker,
+    but the transaction wrote nothing, so TiDB's DDL job list settles it (OK, the column there
+    once); MariaDB has no job list: 1158."""
+    table = _table(rig, "tk_ddl")
+    conn = rig.connect(autocommit=False)
+    with conn.cursor() as cur:
+        cur.execute("BEGIN")
+    out = _held(rig, f"ALTER TABLE {table}", lambda: conn.cursor().execute(f"ALTER TABLE {table} ADD COLUMN c2 INT"))
+    before = rig.kill_worker(conn.thread_id())
+    rig.wait_taken_over(before)
+    if rig.db.flavor == "tidb":
+        _finish(out, rig)
+        columns = [r[0] for r in rig.db.query(f"SHOW COLUMNS FROM test.{table}")]
+        assert columns.count(b"c2" if isinstance(columns[0], bytes) else "c2") == 1, columns
+        assert "DDL job" in rig.proxy.log_text()
+    else:
+        with pytest.raises(pymysql.err.OperationalError) as err:
+            _finish(out, rig)
+        assert err.value.args[0] == 1158, err.value

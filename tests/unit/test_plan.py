@@ -114,6 +114,22 @@ TABLE = [
         False,
     ),
     (
+        # A worker's crash took the journal, and the tracker knows the transaction wrote nothing
+        # (DM's BEGIN + DDL): its implicit commit commits nothing.
+        "DDL in flight, transaction not replayable but known to have written nothing, job list",
+        dict(in_transaction=True, not_replayable="the worker died", wrote=False, sent=MAYBE, inflight=DDL_JOB, ddl_jobs=True),
+        RESOLVE_DDL,
+        False,
+        True,
+    ),
+    (
+        "DDL in flight, transaction not replayable and known to have written, job list",
+        dict(in_transaction=True, not_replayable="the worker died", wrote=True, sent=MAYBE, inflight=DDL_JOB, ddl_jobs=True),
+        FAIL,
+        False,
+        False,
+    ),
+    (
         "DDL in flight, session not restorable, job list",
         dict(sent=MAYBE, inflight=DDL_JOB, ddl_jobs=True, unrestorable="GET_LOCK"),
         FAIL,
