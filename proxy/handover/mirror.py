@@ -72,11 +72,7 @@ class Mirror:
                 log.info("reached the supervisor's session keeper again: registering %d session(s)", len(self.proxy.target.sessions))
                 said_down = False
             try:
-                async with self._lock:
-                    self.channel = channel
-                    for session in list(self.proxy.target.sessions):
-                        if session.slot is not None:
-                            await self._send_open(session)
+                await self._register_all(channel)
                 while True:
                     message = await channel.receive(timeout=math.inf, expecting="a session to take over")
                     if message.type == "takeover" and len(message.fds) == 2:
@@ -89,9 +85,24 @@ class Mirror:
                 log.info("the supervisor's session keeper went away (%s): this worker registers its sessions again once it is back",
                          exc or type(exc).__name__)  # fmt: skip
                 said_down = True
+            except Exception:  # a bug here must not take the worker's sessions down with it
+                log.exception("the link to the supervisor's session keeper failed; connecting again")
+                said_down = True
+                await trio.sleep(RECONNECT)
             finally:
                 self.channel = None
                 channel.close()
+
+    async def _register_all(self, channel: HandoverChannel) -> None:
+        """Every live session registered on a new connection to the keeper; a failed send
+        stops it (the connection is dropped: ``run`` connects again and starts over)."""
+        async with self._lock:
+            self.channel = channel
+            for session in list(self.proxy.target.sessions):
+                if self.channel is not channel:
+                    return
+                if session.slot is not None:
+                    await self._send_open(session)
 
     async def _connect(self) -> HandoverChannel:
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -146,6 +157,8 @@ class Mirror:
         """Send under the lock; a failure drops the connection (``run`` connects again and
         registers every session anew)."""
         channel = self.channel
+        if channel is None:
+            return  # dropped meanwhile: every session is registered again on the next connection
         try:
             await channel.send(message, timeout=STEP_TIMEOUT)
         except HandoverError as exc:

@@ -166,3 +166,33 @@ async def test_a_process_of_another_user_is_refused(keeper):
     os.close(r)
     os.waitpid(pid, 0)
     assert said == b"closed"
+
+
+async def test_a_worker_whose_keeper_goes_away_while_it_registers_its_sessions_serves_on(monkeypatch):
+    """The supervisor re-executes itself (an upgrade) while a worker registers its sessions on
+    the keeper's new connection: the first send fails, the rest are skipped, and the worker
+    connects again later (seen under bench.dm_e2e --chaos proxy-upgrade --proxy-workers 2:
+    the next session's send met no connection and the worker died of an AttributeError)."""
+    from types import SimpleNamespace
+
+    from proxy.handover import mirror as mirror_module
+
+    monkeypatch.setattr(mirror_module, "session_fields", lambda *args, **kwargs: {})
+    registered = []
+    sessions = []
+    for number in range(3):
+        ours, client = _client_pair()
+        fd = os.memfd_create("test-slot")
+        sessions.append(SimpleNamespace(id=number, slot=SimpleNamespace(fd=fd), client=SimpleNamespace(sock=ours), link=SimpleNamespace(backend=None),
+                                        tracking=SimpleNamespace(mirrored=lambda number=number: registered.append(number)), peer=client))  # fmt: skip
+    mirror = mirror_module.Mirror(SimpleNamespace(target=SimpleNamespace(sessions=sessions)), os.getpid(), 0)
+    channel, keeper_end = HandoverChannel.pair("the supervisor's session keeper")
+    keeper_end.close()  # gone before the first session's message
+    await mirror._register_all(channel)
+    assert registered == [0] and mirror.channel is None
+    await mirror.state(sessions[1])  # a session's news meanwhile goes nowhere, and is no error
+    channel.close()
+    for s in sessions:
+        os.close(s.slot.fd)
+        s.client.sock.close()
+        s.peer.close()
