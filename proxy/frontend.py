@@ -42,10 +42,12 @@ class Proxy:
         self.listen_address = config.listen.address  # the address they are bound to (a reload cannot move it)
         self._accepting: trio.CancelScope | None = None
         self.mirror = None  # --workers N: the link to the supervisor that keeps the clients (proxy.handover.mirror)
+        self.stopping = False  # drain() began: a session cancelled from now on is ended on purpose
 
     async def drain(self) -> None:
         """Stop accepting; close each session when it is idle between transactions; after
         listen.drain_timeout close the rest."""
+        self.stopping = True
         if self._accepting is not None:
             self._accepting.cancel()
         sessions = self.target.sessions
@@ -221,11 +223,19 @@ class Proxy:
         except Exception as exc:  # a bug must cost one session, not the proxy
             session.close_reason = f"internal error: {type(exc).__name__}: {exc}"
             session.log.exception("internal error")
+        except trio.Cancelled:
+            # Cancelled without a drain: the worker unwinds from a bug in one of its own tasks.
+            # A session the supervisor keeps is left to it, as after a SIGKILL: the worker
+            # started in this one's place takes the client over.
+            if session.slot is not None and not self.stopping:
+                session.left_to_keeper = True
+                session.close_reason = "left to the supervisor: this worker is going down"
+            raise
         finally:
             session.close()
             if session.mirror is not None:
                 with trio.CancelScope(shield=True):
-                    await session.mirror.closed(session)
+                    await session.mirror.closed(session, tell_keeper=not session.left_to_keeper)
             if session in target.sessions:
                 target.sessions.discard(session)
                 target.stats.session_closed(session.commands)

@@ -139,10 +139,11 @@ class Mirror:
             if self.channel is not None:
                 await self._send(Message("state", {"id": s.id, "fields": session_fields(s, s.link.backend, transaction=False)}))
 
-    async def closed(self, s: Session) -> None:
-        """``s`` ended here (its client socket was shut down first, unless it moved on)."""
+    async def closed(self, s: Session, tell_keeper: bool = True) -> None:
+        """``s`` ended here (its client socket was shut down first, unless it moved on);
+        ``tell_keeper`` False: the keeper keeps it for the next worker (this one is going down)."""
         async with self._lock:
-            if self.channel is not None:
+            if self.channel is not None and tell_keeper:
                 await self._send(Message("close", {"id": s.id}))
         slot, s.slot, s.client.tape = s.slot, None, None
         if slot is not None:

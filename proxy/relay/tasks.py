@@ -120,6 +120,7 @@ class Session:
         self.mirror = None
         self.settled = 0  # the last command whose completion the supervisor's copy of the state includes
         self.handed_over = False  # moved to another process: its client connection lives on there
+        self.left_to_keeper = False  # its worker is going down: the supervisor's copy of the client lives on
         self._exchanging = False  # in COM_CHANGE_USER's exchange with the client
         # Why its link is LOST without a backend connection (recovery's first line): the server
         # closed it for idling (here, or before an upgrade moved the session), or it died with
@@ -274,7 +275,7 @@ class Session:
 
     def close(self) -> None:
         self.link.close()  # after a move the link is closed already (detach): no COM_QUIT
-        if self.slot is not None and not self.handed_over:
+        if self.slot is not None and not self.handed_over and not self.left_to_keeper:
             self.client.shutdown()  # the supervisor's copy of the socket must not keep the connection open
         self.client.close()
         self.tracking.close()

@@ -312,3 +312,59 @@ def test_a_ddl_in_flight_is_settled_from_tidbs_job_list(rig):
         with pytest.raises(pymysql.err.OperationalError) as err:
             _finish(out, rig)
         assert err.value.args[0] == 1158, err.value
+
+
+_INJECTED_BUG = '''\
+"""Loaded by every process of the proxy under test: a worker's SIGHUP raises in one of the
+worker's own tasks (the signal forwarder), a bug outside any session."""
+import signal
+
+import proxy.cli as cli
+
+
+async def _forward_signals(signals, events):
+    async for signum in signals:
+        if signum == signal.SIGHUP:
+            raise RuntimeError("injected bug in a worker's own task")
+        await events.send(signum)
+
+
+cli._forward_signals = _forward_signals
+'''
+
+
+def test_a_bug_that_brings_a_worker_down_loses_no_client(mariadb, tmp_path, monkeypatch):
+    """An exception that escapes one of a worker's own tasks (a session's costs that session
+    alone) unwinds the whole worker: its sessions are left to the supervisor, not closed, and
+    the worker started in its place takes them over as after a SIGKILL. (Seen: the keeper link's
+    AttributeError fixed in 6b7bb78 brought workers down during upgrades, and their unwinding
+    closed every client: DM paused on `invalid connection`.)"""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(_INJECTED_BUG)
+    monkeypatch.setenv("PYTHONPATH", str(inject))
+    prepare_server(mariadb)
+    proxy = start_proxy(tmp_path / "proxy", mariadb.port, listen={"workers": 2}, log={"level": "info"})
+    try:
+        wait_for(lambda: proxy.log_text().count("listening on") >= 2, what="both workers listening")
+        rig = Rig(mariadb, None, proxy)
+        conns = [rig.connect() for _ in range(6)]
+        for i, conn in enumerate(conns):
+            with conn.cursor() as cur:
+                cur.execute(f"SET @x = {i}")
+        time.sleep(0.5)  # the keeper has every session
+        index = rig.worker_of(conns[0].thread_id())
+        on_it = sum(1 for s in rig.admin("/status")["sessions"] if s["worker"] == index)
+        os.kill(rig.admin("/healthz")["pids"][index], signal.SIGHUP)
+        wait_for(lambda: "injected bug" in proxy.log_text(), what="the worker to fail")
+        for i, conn in enumerate(conns):
+            with conn.cursor() as cur:
+                cur.execute("SELECT @x")
+                assert cur.fetchone() == (i,)
+        rig.wait_taken_over(0, sessions=on_it)
+        assert proxy.log_text().count("left to the supervisor: this worker is going down") == on_it
+        for conn in conns:
+            conn.close()
+    finally:
+        text = proxy.stop(timeout=30, tracebacks=2)  # the injected one: trio's exception group around it
+    assert text.count("RuntimeError: injected bug in a worker's own task") == 1
