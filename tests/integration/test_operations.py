@@ -14,6 +14,7 @@ import http.server
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -222,7 +223,7 @@ def test_two_targets_on_one_host_get_their_own_admin_ports_and_a_busy_port_is_on
     # MariaDB only: no SQL reaches the backend here (ports and start-up), so TiDB would add nothing
     configs = []
     for name in ("orders", "billing"):
-        port = free_port()
+        port = _free_with_admin()
         configs.append(write_config(tmp_path / f"{name}.toml", {
             "name": name, "listen": {"address": f"127.0.0.1:{port}"},
             "backend": {"addresses": [f"127.0.0.1:{mariadb.port}"]}, "users": [{"name": "app", "password": "apppw"}],
@@ -231,7 +232,8 @@ def test_two_targets_on_one_host_get_their_own_admin_ports_and_a_busy_port_is_on
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for c in configs]  # fmt: skip
     try:
         time.sleep(3)
-        assert [p.poll() for p in procs] == [None, None]  # both run: admin on listen port + 10000 each
+        # both run: admin on listen port + 10000 each
+        assert [p.poll() for p in procs] == [None, None], [p.stdout.read().decode()[-2000:] for p in procs if p.poll() is not None]
         busy = subprocess.run([sys.executable, "-m", "proxy", "--config", str(configs[0])], cwd=REPO,
                               capture_output=True, text=True, timeout=30)  # fmt: skip
         assert busy.returncode == 1
@@ -242,6 +244,22 @@ def test_two_targets_on_one_host_get_their_own_admin_ports_and_a_busy_port_is_on
         for p in procs:
             p.send_signal(signal.SIGTERM)
             p.wait(20)
+
+
+def _free_with_admin() -> int:
+    """A free port whose default admin port (+ 10000) is free too (CI saw a second proxy exit
+    on an admin port another test's process held)."""
+    for _ in range(100):
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        try:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair (port, port + 10000)")
 
 
 def test_config_hygiene(tmp_path):
