@@ -261,18 +261,37 @@ def test_a_session_with_a_temporary_table_cannot_be_restored(rig):
     assert err.value.args[0] == 1158 and "temporary table" in err.value.args[1], err.value
 
 
+def _two_workers(db, tmp_path) -> Rig:
+    """The proxy with two workers straight in front of ``db`` (no shim)."""
+    prepare_server(db)
+    proxy = start_proxy(tmp_path / "proxy", db.port, listen={"workers": 2}, log={"level": "info"})
+    wait_for(lambda: proxy.log_text().count("listening on") >= 2, what="both workers listening")
+    return Rig(db, None, proxy)
+
+
+def _sessions_with_variables(rig: Rig, count: int = 6) -> list[pymysql.Connection]:
+    """``count`` sessions, the i-th with ``@x = i``."""
+    conns = [rig.connect() for _ in range(count)]
+    for i, conn in enumerate(conns):
+        with conn.cursor() as cur:
+            cur.execute(f"SET @x = {i}")
+    return conns
+
+
+def _assert_variables_kept(conns: list[pymysql.Connection]) -> None:
+    for i, conn in enumerate(conns):
+        with conn.cursor() as cur:
+            cur.execute("SELECT @x")
+            assert cur.fetchone() == (i,)
+
+
 def test_after_an_upgrade_a_crash_still_loses_nothing(mariadb, tmp_path):
     """The sessions moved by an upgrade are registered by the workers that took them, and the
     supervisor that re-executed itself keeps them again (its workers register anew)."""
-    prepare_server(mariadb)
-    proxy = start_proxy(tmp_path / "proxy", mariadb.port, listen={"workers": 2}, log={"level": "info"})
+    rig = _two_workers(mariadb, tmp_path)
+    proxy = rig.proxy
     try:
-        wait_for(lambda: proxy.log_text().count("listening on") >= 2, what="both workers listening")
-        rig = Rig(mariadb, None, proxy)
-        conns = [rig.connect() for _ in range(6)]
-        for i, conn in enumerate(conns):
-            with conn.cursor() as cur:
-                cur.execute(f"SET @x = {i}")
+        conns = _sessions_with_variables(rig)
         proxy.proc.send_signal(signal.SIGUSR2)
         wait_for(lambda: "re-executed with the code on disk" in proxy.log_text(), what="the supervisor's re-exec")
         wait_for(lambda: not rig.admin("/healthz")["draining_pids"], what="the old workers to exit")
@@ -280,10 +299,7 @@ def test_after_an_upgrade_a_crash_still_loses_nothing(mariadb, tmp_path):
                  proxy.log_text().count("lost the supervisor's session keeper") == 0, what="the workers to register again")  # fmt: skip
         time.sleep(1)
         before = rig.kill_worker(conns[0].thread_id())
-        for i, conn in enumerate(conns):
-            with conn.cursor() as cur:
-                cur.execute("SELECT @x")
-                assert cur.fetchone() == (i,)
+        _assert_variables_kept(conns)
         rig.wait_taken_over(before)
         assert "which ran it, died" not in proxy.log_text()
         for conn in conns:
@@ -343,24 +359,16 @@ def test_a_bug_that_brings_a_worker_down_loses_no_client(mariadb, tmp_path, monk
     inject.mkdir()
     (inject / "sitecustomize.py").write_text(_INJECTED_BUG)
     monkeypatch.setenv("PYTHONPATH", str(inject))
-    prepare_server(mariadb)
-    proxy = start_proxy(tmp_path / "proxy", mariadb.port, listen={"workers": 2}, log={"level": "info"})
+    rig = _two_workers(mariadb, tmp_path)
+    proxy = rig.proxy
     try:
-        wait_for(lambda: proxy.log_text().count("listening on") >= 2, what="both workers listening")
-        rig = Rig(mariadb, None, proxy)
-        conns = [rig.connect() for _ in range(6)]
-        for i, conn in enumerate(conns):
-            with conn.cursor() as cur:
-                cur.execute(f"SET @x = {i}")
+        conns = _sessions_with_variables(rig)
         time.sleep(0.5)  # the keeper has every session
         index = rig.worker_of(conns[0].thread_id())
         on_it = sum(1 for s in rig.admin("/status")["sessions"] if s["worker"] == index)
         os.kill(rig.admin("/healthz")["pids"][index], signal.SIGHUP)
         wait_for(lambda: "injected bug" in proxy.log_text(), what="the worker to fail")
-        for i, conn in enumerate(conns):
-            with conn.cursor() as cur:
-                cur.execute("SELECT @x")
-                assert cur.fetchone() == (i,)
+        _assert_variables_kept(conns)
         rig.wait_taken_over(0, sessions=on_it)
         assert proxy.log_text().count("left to the supervisor: this worker is going down") == on_it
         for conn in conns:
