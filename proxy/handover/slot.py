@@ -23,7 +23,7 @@ next command starts, the phase, the flags), so a worker killed at any instructio
 state or the next, never half of each. What the worker read beyond the word's offset, it had
 not recorded yet: a command that never reached the server, whose bytes are in the record.
 
-Layout (native byte order, 64 bytes, then the client's bytes)::
+Layout (native byte order, 72 bytes, then the client's bytes)::
 
     0   u64  word: bits 0-47 the stream offset where the current (or next) command starts,
                    48-55 phase, 56-63 flags
@@ -35,7 +35,9 @@ Layout (native byte order, 64 bytes, then the client's bytes)::
     48  u64  the client's outgoing stream offset where the answer being written ends (0: not known)
     56  u64  1 + the stream offset of the command a takeover ran again (0: none): one that was
              in flight at two worker deaths in a row is not run a third time
-    64  ...  the area: the client's bytes from area_start on (CAPACITY at most)
+    64  u64  when the current command was sent, in milliseconds of the wall clock (0: not yet):
+             a DDL in flight is looked for among the jobs TiDB created since
+    72  ...  the area: the client's bytes from area_start on (CAPACITY at most)
 """
 
 from __future__ import annotations
@@ -47,13 +49,14 @@ import os
 import socket
 import struct
 import termios
+import time
 
 import attrs
 
 __all__ = ["Slot", "Record", "Phase", "CAPACITY", "FORMAT", "consumed", "written", "flags_of", "IN_TRANSACTION", "INSERT_ID_MOVED"]
 
-FORMAT = 1
-HEADER = 64
+FORMAT = 2
+HEADER = 72
 CAPACITY = 256 * 1024  # client bytes kept since the last idle point; beyond, a crash there is a connection error
 SIZE = HEADER + CAPACITY  # sparse: only the pages written take memory
 NO_AREA = (1 << 64) - 1
@@ -61,7 +64,7 @@ _OFFSET_BITS = (1 << 48) - 1
 _MIN_ROOM = 4096  # less room left in the area than this: read past it, and say the area is spent
 
 # Indexes of the u64 fields (the map seen as an array of u64).
-_WORD, _FORMAT, _AREA_START, _WIRE, _MARKER, _NUMBER, _ANSWER_END, _RETRIED = 0, 1, 2, 3, 4, 5, 6, 7
+_WORD, _FORMAT, _AREA_START, _WIRE, _MARKER, _NUMBER, _ANSWER_END, _RETRIED, _SENT_AT = 0, 1, 2, 3, 4, 5, 6, 7, 8
 
 
 class Phase:
@@ -203,6 +206,7 @@ class Slot:
         self._u64[_MARKER] = number
 
     def sent(self) -> None:
+        self._u64[_SENT_AT] = time.time_ns() // 1_000_000
         self._store(Phase.SENT)
 
     def answering(self, n: int, flags: int | None = None) -> None:
@@ -246,14 +250,15 @@ class Record:
     area: bytes  # the client's bytes from area_start on, as many as are there (``take``)
     answer_end: int = 0
     retried: int = 0  # 1 + the stream offset of the command the last takeover ran again (0: none)
+    sent_at: float = 0.0  # when the current command was sent, seconds since the epoch (0: not yet)
 
     @classmethod
     def parse(cls, data) -> Record:
-        word, fmt, area_start, wire, marker, number, answer_end, retried = struct.unpack_from("=8Q", data, 0)
+        word, fmt, area_start, wire, marker, number, answer_end, retried, sent_at = struct.unpack_from("=9Q", data, 0)
         if fmt != FORMAT:
             raise ValueError(f"session record format {fmt}, this version reads {FORMAT}")
         return cls((word >> 48) & 0xFF, word >> 56, word & _OFFSET_BITS, area_start, wire, marker, number, bytes(data[HEADER:SIZE]),
-                   answer_end, retried)  # fmt: skip
+                   answer_end, retried, sent_at / 1000)  # fmt: skip
 
     @classmethod
     def from_fd(cls, fd: int) -> Record:

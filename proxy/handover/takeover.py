@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -209,7 +210,11 @@ def _inflight(s: Session, payload: bytes, record: Record) -> Inflight:
     verb, analysis = tracking.triage(payload) if code == C.COM_QUERY else (None, None)
     command = Command(payload, encode_packet(payload, 0)[0], 0, len(payload))
     tracker = ResponseTracker(expect_for(code), s.deprecate_eof, tracking.wants_fingerprint(analysis))
-    inflight = Inflight(command, tracker, statement, trio.current_time(), verb, analysis, tracking.reading, state=SENT)
+    # It arrived before the dead worker sent it: its waits count from then, and a DDL's job is
+    # looked for among those created since (a later time would miss the job and run it again).
+    now = trio.current_time()
+    arrived = now - max(0.0, time.time() - record.sent_at) if record.sent_at else now
+    inflight = Inflight(command, tracker, statement, arrived, verb, analysis, tracking.reading, state=SENT)
     inflight.marker = record.marker
     return inflight
 

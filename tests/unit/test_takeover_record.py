@@ -57,8 +57,12 @@ def test_the_layout_in_golden_bytes():
         slot.read(wire=13, number=5)
         slot.marker(9)
         assert bytes(slot._map[:64]) == struct.pack("=8Q", Phase.READ << 48 | 1000, FORMAT, 1000, 13, 9, 5, 0, 0)
+        before = time.time_ns() // 1_000_000
         slot.sent()
         assert struct.unpack_from("=Q", slot._map, 0)[0] == Phase.SENT << 48 | 1000
+        # when it was sent, in milliseconds of the wall clock: a takeover's DDL job search starts there
+        assert before <= struct.unpack_from("=Q", slot._map, 64)[0] <= time.time_ns() // 1_000_000
+        assert abs(slot.record().sent_at - before / 1000) < 1
         slot.answering(100)  # a part: where the answer ends is not known
         assert struct.unpack_from("=2Q", slot._map, 0)[0] == Phase.ANSWERING << 48 | 1000
         assert struct.unpack_from("=Q", slot._map, 48)[0] == 0
