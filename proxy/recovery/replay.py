@@ -89,6 +89,8 @@ async def resolve_ddl(loss: Loss, backend: Backend) -> tuple[Job | None, tuple[i
             found = await find_job(backend, text, since, database, resend_anyway)
             if found is None and not gone and not resend_anyway and loss.old is not None:
                 gone = await old_session_gone(backend, loss.old, io_timeout, p.log)
+                if gone:  # it may have queued the job between the list's reading and its end
+                    found = await find_job(backend, text, since, database, resend_anyway)
         if isinstance(found, str):
             raise failure(p, f"the DDL in flight cannot be told apart: {found}")
         waited = trio.current_time() - inflight.arrived

@@ -88,3 +88,17 @@ async def test_a_job_running_past_ddl_job_wait_ends_in_1158(autojump_clock):
     with pytest.raises(ConnectionFailed, match="still running after 600s"):
         await resolve_ddl(await loss_on(backend), backend)
     assert trio.current_time() >= CONFIG.recovery.ddl_job_wait
+
+
+async def test_a_job_queued_by_the_old_session_just_before_its_end_is_found(autojump_clock, monkeypatch):
+    """The list read, then the old session proven gone: it may have queued the job in between,
+    so the list is read once more before the DDL is sent again (a second run: 1060)."""
+    backend = ScriptedTiDB([])
+
+    async def gone_after_queueing(*args) -> bool:
+        backend.jobs.append((57, "synced", "test"))
+        return True
+
+    monkeypatch.setattr("proxy.recovery.replay.old_session_gone", gone_after_queueing)
+    job, error = await resolve_ddl(await loss_on(backend), backend)
+    assert (job.id, error) == (57, None) and backend.readings == 2
