@@ -7,6 +7,7 @@ truncation instead of returning short data.
 from __future__ import annotations
 
 import struct
+from typing import NamedTuple
 
 import attrs
 from mysql_mimic.types import uint_len
@@ -138,8 +139,10 @@ def lenenc_str(s: bytes) -> bytes:
 # ---------------------------------------------------------------------------- OK / ERR / EOF
 
 
-@attrs.frozen
-class OkPacket:
+class OkPacket(NamedTuple):
+    """A tuple, not an attrs class: one is made per statement, and a frozen attrs instance
+    costs a Python-level ``object.__setattr__`` per field."""
+
     affected_rows: int
     last_insert_id: int
     status: int

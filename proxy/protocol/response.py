@@ -135,10 +135,31 @@ class ResponseTracker:
             return 0
         pos = 0
         if self._mode == _HEADER and not self._hdr and not self._cont:
+            if self._state == _FIRST and len(data) >= 11 and data[4] == OK_HEADER and self.expect is not _E_PREPARE:
+                return self._one_ok(data)
             pos = self._whole_packets(data)
             if self.done:
                 return pos
         return self._feed_from(data, pos)
+
+    def _one_ok(self, data: bytes) -> int:
+        """Fast path for the commonest response, one OK that came whole and alone in one read
+        (a write's, a BEGIN's, a COMMIT's): the walk below, without its loop and state."""
+        n = len(data)
+        if n != 4 + (data[0] | data[1] << 8 | data[2] << 16) or n - 4 == MAX_FRAME:
+            pos = self._whole_packets(data)  # more than the OK, or not all of it: the general path
+            return pos if self.done else self._feed_from(data, pos)
+        ok = self.ok = parse_ok(data[4:])
+        self.status = ok.status
+        self.saw_status = True
+        self.results += 1
+        self.last_seq = data[3]
+        if self.hashing:
+            self._summarize(0, ok.affected_rows, ok.last_insert_id, ok.warnings)
+        if ok.status & _MORE:  # another result follows
+            self.nbytes += n
+            return -1
+        return self._finish(n)
 
     def _whole_packets(self, data: bytes) -> int:
         """Fast path for the usual case: walk the complete packets at the start of ``data``

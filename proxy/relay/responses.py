@@ -248,7 +248,8 @@ async def complete(s: Relay, inflight: Inflight, last: bytes) -> None:
     client have the rest of it."""
     tracker = inflight.tracker
     captures = s.tracking.completed(inflight)
-    if inflight.analysis is not None and any(st.kind is _DDL for st in inflight.analysis.statements):
+    a = inflight.analysis
+    if a is not None and (a.statements[0].kind is _DDL if len(a.statements) == 1 else any(st.kind is _DDL for st in a.statements)):
         s.parts.target.keys.clear()  # safe mode reads table keys again
     if captures:
         # Read the values back before the client hears "OK": a loss now is a loss with the
