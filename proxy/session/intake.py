@@ -30,17 +30,19 @@ _COPY_CHUNK = 1 << 20
 T = typing.TypeVar("T")
 
 
-@attrs.define(slots=True, eq=False)
 class Command:
-    payload: bytes  # command byte + arguments; only the first HEAD_SIZE bytes when spooled
-    raw: bytes | None  # the frames as the client sent them; None when spooled
-    seq_end: int  # sequence id of the client's last frame; the response continues from it
-    size: int = 0  # payload size in bytes
-    spool: typing.BinaryIO | None = None  # the frames of a command too large to keep in memory
+    """A command read from the client. A plain class: one is made per statement, and its
+    ``code`` is read about five times per statement (a property was a Python call each)."""
 
-    @property
-    def code(self) -> int:
-        return self.payload[0]
+    __slots__ = ("payload", "raw", "seq_end", "size", "spool", "code")
+
+    def __init__(self, payload: bytes, raw: bytes | None, seq_end: int, size: int = 0, spool: typing.BinaryIO | None = None) -> None:
+        self.payload = payload  # command byte + arguments; only the first HEAD_SIZE bytes when spooled
+        self.raw = raw  # the frames as the client sent them; None when spooled
+        self.seq_end = seq_end  # sequence id of the client's last frame; the response continues from it
+        self.size = size  # payload size in bytes
+        self.spool = spool  # the frames of a command too large to keep in memory
+        self.code = payload[0] if payload else -1  # the command byte (-1: an empty packet, refused)
 
     @property
     def complete(self) -> bool:
