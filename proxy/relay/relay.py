@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from proxy.netio import Channel
     from proxy.protocol.response import ResponseTracker
     from proxy.recovery.loss import SessionParts
@@ -48,6 +50,7 @@ class Relay(Protocol):
     inflight: Inflight | None  # the command sent (or waiting to be) whose response is not complete
     first_answer: FirstAnswer | None
     last_activity: float  # when the last command completed
+    now: Callable[[], float]  # the run's clock (trio.current_time(), read per statement)
     # --workers N: the session's record in shared memory (``proxy.handover.slot``), or None;
     # the last command the supervisor's copy of its state includes; why a LOST link has no
     # connection.

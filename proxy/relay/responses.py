@@ -274,7 +274,7 @@ async def complete(s: Relay, inflight: Inflight, last: bytes) -> None:
     else:
         out = last
     s.link.completed()
-    s.last_activity = trio.current_time()
+    s.last_activity = s.now()
     inflight.command.release()
     slot = s.slot
     if slot is None or inflight.internal:

@@ -112,7 +112,9 @@ class Session:
         self._next_marker = 0  # marker number written for the COMMIT about to be submitted
         self.close_reason = ""
         self.login_refused = False  # wrong credentials (counted against the client's host)
-        self.last_activity = trio.current_time()  # when the last command completed (wait_timeout)
+        # trio.current_time() without its two wrappers (read twice per statement): the run's clock.
+        self.now = trio.lowlevel.current_clock().current_time
+        self.last_activity = self.now()  # when the last command completed (wait_timeout)
         # --workers N: its record in shared memory and the worker's link to the supervisor, which
         # holds the client's socket and state so that another worker can take over if this one
         # dies (``proxy.handover.mirror``); None when not registered (one process, TLS).
@@ -409,7 +411,8 @@ class Session:
                 await oversize.refuse_long_data(self, cmd, statement)
                 return
         if (
-            (link.state is _UP or link.state is _MOVING)
+            link.owes_results
+            and (link.state is _UP or link.state is _MOVING)
             and link.takes_results_debt(code)
             and await cmd.judged_whole(lambda payload: needs_last_results(tracking.reading, payload, statement))
         ):  # mid-recovery, proxy.recovery.driver.finish asks instead
@@ -432,13 +435,15 @@ class Session:
         # statement's text.
         markers = self.parts.markers
         ends_with = statement.analysis if code == C.COM_STMT_EXECUTE and statement is not None else analysis
-        if markers is not None and tracking.tx.active and tracking.tx.writes and _is_commit(ends_with) and markers.on:
+        tx = tracking.tx
+        commits_writes = tx.active and tx.writes and _is_commit(ends_with)
+        if commits_writes and markers is not None and markers.on:
             if not await self._write_commit_marker(cmd):
                 return
         tracker = ResponseTracker(expect_for(code), self.deprecate_eof, tracking.wants_fingerprint(analysis))
-        inflight = Inflight(cmd, tracker, statement, trio.current_time(), verb, analysis, tracking.reading)
-        if tracking.tx.active:
-            inflight.look_first = tracking.tx.writes and _is_commit(ends_with)
+        inflight = Inflight(cmd, tracker, statement, self.now(), verb, analysis, tracking.reading)
+        if tx.active:
+            inflight.look_first = commits_writes
         elif tracking.autocommit:
             inflight.look_first = verb in _WRITE_VERBS or (ends_with is not None and ends_with.writes)
         if self._next_marker:

@@ -32,9 +32,10 @@ T = typing.TypeVar("T")
 
 class Command:
     """A command read from the client. A plain class: one is made per statement, and its
-    ``code`` is read about five times per statement (a property was a Python call each)."""
+    ``code`` and ``complete`` are read several times per statement (properties were a Python
+    call each)."""
 
-    __slots__ = ("payload", "raw", "seq_end", "size", "spool", "code")
+    __slots__ = ("payload", "raw", "seq_end", "size", "spool", "code", "complete")
 
     def __init__(self, payload: bytes, raw: bytes | None, seq_end: int, size: int = 0, spool: typing.BinaryIO | None = None) -> None:
         self.payload = payload  # command byte + arguments; only the first HEAD_SIZE bytes when spooled
@@ -43,11 +44,7 @@ class Command:
         self.size = size  # payload size in bytes
         self.spool = spool  # the frames of a command too large to keep in memory
         self.code = payload[0] if payload else -1  # the command byte (-1: an empty packet, refused)
-
-    @property
-    def complete(self) -> bool:
-        """Is ``payload`` the whole command (not just the head of a spooled one)?"""
-        return self.spool is None
+        self.complete = spool is None  # is ``payload`` the whole command (not just a spooled one's head)?
 
     @property
     def wire_size(self) -> int:

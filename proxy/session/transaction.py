@@ -105,13 +105,18 @@ class Transaction:
     release: Callable[[list[Piece]], None] | None = attrs.field(default=None, eq=False)
 
     def _drop(self, entries: list[JournalEntry]) -> None:
-        if self.release is not None:
-            self.release([piece for e in entries if e.long_data for piece in e.long_data])
+        if self.release is None:
+            return
+        for entry in entries:  # a plain loop: entries without long data are the rule (per statement)
+            if entry.long_data:
+                self.release([piece for e in entries if e.long_data for piece in e.long_data])
+                return
 
     def reset(self) -> None:
         self.active = False
-        self._drop(self.entries)
-        self.entries.clear()
+        if self.entries:
+            self._drop(self.entries)
+            self.entries.clear()
         self.size = 0
         self.not_replayable = None
         self.in_doubt = None
