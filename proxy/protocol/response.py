@@ -149,7 +149,10 @@ class ResponseTracker:
         if n != 4 + (data[0] | data[1] << 8 | data[2] << 16) or n - 4 == MAX_FRAME:
             pos = self._whole_packets(data)  # more than the OK, or not all of it: the general path
             return pos if self.done else self._feed_from(data, pos)
-        ok = self.ok = parse_ok(data[4:])
+        if data[5] < 0xFB and data[6] < 0xFB:  # one-byte counts: parse_ok's own fast case, without the copy
+            ok = self.ok = OkPacket(data[5], data[6], data[7] | data[8] << 8, data[9] | data[10] << 8, data[11:])
+        else:
+            ok = self.ok = parse_ok(data[4:])
         self.status = ok.status
         self.saw_status = True
         self.results += 1
