@@ -192,13 +192,12 @@ def render(result: dict, workloads: dict) -> str:
         f"1 connection; {result['repeat']} fresh process(es) per target) beside CPU µs/stmt of the normal rounds",
         "",
     ]
-    header = f"{'cell':18}" + "".join(f"{t:>26}" for t in targets)
-    lines += [header, "-" * len(header)]
+    rows = []
     for cell, info in result["cells"].items():
         cpu = workloads.get(info["workload"], {}).get("median", {}).get("cpu_us_per_stmt", {})
         pump_ir = (per_statement(result, "trio_pump", cell) or [None])[0]
         pump_cpu = cpu.get("trio_pump")
-        row = f"{cell:18}"
+        texts = []
         for t in targets:
             irs = per_statement(result, t, cell)
             us = cpu.get(t)
@@ -210,8 +209,13 @@ def render(result: dict, workloads: dict) -> str:
                     text += f" {irs[0] / pump_ir:.2f}×"
             elif us is not None and pump_cpu and t not in ("direct", "trio_pump"):
                 text += f" {us / pump_cpu:.2f}×"
-            row += f"{text:>26}"
-        lines.append(row)
+            texts.append(text)
+        rows.append((cell, texts))
+    # Each column as wide as its widest text, two blanks apart (a fixed width ran them together).
+    widths = [max([len(t)] + [len(texts[i]) for _, texts in rows]) + 2 for i, t in enumerate(targets)]
+    header = f"{'cell':18}" + "".join(f"{t:>{w}}" for t, w in zip(targets, widths))
+    lines += [header, "-" * len(header)]
+    lines += [f"{cell:18}" + "".join(f"{text:>{w}}" for text, w in zip(texts, widths)) for cell, texts in rows]
     lines += ["", "k: thousand instructions per statement; ±: spread between passes; ×: instructions relative to the trio pump"]
     lines += [f"error: {e.splitlines()[0]}" for e in result["errors"]]
     return "\n".join(lines)
