@@ -17,6 +17,7 @@ from proxy.protocol.packets import (
     HandshakeResponse,
     ProtocolError,
     ServerHandshake,
+    lenenc_int,
     make_eof,
     make_err,
     make_handshake_response,
@@ -293,6 +294,36 @@ def test_tracker_reports_what_the_response_said():
     t = ResponseTracker(Expect.PREPARE, True)
     t.feed(RESPONSES[(b"\x16SELECT ?, v FROM cap WHERE id = ?", True)])
     assert (t.prepare_ok.num_params, t.prepare_ok.num_columns) == (2, 2)
+
+
+def _ok_frames(affected: int, insert_id: int, status: int, seq: int = 1, info: bytes = b"") -> bytes:
+    return encode_packet(b"\x00" + lenenc_int(affected) + lenenc_int(insert_id) + struct.pack("<HH", status, 3) + info, seq)[0]
+
+
+def _tracked(chunks: list[bytes]) -> tuple:
+    t = ResponseTracker(Expect.QUERY, False, fingerprint=True)
+    ends = [t.feed(c) for c in chunks]
+    return ends, t.done, t.ok, t.status, t.saw_status, t.results, t.last_seq, t.nbytes, t.fingerprint
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [_ok_frames(1, 0, 0x0003)],  # one-byte counts: built in place
+        [_ok_frames(1, 0, 0x0002, info=b"Rows matched: 1  Changed: 1  Warnings: 0")],
+        [_ok_frames(300, 70000, 0x0002)],  # lenenc counts: parse_ok
+        [_ok_frames(2, 0, 0x000A), _ok_frames(1, 0, 0x0002, seq=2)],  # MORE_RESULTS, each OK alone
+        [_ok_frames(1, 0, 0x0002) + b"\x07\x00\x00\x00"],  # bytes after it: the general walk
+    ],
+    ids=["small", "info", "lenenc", "more-results", "trailing"],
+)
+def test_one_ok_alone_in_a_read_says_what_the_packet_walk_says(chunks):
+    """``feed``'s fast path for one whole OK per read against the general walk, which a split
+    before the header's end forces: the same ends, status, OK, counts and fingerprint."""
+    split = [piece for c in chunks for piece in (c[:3], c[3:])]
+    fast, walked = _tracked(chunks), _tracked(split)
+    assert fast[1:] == walked[1:]
+    assert [e - 3 for e in fast[0] if e != -1] == [e for e in walked[0] if e != -1]  # the split's tail starts 3 in
 
 
 def test_tracker_stops_at_end_and_leaves_following_bytes():
