@@ -165,15 +165,18 @@ _TRANSACTIONS = int(Capabilities.CLIENT_TRANSACTIONS)
 _SESSION_TRACK = int(Capabilities.CLIENT_SESSION_TRACK)
 
 
-def parse_ok(payload: bytes, capabilities: int = _PROTOCOL_41) -> OkPacket:
-    """An OK packet (header 0x00, or 0xFE when it stands in for EOF under DEPRECATE_EOF)."""
-    if len(payload) >= 7 and payload[1] < 0xFB and payload[2] < 0xFB and capabilities & _PROTOCOL_41:
+def parse_ok(payload: bytes, capabilities: int = _PROTOCOL_41, at: int = 0) -> OkPacket:
+    """An OK packet (header 0x00, or 0xFE when it stands in for EOF under DEPRECATE_EOF), from
+    ``payload[at]`` on (``at`` = 4: a frame read whole, its header first, parsed without a copy)."""
+    if len(payload) - at >= 7 and payload[at + 1] < 0xFB and payload[at + 2] < 0xFB and capabilities & _PROTOCOL_41:
         # The common OK: one-byte counts (hot path: skips the Reader).
-        info = payload[7:]
+        info = payload[at + 7 :]
         if info and capabilities & _SESSION_TRACK:
             info = Reader(info).lenenc_str()
-        return OkPacket(payload[1], payload[2], payload[3] | payload[4] << 8, payload[5] | payload[6] << 8, info)
-    r = Reader(payload)
+        return OkPacket(
+            payload[at + 1], payload[at + 2], payload[at + 3] | payload[at + 4] << 8, payload[at + 5] | payload[at + 6] << 8, info
+        )
+    r = Reader(payload[at:] if at else payload)
     header = r.u8()
     if header not in (OK_HEADER, EOF_HEADER):
         raise ProtocolError(f"not an OK packet: header 0x{header:02x}")

@@ -135,7 +135,14 @@ class ResponseTracker:
             return 0
         pos = 0
         if self._mode == _HEADER and not self._hdr and not self._cont:
-            if self._state == _FIRST and len(data) >= 11 and data[4] == OK_HEADER and self.expect is not _E_PREPARE:
+            n = len(data)
+            if (
+                self._state == _FIRST
+                and n >= 11
+                and data[4] == OK_HEADER
+                and self.expect is not _E_PREPARE
+                and n - 4 == (data[0] | data[1] << 8 | data[2] << 16) != MAX_FRAME  # the OK, whole and alone
+            ):
                 return self._one_ok(data)
             pos = self._whole_packets(data)
             if self.done:
@@ -146,13 +153,7 @@ class ResponseTracker:
         """Fast path for the commonest response, one OK that came whole and alone in one read
         (a write's, a BEGIN's, a COMMIT's): the walk below, without its loop and state."""
         n = len(data)
-        if n != 4 + (data[0] | data[1] << 8 | data[2] << 16) or n - 4 == MAX_FRAME:
-            pos = self._whole_packets(data)  # more than the OK, or not all of it: the general path
-            return pos if self.done else self._feed_from(data, pos)
-        if data[5] < 0xFB and data[6] < 0xFB:  # one-byte counts: parse_ok's own fast case, without the copy
-            ok = self.ok = OkPacket(data[5], data[6], data[7] | data[8] << 8, data[9] | data[10] << 8, data[11:])
-        else:
-            ok = self.ok = parse_ok(data[4:])
+        ok = self.ok = parse_ok(data, at=4)  # past the frame's header, without copying the OK out
         self.status = ok.status
         self.saw_status = True
         self.results += 1
