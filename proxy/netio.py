@@ -12,6 +12,7 @@ import errno
 import os
 import socket
 import struct
+from typing import NoReturn
 
 import trio
 from trio.lowlevel import checkpoint, wait_readable, wait_writable
@@ -70,12 +71,17 @@ class Channel:
         what we just sent), so park until readable instead of trying a recv that would fail
         with EAGAIN — one syscall and one exception less per statement."""
         sock = self.sock
-        if wait_first:
+        if wait_first:  # _park's steps written out: a frame less to resume on every wake
+            if self.closed:
+                raise PeerClosed(f"{self.name}: closed")
             self.between_commands = True
             try:
-                await self._park(wait_readable)
+                await wait_readable(sock)
+            except trio.ClosedResourceError:
+                self._closed_while_parked()
             finally:
                 self.between_commands = False
+            self._interrupting = False
         while True:
             try:
                 tape = self.tape
@@ -127,13 +133,18 @@ class Channel:
         try:
             await wait(self.sock)
         except trio.ClosedResourceError:
-            if self._interrupting:
-                self._interrupting = False
-                raise WaitInterrupted(self.name) from None
-            raise PeerClosed(f"{self.name}: closed") from None
+            self._closed_while_parked()
         # An interrupt that came after the wait had ended (the bytes were here first) is over:
         # a close by another task later is the peer gone, not an interrupt.
         self._interrupting = False
+
+    def _closed_while_parked(self) -> NoReturn:
+        """The socket was closed while a task waited on it: by ``interrupt_wait``, or the
+        connection is gone."""
+        if self._interrupting:
+            self._interrupting = False
+            raise WaitInterrupted(self.name) from None
+        raise PeerClosed(f"{self.name}: closed") from None
 
     async def wait_data(self) -> None:
         """Until the peer sends something (or closes). Cancelling it loses nothing."""

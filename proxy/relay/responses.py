@@ -47,7 +47,8 @@ KILLED = 1927  # ER_CONNECTION_KILLED: a shutdown, or an operator's KILL
 SERVER_GOING_AWAY = frozenset({1053, KILLED})
 
 
-async def backend_task(s: Relay) -> None:
+async def backend_task(s: Relay, done: trio.Event) -> None:
+    """The task, until the session ends or ``Session.stop_backend_task`` stops it (``done``)."""
     link = s.link
     try:
         if link.state is _LOST:
@@ -122,6 +123,8 @@ async def backend_task(s: Relay) -> None:
             await s.answer_inflight(failed.payload)
             raise SessionClosed(str(failed)) from None
         s.first_answer = Failed(failed.payload)  # an idle client hears it at its next command
+    finally:
+        done.set()
 
 
 def _closed_for_idling(s: Relay, backend) -> float | None:

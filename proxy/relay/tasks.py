@@ -139,11 +139,9 @@ class Session:
             async with trio.open_nursery() as nursery:
                 self._tasks = _Tasks(nursery)
                 self.start_backend_task()
-                try:
-                    reason = await self._client_task()
-                    self.close_reason = self.close_reason or reason
-                finally:
-                    nursery.cancel_scope.cancel()
+                # A task of its own, not this one's body: each wake for a command resumes its
+                # few frames, not also those of the accept loop's task that runs the session.
+                nursery.start_soon(self._client_side, nursery.cancel_scope)
         except BaseExceptionGroup as group:
             # Either task's failure ends the session; surface the cause itself.
             cause = _first_cause(group)
@@ -153,17 +151,18 @@ class Session:
         except SessionClosed as exc:
             self.close_reason = str(exc)
 
+    async def _client_side(self, both: trio.CancelScope) -> None:
+        try:
+            reason = await self._client_task()
+            self.close_reason = self.close_reason or reason
+        finally:
+            both.cancel()
+
     def start_backend_task(self) -> None:
         tasks = self._tasks
         assert tasks is not None
         tasks.backend_done = trio.Event()
-        tasks.nursery.start_soon(self._backend_task, tasks.backend_done)
-
-    async def _backend_task(self, done: trio.Event) -> None:
-        try:
-            await responses.backend_task(self)
-        finally:
-            done.set()
+        tasks.nursery.start_soon(responses.backend_task, self, tasks.backend_done)
 
     def unpark(self, interrupted: bool) -> None:
         """Backend task: its wait between responses ended (``interrupted``: by
