@@ -141,7 +141,7 @@ class Session:
                 self.start_backend_task()
                 # A task of its own, not this one's body: each wake for a command resumes its
                 # few frames, not also those of the accept loop's task that runs the session.
-                nursery.start_soon(self._client_side, nursery.cancel_scope)
+                nursery.start_soon(self._client_task, nursery.cancel_scope)
         except BaseExceptionGroup as group:
             # Either task's failure ends the session; surface the cause itself.
             cause = _first_cause(group)
@@ -150,13 +150,6 @@ class Session:
             self.close_reason = str(cause)
         except SessionClosed as exc:
             self.close_reason = str(exc)
-
-    async def _client_side(self, both: trio.CancelScope) -> None:
-        try:
-            reason = await self._client_task()
-            self.close_reason = self.close_reason or reason
-        finally:
-            both.cancel()
 
     def start_backend_task(self) -> None:
         tasks = self._tasks
@@ -283,46 +276,52 @@ class Session:
 
     # ------------------------------------------------------------------ client task
 
-    async def _client_task(self) -> str:
-        while True:
-            slot = self.slot
-            if slot is not None and slot.phase and self.inflight is None:  # answered here: idle
-                slot.idle(flags_of(self.tracking))
-            cmd = await self._read_command()
-            if cmd is None:
-                return "client closed the connection"
-            if cmd.code == C.COM_QUIT:
-                return "client quit"
-            self.commands += 1
-            if self.inflight is not None:
-                await self._wait_inflight()
-            slot = self.slot
-            if slot is not None:
-                slot.read(cmd.wire_size, self.commands)
-            if self.first_answer is not None:
-                first, self.first_answer = self.first_answer, None
-                if await first.answer(self, cmd):
-                    continue
-            code = cmd.code
-            if code in _REFUSED_COMMANDS:
-                await self.answer_error(cmd, *Err.UNKNOWN_COM, f"{CommandInfo(code, b'').name} is not supported through replay-proxy")
-                continue
-            if code == C.COM_CHANGE_USER:
-                self._exchanging = True  # what it writes before its last answer is not an answer
-                try:
-                    await login.change_user(self, cmd)
-                finally:
-                    self._exchanging = False
-                self.rebase_slot()  # its exchange read more of the client's stream than the command
-                continue
-            if self._command_hooks:
-                cmd = await run_command_hooks(self, cmd)
+    async def _client_task(self, both: trio.CancelScope) -> None:
+        """Read and run the client's commands until it goes; then end both tasks (``both``)."""
+        try:
+            while True:
+                slot = self.slot
+                if slot is not None and slot.phase and self.inflight is None:  # answered here: idle
+                    slot.idle(flags_of(self.tracking))
+                cmd = await self._read_command()
                 if cmd is None:
+                    self.close_reason = self.close_reason or "client closed the connection"
+                    return
+                if cmd.code == C.COM_QUIT:
+                    self.close_reason = self.close_reason or "client quit"
+                    return
+                self.commands += 1
+                if self.inflight is not None:
+                    await self._wait_inflight()
+                slot = self.slot
+                if slot is not None:
+                    slot.read(cmd.wire_size, self.commands)
+                if self.first_answer is not None:
+                    first, self.first_answer = self.first_answer, None
+                    if await first.answer(self, cmd):
+                        continue
+                code = cmd.code
+                if code in _REFUSED_COMMANDS:
+                    await self.answer_error(cmd, *Err.UNKNOWN_COM, f"{CommandInfo(code, b'').name} is not supported through replay-proxy")
                     continue
-            if cmd.size > self.link.largest:  # kept whole because split mode may cut it into pieces
-                await oversize.split(self, cmd)
-                continue
-            await self._submit(cmd)
+                if code == C.COM_CHANGE_USER:
+                    self._exchanging = True  # what it writes before its last answer is not an answer
+                    try:
+                        await login.change_user(self, cmd)
+                    finally:
+                        self._exchanging = False
+                    self.rebase_slot()  # its exchange read more of the client's stream than the command
+                    continue
+                if self._command_hooks:
+                    cmd = await run_command_hooks(self, cmd)
+                    if cmd is None:
+                        continue
+                if cmd.size > self.link.largest:  # kept whole because split mode may cut it into pieces
+                    await oversize.split(self, cmd)
+                    continue
+                await self._submit(cmd)
+        finally:
+            both.cancel()
 
     async def _read_command(self) -> Command | None:
         config = self.parts.config
