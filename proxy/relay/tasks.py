@@ -51,6 +51,10 @@ C = Commands
 # Enum members read per statement, as module globals (EnumType's __getattr__ hook otherwise).
 _UP, _MOVING = LinkState.UP, LinkState.MOVING
 _SELECT, _OTHER, _COMMIT = Kind.SELECT, Kind.OTHER, Kind.COMMIT
+# Command codes compared per statement, likewise: an attribute of a class is not a cached read
+# in CPython 3.11, a module global is.
+_QUERY, _EXECUTE, _PREPARE, _LONG_DATA = C.COM_QUERY, C.COM_STMT_EXECUTE, C.COM_STMT_PREPARE, C.COM_STMT_SEND_LONG_DATA
+_QUIT, _CHANGE_USER = C.COM_QUIT, C.COM_CHANGE_USER
 
 _STMT_COMMANDS = frozenset({C.COM_STMT_EXECUTE, C.COM_STMT_SEND_LONG_DATA, C.COM_STMT_CLOSE, C.COM_STMT_RESET, C.COM_STMT_FETCH})
 # Texts at least this long are judged in a thread (about 0.5 s per MB of Python).
@@ -287,7 +291,7 @@ class Session:
                 if cmd is None:
                     self.close_reason = self.close_reason or "client closed the connection"
                     return
-                if cmd.code == C.COM_QUIT:
+                if cmd.code == _QUIT:
                     self.close_reason = self.close_reason or "client quit"
                     return
                 self.commands += 1
@@ -304,7 +308,7 @@ class Session:
                 if code in _REFUSED_COMMANDS:
                     await self.answer_error(cmd, *Err.UNKNOWN_COM, f"{CommandInfo(code, b'').name} is not supported through replay-proxy")
                     continue
-                if code == C.COM_CHANGE_USER:
+                if code == _CHANGE_USER:
                     self._exchanging = True  # what it writes before its last answer is not an answer
                     try:
                         await login.change_user(self, cmd)
@@ -405,7 +409,7 @@ class Session:
         statement = None
         if code in _STMT_COMMANDS:
             statement = tracking.statement_of(cmd.payload)
-            if statement is not None and statement.long_data_refused is not None and code == C.COM_STMT_EXECUTE:
+            if statement is not None and statement.long_data_refused is not None and code == _EXECUTE:
                 await oversize.refuse_long_data(self, cmd, statement)
                 return
         if (
@@ -421,7 +425,7 @@ class Session:
             self.log.warning("%s; the client gets 1158 and the session ends", msg, **outcome("refused_1158", Err.CONNECTION_LOST[0]))
             await self.answer_error(cmd, *Err.CONNECTION_LOST, msg)
             raise SessionClosed(msg)
-        if code != C.COM_QUERY:
+        if code != _QUERY:
             verb, analysis = None, None
         elif cmd.size < _JUDGE_ASIDE:
             verb, analysis = tracking.triage(cmd.payload)
@@ -432,7 +436,7 @@ class Session:
         # A COMMIT prepared and executed (mysql-connector's prepared cursor) is judged by its
         # statement's text.
         markers = self.parts.markers
-        ends_with = statement.analysis if code == C.COM_STMT_EXECUTE and statement is not None else analysis
+        ends_with = statement.analysis if code == _EXECUTE and statement is not None else analysis
         tx = tracking.tx
         commits_writes = tx.active and tx.writes and _is_commit(ends_with)
         if commits_writes and markers is not None and markers.on:
@@ -446,9 +450,9 @@ class Session:
             inflight.look_first = verb in _WRITE_VERBS or (ends_with is not None and ends_with.writes)
         if self._next_marker:
             inflight.marker, self._next_marker = self._next_marker, 0
-        if code == C.COM_STMT_PREPARE:
+        if code == _PREPARE:
             inflight.prepare_ok = bytearray()
-        elif code == C.COM_STMT_SEND_LONG_DATA and statement is not None:
+        elif code == _LONG_DATA and statement is not None:
             inflight.piece = tracking.long_data_received(statement, cmd, link.limit)
             if inflight.piece is None:
                 return  # kept from the server; the execute that would use it gets 1153
@@ -516,7 +520,7 @@ class Session:
         answered the client with an error instead, and the caller must stop."""
         cmd = Command(payload, encode_packet(payload, 0)[0], seq_end, len(payload))
         statement = self.tracking.statement_of(payload) if payload[0] in _STMT_COMMANDS else None
-        verb, analysis = self.tracking.triage(payload) if payload[0] == C.COM_QUERY else (None, None)
+        verb, analysis = self.tracking.triage(payload) if payload[0] == _QUERY else (None, None)
         tracker = ResponseTracker(expect_for(payload[0]), self.deprecate_eof, self.tracking.wants_fingerprint(analysis))
         inflight = Inflight(cmd, tracker, statement, trio.current_time(), verb, analysis, self.tracking.reading,
                             internal=True, done=trio.Event())  # fmt: skip

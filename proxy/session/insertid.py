@@ -29,6 +29,9 @@ def follow_insert_id(state: SessionState, done: Completed) -> bool:
     when it may have changed what is known of it."""
     ok = done.tracker.ok
     value = ok.last_insert_id if ok is not None else 0
+    verb = done.verb
+    if not value and verb is not None and verb != b"SELECT":
+        return False  # the fast path's INSERT, REPLACE, UPDATE or DELETE, and no id: nothing moved
     if value:
         state.forced_insert_id_used(value)
     cmd = done.command

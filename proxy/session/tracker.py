@@ -39,6 +39,8 @@ NO_BACKSLASH_ESCAPES = int(ServerStatus.SERVER_STATUS_NO_BACKSLASH_ESCAPES)
 _NO_TRANSACTION_EFFECT = frozenset({Kind.INSERT, Kind.REPLACE, Kind.UPDATE, Kind.DELETE, Kind.SELECT})
 # Read per completed statement: module globals, not ``Kind.X`` (EnumType's __getattr__ hook).
 _BEGIN, _COMMIT, _ROLLBACK, _USE, _SET, _SET_TRANSACTION = Kind.BEGIN, Kind.COMMIT, Kind.ROLLBACK, Kind.USE, Kind.SET, Kind.SET_TRANSACTION
+# Command codes compared per statement: module globals too (a class attribute is not a cached read in 3.11).
+_QUERY, _EXECUTE = C.COM_QUERY, C.COM_STMT_EXECUTE
 
 
 @attrs.frozen
@@ -197,7 +199,7 @@ class SessionTracker:
                 self._settle(bool(tracker.status & IN_TRANS))
         captures = self._bookkeep(done)
         self.info._in_transaction = self.tx.active
-        if tracker.error is None and (done.command.code == C.COM_QUERY or done.command.code == C.COM_STMT_EXECUTE):
+        if tracker.error is None and (done.command.code == _QUERY or done.command.code == _EXECUTE):
             if follow_insert_id(self.state, done):
                 self.insert_id_moved = True
         return captures
@@ -223,7 +225,7 @@ class SessionTracker:
         ok = tracker.error is None
         state = self.state
         assert state is not None
-        if code == C.COM_QUERY:
+        if code == _QUERY:
             if done.analysis is None:  # fast path: one DML or SELECT, no transaction effect
                 if ok and may_pin_session(cmd.payload):
                     self._note_pins(classify(cmd.text(), dialect=done.reading.dialect, no_backslash_escapes=done.reading.nbe))
@@ -232,7 +234,7 @@ class SessionTracker:
                 self._journal_step(done, None, False)
                 return []
             return self._apply(done, done.analysis)
-        if code == C.COM_STMT_EXECUTE:
+        if code == _EXECUTE:
             stmt = done.statement
             captures: list[str] = []
             if stmt is not None:
@@ -440,7 +442,7 @@ class SessionTracker:
             tx.writes = (
                 (done.verb is not None and done.verb != b"SELECT")
                 or (done.analysis is not None and done.analysis.writes)
-                or (cmd.code == C.COM_STMT_EXECUTE and (stmt is None or stmt.analysis is None or stmt.analysis.writes))
+                or (cmd.code == _EXECUTE and (stmt is None or stmt.analysis is None or stmt.analysis.writes))
             )
 
     # ------------------------------------------------------------------ session state
