@@ -161,6 +161,8 @@ class ErrPacket:
 
 
 _PROTOCOL_41 = int(Capabilities.CLIENT_PROTOCOL_41)
+_OK_SHORT = struct.Struct("<xBBHH")  # header, one-byte affected rows and insert id, status, warnings
+_new_ok = tuple.__new__
 _TRANSACTIONS = int(Capabilities.CLIENT_TRANSACTIONS)
 _SESSION_TRACK = int(Capabilities.CLIENT_SESSION_TRACK)
 
@@ -169,13 +171,12 @@ def parse_ok(payload: bytes, capabilities: int = _PROTOCOL_41, at: int = 0) -> O
     """An OK packet (header 0x00, or 0xFE when it stands in for EOF under DEPRECATE_EOF), from
     ``payload[at]`` on (``at`` = 4: a frame read whole, its header first, parsed without a copy)."""
     if len(payload) - at >= 7 and payload[at + 1] < 0xFB and payload[at + 2] < 0xFB and capabilities & _PROTOCOL_41:
-        # The common OK: one-byte counts (hot path: skips the Reader).
+        # The common OK: one-byte counts (hot path: skips the Reader, and the NamedTuple's
+        # Python-level __new__).
         info = payload[at + 7 :]
         if info and capabilities & _SESSION_TRACK:
             info = Reader(info).lenenc_str()
-        return OkPacket(
-            payload[at + 1], payload[at + 2], payload[at + 3] | payload[at + 4] << 8, payload[at + 5] | payload[at + 6] << 8, info
-        )
+        return _new_ok(OkPacket, _OK_SHORT.unpack_from(payload, at) + (info,))
     r = Reader(payload[at:] if at else payload)
     header = r.u8()
     if header not in (OK_HEADER, EOF_HEADER):

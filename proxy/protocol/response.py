@@ -154,16 +154,19 @@ class ResponseTracker:
         (a write's, a BEGIN's, a COMMIT's): the walk below, without its loop and state."""
         n = len(data)
         ok = self.ok = parse_ok(data, at=4)  # past the frame's header, without copying the OK out
-        self.status = ok.status
+        affected, insert_id, status, warnings, _ = ok  # one unpacking, not four reads by name
+        self.status = status
         self.saw_status = True
         self.results += 1
         self.last_seq = data[3]
         if self.hashing:
-            self._summarize(0, ok.affected_rows, ok.last_insert_id, ok.warnings)
-        if ok.status & _MORE:  # another result follows
-            self.nbytes += n
+            self._summarize(0, affected, insert_id, warnings)
+        self.nbytes += n
+        if status & _MORE:  # another result follows
             return -1
-        return self._finish(n)
+        self.done = True  # _finish's steps, without its call
+        self._state = _DONE
+        return n
 
     def _whole_packets(self, data: bytes) -> int:
         """Fast path for the usual case: walk the complete packets at the start of ``data``
