@@ -113,14 +113,13 @@ class Analysis:
     unknown: str | None = None  # why the text as a whole cannot be judged
     dialect: Dialect = UNKNOWN
     nbe: bool = False
+    # Read several times per statement: slots set once, not properties (a Python call per read).
+    first: Statement = attrs.field(init=False, eq=False, repr=False)
+    single: bool = attrs.field(init=False, eq=False, repr=False)
 
-    @property
-    def first(self) -> Statement:
-        return self.statements[0]
-
-    @property
-    def single(self) -> bool:
-        return len(self.statements) == 1
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "first", self.statements[0])
+        object.__setattr__(self, "single", len(self.statements) == 1)
 
     def keywords(self, i: int = 0, n: int = 2) -> tuple[str, ...]:
         """The first ``n`` keywords of statement ``i`` (() when the text is unknown)."""
