@@ -159,8 +159,8 @@ class ResponseTracker:
         self.saw_status = True
         self.results += 1
         self.last_seq = data[3]
-        if self.hashing:
-            self._summarize(0, affected, insert_id, warnings)
+        if self.hashing:  # _summarize, without its call
+            self.fingerprint = zlib.crc32(_SUMMARY.pack(0, affected, insert_id, warnings), self.fingerprint)
         self.nbytes += n
         if status & _MORE:  # another result follows
             return -1

@@ -278,7 +278,9 @@ async def complete(s: Relay, inflight: Inflight, last: bytes) -> None:
         out = last
     s.link.completed()
     s.last_activity = s.now()
-    inflight.command.release()
+    command = inflight.command
+    if command.spool is not None:  # (its release, without the call for the usual command kept in memory)
+        command.release()
     slot = s.slot
     if slot is None or inflight.internal:
         s.inflight = None

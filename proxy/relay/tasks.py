@@ -466,7 +466,7 @@ class Session:
         """``inflight`` is the command in flight: sent now, or, while the link is not up,
         left for recovery (and the backend task told, if it waits for a command to recover)."""
         self.inflight = inflight
-        if self.link.up:
+        if self.link.state is _UP:  # link.up, without the property's call
             await self.send_inflight(inflight)
         elif self._queued is not None:
             self._queued.set()
