@@ -104,14 +104,21 @@ class Channel:
                 await checkpoint()
             return data
 
-    async def send(self, data: bytes | bytearray | memoryview) -> None:
-        sock = self.sock
+    def try_send(self, data: bytes | bytearray | memoryview) -> int:
+        """Send what the socket takes now, without waiting: the number of bytes sent (all of
+        them unless its buffer is full). The hot path's way to send, a plain call rather than a
+        coroutine: ``n = ch.try_send(data)``, then ``await ch.send(data[n:])`` if some are left.
+        A channel that is not a plain socket sends nothing here (0)."""
         try:
-            n = sock.send(data)
+            return self.sock.send(data)
         except BlockingIOError:
-            n = 0
+            return 0
         except OSError as exc:
             raise PeerClosed(f"{self.name}: {exc.strerror or exc}") from None
+
+    async def send(self, data: bytes | bytearray | memoryview) -> None:
+        sock = self.sock
+        n = Channel.try_send(self, data)  # the socket's own: TLS sends its records through here
         if n == len(data):
             return
         view = memoryview(data)[n:]
@@ -260,6 +267,9 @@ class StreamChannel(Channel):
         if not data:
             raise PeerFinished(f"{self.name}: connection closed by peer")
         return bytes(data)
+
+    def try_send(self, data: bytes | bytearray | memoryview) -> int:
+        return 0  # a stream sends only in send()
 
     async def send(self, data: bytes | bytearray | memoryview) -> None:
         try:

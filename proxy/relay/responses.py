@@ -205,7 +205,9 @@ async def on_response_data(s: Relay, inflight: Inflight, data: bytes) -> None:
         slot = s.slot
         if slot is not None:
             slot.answering(len(data))
-        await s.client.send(data)
+        sent = s.client.try_send(data)
+        if sent < len(data):
+            await s.client.send(data[sent:])
         return
     extra = data[end:]
     if extra:
@@ -287,7 +289,9 @@ async def complete(s: Relay, inflight: Inflight, last: bytes) -> None:
         if s.link.move_requested and s.idle():
             s.start_move()
         if out:
-            await s.client.send(out)
+            sent = s.client.try_send(out)
+            if sent < len(out):
+                await s.client.send(out[sent:])
     else:
         # The record's order: the state the client is about to hear of is the supervisor's
         # first; the next command waits until this answer is out (``inflight`` stays set).

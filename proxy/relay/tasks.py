@@ -551,7 +551,10 @@ class Session:
         link.sending()
         try:
             if cmd.complete:
-                await backend.channel.send(self.tracking.backend_bytes(cmd.payload, cmd.raw, inflight.statement))
+                data = self.tracking.backend_bytes(cmd.payload, cmd.raw, inflight.statement)
+                sent = backend.channel.try_send(data)
+                if sent < len(data):
+                    await backend.channel.send(data[sent:])
             else:  # spooled: streamed from its file, its statement id renumbered on the way
                 for chunk in self.tracking.backend_frames(cmd, inflight.statement):
                     await backend.channel.send(chunk)
