@@ -460,16 +460,19 @@ class Session:
             cmd = inflight.command = oversize.tell_effective_limit(cmd, link.limit, link.backend)
         elif analysis is not None and analysis.first.kind is _OTHER and analysis.keywords(0, 1) == ("KILL",):
             cmd = inflight.command = await translate_kill(self, cmd)
-        await self._dispatch(inflight)
+        if self._dispatch(inflight):
+            await self.send_inflight(inflight)
 
-    async def _dispatch(self, inflight: Inflight) -> None:
-        """``inflight`` is the command in flight: sent now, or, while the link is not up,
-        left for recovery (and the backend task told, if it waits for a command to recover)."""
+    def _dispatch(self, inflight: Inflight) -> bool:
+        """``inflight`` is the command in flight: True when it is to be sent now
+        (``send_inflight``); while the link is not up it is left for recovery (and the backend
+        task told, if it waits for a command to recover). A plain call: it runs per statement."""
         self.inflight = inflight
         if self.link.state is _UP:  # link.up, without the property's call
-            await self.send_inflight(inflight)
-        elif self._queued is not None:
+            return True
+        if self._queued is not None:
             self._queued.set()
+        return False
 
     async def command_queued(self) -> bool:
         """Backend task: wait until a command waits to be sent (the link is LOST: nothing
@@ -525,7 +528,8 @@ class Session:
         inflight = Inflight(cmd, tracker, statement, trio.current_time(), verb, analysis, self.tracking.reading,
                             internal=True, done=trio.Event())  # fmt: skip
         inflight.captured = capture
-        await self._dispatch(inflight)
+        if self._dispatch(inflight):
+            await self.send_inflight(inflight)
         await inflight.done.wait()
         return None if inflight.answered else inflight.tracker
 
