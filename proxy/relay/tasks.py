@@ -35,7 +35,7 @@ from proxy.relay.kill import translate_kill
 from proxy.relay.link import BackendLink, LinkState
 from proxy.relay.relay import FirstAnswer
 from proxy.relay.verdicts import run_command_hooks
-from proxy.session.intake import Command, Oversized, read_command
+from proxy.session.intake import Command, Oversized, read_command, whole_command
 from proxy.session.longdata import LongDataSpool
 from proxy.session.tracker import SessionTracker
 from proxy.sessionlog import outcome
@@ -339,7 +339,15 @@ class Session:
             try:
                 if idle_timeout:
                     await self._wait_for_command(idle_timeout)
-                cmd = await read_command(self.client, max_size, limits.spool_threshold, keep)
+                client = self.client
+                if client.decoder.buffered():
+                    cmd = await read_command(client, max_size, limits.spool_threshold, keep)
+                else:  # read_command's first step written out: a frame less on each command's wake
+                    data = await client.recv(wait_first=True)
+                    cmd = whole_command(data, max_size, limits.spool_threshold)
+                    if cmd is None:
+                        client.decoder.feed(data)
+                        cmd = await read_command(client, max_size, limits.spool_threshold, keep)
             except PeerClosed:
                 return None
             except WaitInterrupted:  # an upgrade takes the session, between two commands

@@ -1,10 +1,11 @@
 """Reading client commands: whole packets, the size limit, and spooling of large ones.
 
-Small commands (the hot path) come straight out of the packet decoder. A command whose first
-frame is large or continued (16 MiB frames), or a large COM_STMT_SEND_LONG_DATA, takes the slow path: its frames are copied into a
-spool (memory up to ``spool_threshold``, then a temporary file), so memory stays bounded and a
-command is forwarded only once it is known to be complete and within the limit. A command over
-the limit is read to its end and dropped, never sent to the backend, not even in part.
+Small commands (the hot path) come out of one read whole (``whole_command``), or else out of the
+packet decoder. A command whose first frame is large or continued (16 MiB frames), or a large
+COM_STMT_SEND_LONG_DATA, takes the slow path: its frames are copied into a spool (memory up to
+``spool_threshold``, then a temporary file), so memory stays bounded and a command is forwarded
+only once it is known to be complete and within the limit. A command over the limit is read to
+its end and dropped, never sent to the backend, not even in part.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import trio
 from proxy.netio import Channel
 from proxy.protocol.constants import MAX_FRAME
 
-__all__ = ["Command", "Oversized", "read_command", "HEAD_SIZE"]
+__all__ = ["Command", "Oversized", "read_command", "whole_command", "HEAD_SIZE"]
 
 HEAD_SIZE = 64 * 1024  # what classification and plugins see of a spooled command
 # A COM_STMT_SEND_LONG_DATA this large goes to a file from its first bytes: the proxy reads
@@ -119,22 +120,24 @@ async def _pull_exact(channel: Channel, n: int) -> bytes:
     return out
 
 
+def whole_command(data: bytes, max_size: int, spool_threshold: int) -> Command | None:
+    """The common case, without the decoder: ``data``, one read with nothing buffered before
+    it, is exactly one small command. None: anything else (the decoder's way, read_command)."""
+    n = len(data)
+    if n >= 5:
+        length = data[0] | data[1] << 8 | data[2] << 16
+        if n == length + 4 and length < spool_threshold and length <= max_size and length < MAX_FRAME:
+            return Command(data[4:], data, data[3], length)
+    return None
+
+
 async def read_command(channel: Channel, max_size: int, spool_threshold: int, keep_up_to: int) -> Command | Oversized:
     """Next command from the client. ``max_size``: the largest payload allowed through;
     ``keep_up_to`` (>= max_size) is how big a command may be and still be kept whole (split mode
     keeps oversized INSERTs to split them); anything bigger is Oversized. Raises PeerClosed when
-    the client goes away."""
+    the client goes away. The decoder's way, from what is buffered on: a read that holds
+    exactly one small command is taken by ``whole_command`` first (``Session._read_command``)."""
     decoder = channel.decoder
-    if not decoder.buffered():
-        # The common case: one recv holds exactly one small command. Skip the decoder.
-        # (A client sends its next command only after our answer: wait before reading.)
-        data = await channel.recv(wait_first=True)
-        n = len(data)
-        if n >= 5:
-            length = data[0] | data[1] << 8 | data[2] << 16
-            if n == length + 4 and length < spool_threshold and length <= max_size and length < MAX_FRAME:
-                return Command(data[4:], data, data[3], length)
-        decoder.feed(data)
     while True:
         header = decoder.peek_header()
         if header is not None:

@@ -844,6 +844,11 @@ def t_intake(data: bytes) -> None:
     with frame_size(size):
         channel = ChunkChannel(chunks(stream, sel))
         ref = _reference_command(stream)
+        whole = intake.whole_command(stream, max_size, spool)  # the stream as one read
+        if whole is not None:
+            check(ref is not None and ref[0] == len(stream), "whole_command took a read that is not exactly one command")
+            check(whole.complete and whole.payload == ref[1] and whole.seq_end == ref[2] and whole.raw == stream, "whole_command's fields")
+            check(len(ref[1]) <= max_size, "whole_command took a command over the limit")
         try:
             got = run_sync(intake.read_command(channel, max_size, spool, keep))
         except PeerClosed:
