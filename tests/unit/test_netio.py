@@ -22,27 +22,34 @@ async def pair():  # async: closing a channel tells trio (notify_closing), in th
     theirs.close()
 
 
-async def _parked(channel: Channel) -> None:
-    with trio.fail_after(5):
-        while not channel.between_commands:
-            await trio.sleep(0.001)
-
-
-async def test_an_interrupted_wait_raises_and_leaves_the_socket_usable(pair):
-    channel, peer = pair
-    outcome: list[BaseException] = []
+async def _wait_ended_by(channel: Channel, end) -> BaseException:
+    """What a task parked in the wait before a command gets when ``end(channel)`` runs."""
+    ended: list[BaseException] = []
 
     async def wait() -> None:
         try:
             await channel.recv(wait_first=True)
-        except WaitInterrupted as exc:
-            outcome.append(exc)
+        except (WaitInterrupted, PeerClosed) as exc:
+            ended.append(exc)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(wait)
-        await _parked(channel)
-        assert channel.interrupt_wait()
-    assert len(outcome) == 1 and not channel.between_commands and not channel.closed
+        with trio.fail_after(5):
+            while not channel.between_commands:
+                await trio.sleep(0.001)
+        end(channel)
+    assert len(ended) == 1
+    return ended[0]
+
+
+async def test_an_interrupted_wait_raises_and_leaves_the_socket_usable(pair):
+    channel, peer = pair
+
+    def interrupt(ch: Channel) -> None:
+        assert ch.interrupt_wait()  # a task waits there: the interrupt is taken
+
+    assert isinstance(await _wait_ended_by(channel, interrupt), WaitInterrupted)
+    assert not channel.between_commands and not channel.closed
     assert not channel.interrupt_wait()  # nobody waits now
     peer.send(b"next")
     with trio.fail_after(5):
@@ -51,19 +58,7 @@ async def test_an_interrupted_wait_raises_and_leaves_the_socket_usable(pair):
 
 async def test_a_close_during_the_wait_is_the_peer_gone(pair):
     channel, _ = pair
-    outcome: list[BaseException] = []
-
-    async def wait() -> None:
-        try:
-            await channel.recv(wait_first=True)
-        except PeerClosed as exc:
-            outcome.append(exc)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(wait)
-        await _parked(channel)
-        channel.close()
-    assert len(outcome) == 1 and not isinstance(outcome[0], WaitInterrupted)
+    assert isinstance(await _wait_ended_by(channel, Channel.close), PeerClosed)
     with pytest.raises(PeerClosed):
         await channel.recv(wait_first=True)  # closed before the wait: no descriptor to wait on
 
