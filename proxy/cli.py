@@ -31,6 +31,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import trio
 
+from proxy import hostloop
 from proxy.config import Address, Config, ConfigError, load_config
 from proxy.handover.protocol import HandoverError
 from proxy.sessionlog import FIELDS
@@ -448,7 +449,9 @@ def main(argv: list[str] | None = None) -> int:
         if workers > 1:
             return supervise(config, args.config, workers)
     try:
-        trio.run(run, config, args.config, worker, successor)
+        # A worker whose supervisor keeps its clients writes every step of a session to its
+        # record: the slow lane's, under trio alone (the host loop would only add its wakes).
+        hostloop.run(run, config, args.config, worker, successor, hosted=worker is None or not config.listen.takeover)
     except KeyboardInterrupt:
         pass
     except (ConfigError, OSError, HandoverError, BaseExceptionGroup) as exc:

@@ -10,12 +10,14 @@ import trio
 
 from proxy.admission import Admission
 from proxy.config import Config
+from proxy.cycle.inflight import SessionClosed
 from proxy.health import HealthChecker
 from proxy.hooks import Hooks
 from proxy.netio import Channel, PeerClosed
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ProtocolError, make_err
-from proxy.relay.tasks import Session, SessionClosed
+from proxy.recovery.relayside import RECOVERY
+from proxy.relay.session import Session
 from proxy.target import Target
 from proxy.worker_identity import SESSION_ID_BASE, SESSION_ID_SPAN, WorkerInfo
 
@@ -42,6 +44,7 @@ class Proxy:
         self.listen_address = config.listen.address  # the address they are bound to (a reload cannot move it)
         self._accepting: trio.CancelScope | None = None
         self.mirror = None  # --workers N: the link to the supervisor that keeps the clients (proxy.handover.mirror)
+        self.recovery = RECOVERY  # what each session's relay asks of recovery (recovery sits above the relay)
         self.stopping = False  # drain() began: a session cancelled from now on is ended on purpose
 
     async def drain(self) -> None:
@@ -150,7 +153,7 @@ class Proxy:
                 extra={"client": client_address, "target": target.name, "outcome": "refused", "code": refusal[0]},
             )
             return
-        await self._run(Session(target, channel, client_address, session_id))
+        await self._run(Session(target, channel, client_address, session_id, self.recovery))
 
     def adopt(self, session: Session, old_pid: int, age: float, taken_over: bool = False) -> None:
         """A session an upgrade's old process handed over (``proxy.handover.sessions``), or, with
@@ -227,15 +230,14 @@ class Proxy:
             # Cancelled without a drain: the worker unwinds from a bug in one of its own tasks.
             # A session the supervisor keeps is left to it, as after a SIGKILL: the worker
             # started in this one's place takes the client over.
-            if session.slot is not None and not self.stopping:
-                session.left_to_keeper = True
+            if session.record.kept and not self.stopping:
+                session.record.left_behind()
                 session.close_reason = "left to the supervisor: this worker is going down"
             raise
         finally:
             session.close()
-            if session.mirror is not None:
-                with trio.CancelScope(shield=True):
-                    await session.mirror.closed(session, tell_keeper=not session.left_to_keeper)
+            with trio.CancelScope(shield=True):
+                await session.record.closed(session)
             if session in target.sessions:
                 target.sessions.discard(session)
                 target.stats.session_closed(session.commands)

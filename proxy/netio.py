@@ -12,6 +12,7 @@ import errno
 import os
 import socket
 import struct
+from collections.abc import Callable
 from typing import NoReturn
 
 import trio
@@ -44,7 +45,7 @@ class PeerFinished(PeerClosed):
 class Channel:
     """One TCP connection: raw chunk I/O plus a packet decoder for whole-packet reads."""
 
-    __slots__ = ("sock", "name", "decoder", "_unyielded", "closed", "between_commands", "_interrupting", "tape")
+    __slots__ = ("sock", "name", "decoder", "_unyielded", "closed", "between_commands", "_interrupting", "tape", "_watch")
 
     def __init__(self, sock: socket.socket, name: str) -> None:
         sock.setblocking(False)
@@ -63,6 +64,35 @@ class Channel:
         self._interrupting = False
         # A client's: what it reads lands in the session's record first (``proxy.handover.slot``).
         self.tape = None
+        self._watch: tuple[object, Callable[[BaseException], None]] | None = None  # ``watch``'s loop and ``gone``
+
+    def watch(self, loop, readable: Callable[[], None], gone: Callable[[BaseException], None]) -> None:
+        """The fast lane's way to wait (``proxy.relay.fastlane``): ``readable()`` is called from
+        the host loop (``proxy.hostloop``) whenever the socket is readable, until ``unwatch``.
+        Instead of an exception in a task parked on it, ``gone(exc)``: the socket is closed
+        (PeerClosed) or the wait interrupted (WaitInterrupted, ``interrupt_wait``)."""
+        if self.closed:
+            gone(PeerClosed(f"{self.name}: closed"))
+            return
+        loop.add_reader(self.sock.fileno(), readable)  # type: ignore[attr-defined]
+        self._watch = (loop, gone)
+
+    def unwatch(self) -> None:
+        """No more ``readable`` calls (before the socket closes: the host loop must not poll a
+        descriptor that is gone, or that another process holds)."""
+        watch = self._watch
+        if watch is not None:
+            self._watch = None
+            watch[0].remove_reader(self.sock.fileno())  # type: ignore[attr-defined]
+
+    def _end_watch(self, exc: BaseException) -> bool:
+        """A watch ends on purpose: ``gone(exc)``. False: nobody watched."""
+        watch = self._watch
+        if watch is None:
+            return False
+        self.unwatch()
+        watch[1](exc)
+        return True
 
     async def recv(self, size: int = RECV_SIZE, wait_first: bool = False) -> bytes:
         """Next chunk of bytes; raises PeerClosed on EOF or reset.
@@ -165,7 +195,11 @@ class Channel:
     def interrupt_wait(self) -> bool:
         """End the wait of the task parked between two commands with WaitInterrupted (the
         socket stays open). False when no task is parked there or bytes of a command are here."""
-        if not self.between_commands or self.decoder.buffered() or self.closed:
+        if self.decoder.buffered() or self.closed:
+            return False
+        if self._end_watch(WaitInterrupted(self.name)):
+            return True
+        if not self.between_commands:
             return False
         self._interrupting = True
         trio.lowlevel.notify_closing(self.sock)
@@ -225,6 +259,7 @@ class Channel:
     def close(self) -> None:
         """Close; a task blocked reading or writing this channel gets PeerClosed."""
         if not self.closed:
+            self._end_watch(PeerClosed(f"{self.name}: closed"))
             self.closed = True
             trio.lowlevel.notify_closing(self.sock)
             try:
@@ -247,6 +282,7 @@ class StreamChannel(Channel):
         self.between_commands = False
         self._interrupting = False
         self.tape = None
+        self._watch = None
         self._wait_scope: trio.CancelScope | None = None  # of ``recv(wait_first=True)``: ``interrupt_wait`` cancels it
 
     async def recv(self, size: int = RECV_SIZE, wait_first: bool = False) -> bytes:

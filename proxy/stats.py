@@ -70,7 +70,7 @@ def _package_version() -> str:
 
 
 class SessionFacts(Protocol):
-    """What /metrics and /status read of a logged-in session (``relay.tasks.Session``)."""
+    """What /metrics and /status read of a logged-in session (``relay.session.Session``)."""
 
     id: int
     commands: int  # client commands received

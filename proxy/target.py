@@ -48,7 +48,7 @@ class Target:
         self._preferred = 0  # index of the address that worked last
         self.markers = MarkerTable(config.recovery.marker_table, config.name)
         self.keys = KeyCache()  # safe mode's table keys
-        self.sessions: set = set()  # logged-in sessions (relay.tasks.Session: stats.SessionFacts and more)
+        self.sessions: set = set()  # logged-in sessions (relay.session.Session: stats.SessionFacts and more)
         self.health: dict[Address, AddressHealth] = {}
         # What /metrics and /status read, handed over explicitly (read at each scrape: a reload changes some).
         self.stats = Stats(self.name, chain=lambda: self.hooks, sessions=lambda: self.sessions, addresses=lambda: self.addresses,

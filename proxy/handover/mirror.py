@@ -26,13 +26,14 @@ import trio
 from proxy.handover.fdpass import HandoverChannel
 from proxy.handover.keeper import STEP_TIMEOUT, keeper_address
 from proxy.handover.protocol import HandoverError, Message
+from proxy.handover.record import SlotRecord
 from proxy.handover.sessions import session_fields
 from proxy.handover.slot import Slot, consumed, written
 from proxy.netio import Channel
 
 if TYPE_CHECKING:
     from proxy.frontend import Proxy
-    from proxy.relay.tasks import Session
+    from proxy.relay.session import Session
 
 __all__ = ["Mirror"]
 
@@ -101,7 +102,7 @@ class Mirror:
             for session in list(self.proxy.target.sessions):
                 if self.channel is not channel:
                     return
-                if session.slot is not None:
+                if session.record.kept:
                     await self._send_open(session)
 
     async def _connect(self) -> HandoverChannel:
@@ -120,14 +121,16 @@ class Mirror:
     async def opened(self, s: Session) -> None:
         """``s`` logged in (or came from another process): give it a record, register it. A TLS
         session is not (its state cannot be taken by another process)."""
-        if s.slot is None:
+        record = s.record
+        if not isinstance(record, SlotRecord):
             if type(s.client) is not Channel:
                 return
             start, out = consumed(s.client.sock), written(s.client.sock)
             if start is None or out is None:
                 return  # the kernel does not say what was read: a takeover could not tell what the client waits for
-            s.attach_slot(Slot.create(s.id, start - s.client.decoder.buffered(), out))
-        s.mirror = self
+            record = SlotRecord(Slot.create(s.id, start - s.client.decoder.buffered(), out), s.client)
+            s.kept_by(record)
+        record.mirror = self
         async with self._lock:
             if self.channel is not None:
                 await self._send_open(s)
@@ -145,14 +148,11 @@ class Mirror:
         async with self._lock:
             if self.channel is not None and tell_keeper:
                 await self._send(Message("close", {"id": s.id}))
-        slot, s.slot, s.client.tape = s.slot, None, None
-        if slot is not None:
-            slot.close()
 
     async def _send_open(self, s: Session) -> None:
         s.tracking.mirrored()
         fields = session_fields(s, s.link.backend, transaction=False)
-        await self._send(Message("open", {"id": s.id, "fields": fields}, [s.client.sock.fileno(), s.slot.fd]))
+        await self._send(Message("open", {"id": s.id, "fields": fields}, [s.client.sock.fileno(), s.record.slot.fd]))
 
     async def _send(self, message: Message) -> None:
         """Send under the lock; a failure drops the connection (``run`` connects again and

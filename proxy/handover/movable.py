@@ -24,7 +24,7 @@ def why_not_movable(s: Relay) -> str | None:
     unconnected = s.waits_to_reconnect
     if not unconnected and (not link.up or link.backend is None):
         return f"its backend connection is {link.state.value}"
-    if s.inflight is not None:
+    if s.cycle.inflight is not None:
         return "a command is in flight"
     if any(e.long_data for e in tracking.tx.entries):
         return "the transaction's journal holds long data"
@@ -32,7 +32,7 @@ def why_not_movable(s: Relay) -> str | None:
         return "an ERR left the transaction's fate open" if tracking.pending is not None else f"an XA transaction is {tracking.xa}"
     if tracking.long_data.held:
         return "long data is held"
-    if s.first_answer is not None:
+    if s.cycle.first_answer is not None:
         return "an answer is owed to the next command"
     if type(s.client) is not Channel or not (unconnected or type(link.backend.channel) is Channel):
         return "a TLS connection (its state cannot be passed to another process)"

@@ -39,12 +39,12 @@ import trio
 
 from proxy.backend import Backend, Instance
 from proxy.config import Address
+from proxy.cycle.inflight import SessionClosed
 from proxy.handover.fdpass import HandoverChannel
 from proxy.handover.movable import why_not_movable
 from proxy.handover.protocol import HandoverError, Message
 from proxy.netio import Channel
 from proxy.protocol.packets import ServerHandshake
-from proxy.relay.inflight import SessionClosed
 from proxy.relay.link import LinkState
 from proxy.session.state import SessionState
 from proxy.session.tracker import AUTOCOMMIT
@@ -52,7 +52,7 @@ from proxy.sqltext import ServerReading
 
 if TYPE_CHECKING:
     from proxy.frontend import Proxy
-    from proxy.relay.tasks import Session
+    from proxy.relay.session import Session
 
 __all__ = ["FORMAT", "SessionMover", "adopt_sessions", "move_sessions", "take_over", "session_fields", "thaw_session", "thaw_backend"]
 
@@ -77,8 +77,8 @@ def session_fields(s: Session, backend: Backend | None, transaction: bool = True
         "id": s.id,
         "client_address": s.parts.client_address,
         "age": now - s.parts.info.opened_at,
-        "commands": s.commands,
-        "settled": s.settled,
+        "commands": s.cycle.commands,
+        "settled": s.cycle.settled,
         "client_caps": s.client_caps,
         "deprecate_eof": s.deprecate_eof,
         "scramble": s.scramble.hex(),
@@ -132,14 +132,14 @@ class SessionMover:
             if not waiting:
                 break
             for s in waiting:
-                if s.id not in asked:  # it hands itself over at its next boundary (Session._read_command)
+                if s.id not in asked:  # it hands itself over at its next boundary (relay.commands)
                     asked.add(s.id)
-                    s.mover = self
+                    s.hand_over_to(self)
                 if s.mover is self and why_not_movable(s) is None:
                     s.client.interrupt_wait()  # one idle in its wait for the next command goes now
             await trio.sleep(POLL)
         for s in sessions:
-            s.mover = None
+            s.hand_over_to(None)
         async with self._lock:  # after a move under way; one that comes later stays (``_over``)
             self._over = True
             left = [s for s in sessions if s.link.state is not LinkState.CLOSED]  # a moved one's link is detached
@@ -155,13 +155,13 @@ class SessionMover:
         the session (its backend connection is let go here; the caller ends the session)."""
         if why_not_movable(s) is not None:
             return False  # still asked: it tries again at its next boundary
-        s.mover = None
+        s.hand_over_to(None)
         if self.broken is not None or self._over:
             return False
-        if not await s.stop_backend_task():
+        if not await s.backend_task.stop():
             return False  # the backend task is busy (a loss it just saw): at the next boundary
         if why_not_movable(s) is not None:  # the backend task may have seen the connection go
-            s.start_backend_task()
+            s.backend_task.start()
             return False
         backend = None if s.waits_to_reconnect else s.link.backend
         fields = session_fields(s, backend)
@@ -169,7 +169,7 @@ class SessionMover:
         try:
             async with self._lock:
                 if self._over:  # the deadline passed while it waited for the channel
-                    s.start_backend_task()
+                    s.backend_task.start()
                     return False
                 await self.channel.send(Message("session", fields, fds), timeout=ANSWER_TIMEOUT)
                 answer = await self.channel.receive(timeout=ANSWER_TIMEOUT, expecting=f"an answer about session {s.id}")
@@ -184,10 +184,10 @@ class SessionMover:
         if answer.type != "adopted":
             self.refused[s.id] = str(answer.fields.get("reason") or answer.type)
             s.log.warning("pid %d refused the session (%s): it stays here and drains", self.new_pid, self.refused[s.id])
-            s.start_backend_task()
+            s.backend_task.start()
             return False
         self.moved += 1
-        s.handed_over = True
+        s.record.moved_on()
         s.link.detach()  # the connections live on in the new process: this one lets go, without a word
         if backend is not None:
             s.log.info("moved to pid %d with its client and backend connections (backend connection %d)", self.new_pid,
@@ -298,7 +298,7 @@ def thaw_session(proxy: Proxy, f: dict[str, Any], client_sock: socket.socket, at
     to prepare again), how the server reads its text, the commit-marker slot. Raises ValueError
     when this process cannot run it."""
     from proxy.relay.login import login_for
-    from proxy.relay.tasks import Session
+    from proxy.relay.session import Session
 
     if f.get("format") != FORMAT:
         raise ValueError(f"session format {f.get('format')!r}, this version reads {FORMAT}")
@@ -307,13 +307,10 @@ def thaw_session(proxy: Proxy, f: dict[str, Any], client_sock: socket.socket, at
     if proxy.config.user(state.username) is None:
         raise ValueError(f"user {state.username!r} is not in this config")
     now = trio.current_time()
-    s = Session(target, Channel(client_sock, f"client {f['client_address']}"), f["client_address"], int(f["id"]))
+    s = Session(target, Channel(client_sock, f"client {f['client_address']}"), f["client_address"], int(f["id"]), proxy.recovery)
     s.parts.info.opened_at = now - float(f["age"])
-    s.commands = int(f["commands"])
-    s.settled = int(f.get("settled", 0))
-    s.client_caps = int(f["client_caps"])
-    s.deprecate_eof = bool(f["deprecate_eof"])
-    s.scramble = bytes.fromhex(f["scramble"])
+    s.greeted(s.client, int(f["client_caps"]), bytes.fromhex(f["scramble"]))
+    s.cycle.adopt(int(f["commands"]), int(f.get("settled", 0)), None)
     tracking = s.tracking
     login = f["login"]
     tracking.logged_in(state.username, state.database, state.collation, AUTOCOMMIT if f["autocommit"] else 0)

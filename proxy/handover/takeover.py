@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from proxy.cycle.inflight import SENT, Inflight, for_payload
+from proxy.handover.record import SlotRecord
 from proxy.handover.sessions import thaw_backend, thaw_session
 from proxy.handover.slot import (
     INSERT_ID_MOVED,
@@ -48,16 +50,13 @@ from proxy.handover.slot import (
 )
 from proxy.netio import Channel
 from proxy.protocol.constants import Commands
-from proxy.protocol.framing import PacketDecoder, encode_packet
-from proxy.protocol.response import ResponseTracker, expect_for
-from proxy.relay.inflight import SENT, Inflight
-from proxy.session.intake import Command
+from proxy.protocol.framing import PacketDecoder
 from proxy.session.tracker import Pending
 from proxy.sessionlog import SessionLog
 
 if TYPE_CHECKING:
     from proxy.handover.mirror import Mirror
-    from proxy.relay.tasks import Session
+    from proxy.relay.session import Session
 
 __all__ = ["decide", "Verdict", "take_over_session"]
 
@@ -159,7 +158,7 @@ async def take_over_session(mirror: Mirror, message: dict[str, Any], fds: list[i
     slot = Slot(slot_fd)
     slot.retried(record.start if verdict.inflight is not None or verdict.pending else None)
     slot.adopted(now, out)
-    session.attach_slot(slot)
+    session.kept_by(SlotRecord(slot, session.client))
     kind = "in_flight" if verdict.inflight is not None else "in_transaction" if record.in_transaction else "idle"
     proxy.target.stats.takeover_sessions[kind] += 1
     session.log.warning("taken over from worker pid %d, which died (%s)%s", dead, Phase.NAMES[record.phase],
@@ -198,23 +197,17 @@ def _thaw(proxy, f: dict, sock: socket.socket, dead: int, record: Record, verdic
     if verdict.pending:
         s.client.decoder.feed(verdict.pending)  # read again here: the command the dead worker had read
     if verdict.inflight is not None:
-        s.inflight = _inflight(s, verdict.inflight, record)
+        s.cycle.adopt(s.cycle.commands, s.cycle.settled, _inflight(s, verdict.inflight, record))
     return s
 
 
 def _inflight(s: Session, payload: bytes, record: Record) -> Inflight:
-    """The command that was in flight, as ``Session._submit`` had made it (sent)."""
-    tracking = s.tracking
-    code = payload[0]
-    statement = tracking.statement_of(payload) if code in (C.COM_STMT_EXECUTE, C.COM_STMT_RESET, C.COM_STMT_FETCH) else None
-    verb, analysis = tracking.triage(payload) if code == C.COM_QUERY else (None, None)
-    command = Command(payload, encode_packet(payload, 0)[0], 0, len(payload))
-    tracker = ResponseTracker(expect_for(code), s.deprecate_eof, tracking.wants_fingerprint(analysis))
+    """The command that was in flight, as the dead worker had made it (sent)."""
     # It arrived before the dead worker sent it: its waits count from then, and a DDL's job is
     # looked for among those created since (a later time would miss the job and run it again).
     now = trio.current_time()
     arrived = now - max(0.0, time.time() - record.sent_at) if record.sent_at else now
-    inflight = Inflight(command, tracker, statement, arrived, verb, analysis, tracking.reading, state=SENT)
+    inflight = for_payload(payload, s.tracking, s.deprecate_eof, arrived, state=SENT)
     inflight.marker = record.marker
     return inflight
 

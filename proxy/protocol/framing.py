@@ -26,7 +26,7 @@ def encode_packet(payload: bytes, seq: int) -> tuple[bytes, int]:
     n = len(payload)
     if n < MAX_FRAME:
         return frame_header(n, seq) + payload, (seq + 1) & 0xFF
-    parts = []
+    parts: list[bytes | memoryview] = []
     view = memoryview(payload)
     pos = 0
     while True:

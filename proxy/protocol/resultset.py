@@ -69,7 +69,7 @@ def read_text_result(frames: bytes, deprecate_eof: bool) -> tuple[list[bytes], l
     coldefs = [next_payload() for _ in range(ncols)]
     if not deprecate_eof:
         next_payload()  # the EOF after the column definitions
-    rows = []
+    rows: list[list[bytes | None]] = []
     while True:
         payload = next_payload()
         if payload[:1] == b"\xfe" and len(payload) < MAX_FRAME:

@@ -25,19 +25,21 @@ import attrs
 import trio
 
 from proxy.backend import BackendError
+from proxy.cycle.inflight import NOT_SENT, SEND_FAILED, SENDING, ConnectionFailed, Inflight
 from proxy.hooks import CommandInfo
 from proxy.netio import PeerClosed
 from proxy.protocol.constants import Err
 from proxy.protocol.packets import ProtocolError, make_err, make_ok
 from proxy.recovery import moves
-from proxy.recovery.facts import facts_of, needs_last_results
+from proxy.recovery.facts import facts_of
 from proxy.recovery.kills import killed, killed_by_operator
 from proxy.recovery.loss import Loss, Slots, Stage, failure, lost_transaction, window_for
 from proxy.recovery.moves import GiveUp, Move, Then
 from proxy.recovery.plan import Outcome, Plan, StatementFacts, marker_plan, plan_recovery
 from proxy.recovery.replay import Unproven, resolve_ddl, resolve_marker, run_plan
 from proxy.recovery.restore import Waited, reestablish
-from proxy.relay.inflight import NOT_SENT, SEND_FAILED, SENDING, ConnectionFailed, Inflight
+from proxy.relay.reading import judged_whole
+from proxy.session.texts import needs_last_results
 from proxy.sessionlog import outcome
 
 if TYPE_CHECKING:
@@ -343,7 +345,7 @@ async def finish(loss: Loss, waiting: Inflight | None, owed: bool) -> None:
         sending
         and not owed
         and link.takes_results_debt(waiting.command.code)
-        and await waiting.command.judged_whole(lambda payload: needs_last_results(p.tracking.reading, payload, waiting.statement))
+        and await judged_whole(waiting.command, lambda payload: needs_last_results(p.tracking.reading, payload, waiting.statement))
     ):
         raise failure(
             p, "the command reads the previous statement's results (FOUND_ROWS(), warnings...), which stayed on the lost connection"

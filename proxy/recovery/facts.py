@@ -15,39 +15,18 @@ from proxy.protocol.constants import Commands
 from proxy.recovery.ddljobs import job_text
 from proxy.recovery.plan import StatementFacts
 from proxy.session.completed import SESSION_ONLY_COMMANDS
-from proxy.session.state import PreparedStatement
 from proxy.session.transaction import JournalEntry
-from proxy.sqltext import Analysis, Kind, ServerReading
-from proxy.sqltext.expressions import reads_last_results
+from proxy.sqltext import Analysis, Kind
 from proxy.sqltext.idempotence import claim, repeatable
 
 if TYPE_CHECKING:
+    from proxy.cycle.inflight import Inflight
     from proxy.hooks import Hooks
-    from proxy.relay.inflight import Inflight
     from proxy.session.info import SessionInfo
 
-__all__ = ["text_of", "statement_facts", "facts_of", "needs_last_results", "PluginAnswers"]
+__all__ = ["statement_facts", "facts_of", "PluginAnswers"]
 
 C = Commands
-
-
-def text_of(payload: bytes, stmt: PreparedStatement | None) -> str | None:
-    """The SQL text a COM_QUERY runs, or a COM_STMT_EXECUTE (of ``stmt``); else None."""
-    code = payload[0]
-    if code == C.COM_QUERY:
-        return payload[1:].decode("utf-8", "surrogateescape")
-    if code == C.COM_STMT_EXECUTE and stmt is not None:
-        return stmt.prepare_payload[1:].decode("utf-8", "surrogateescape")
-    return None
-
-
-def needs_last_results(reading: ServerReading, payload: bytes, stmt: PreparedStatement | None) -> bool:
-    """Does this command read what the session's previous statement left (FOUND_ROWS(),
-    warnings, ...)? Asked only of the first command on a new backend connection, read as the
-    session's server reads text now. The whole payload: a spooled command's head ends in the
-    middle of a token, which the lexer cannot tell (``Command.judged_whole``)."""
-    text = text_of(payload, stmt)
-    return text is not None and reads_last_results(text, reading.dialect, reading.nbe)
 
 
 class PluginAnswers:

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 import trio
 
 from proxy.backend import Backend, BackendError, kill_own, restarted_since, server_status
+from proxy.cycle.inflight import ConnectionFailed
 from proxy.netio import PeerClosed
 from proxy.protocol.packets import ProtocolError, make_err
-from proxy.relay.inflight import ConnectionFailed
 from proxy.sessionlog import outcome
 from proxy.sqltext import Dialect
 

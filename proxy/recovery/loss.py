@@ -1,10 +1,9 @@
 """One loss of a session's backend connection, as recovery's steps read it, and the outcomes
 that end a recovery without a replay.
 
-- ``SessionParts``: what recovery needs of a session that does not change while it lives (its
-  config, plugins, target, link, tracker...), bundled once per session;
 - ``Slots``: what the relay holds for the client that recovery reads as it goes (the command
-  waiting, the client's first answer);
+  waiting, the client's first answer: the session's ``CommandCycle``); what does not change
+  while a session lives is its ``proxy.relay.parts.SessionParts``;
 - ``Loss``: one loss: what was in flight, and what the steps have found so far (how far the
   command got, the plan, the new connection), so that the driver can stop to hand the relay a
   decision and go on where it stopped;
@@ -20,47 +19,28 @@ from typing import TYPE_CHECKING, Protocol
 import attrs
 import trio
 
+from proxy.cycle.inflight import ConnectionFailed
 from proxy.protocol.constants import Err
 from proxy.protocol.packets import make_err
 from proxy.recovery.facts import PluginAnswers
 from proxy.recovery.plan import Outcome, Plan, Sent
-from proxy.relay.inflight import ConnectionFailed
+from proxy.relay.parts import SessionParts
 from proxy.sessionlog import outcome
 
 if TYPE_CHECKING:
     from proxy.backend import Backend
     from proxy.config import Config
-    from proxy.hooks import Hooks
-    from proxy.recovery.markers import CommitMarkers
-    from proxy.relay.inflight import Inflight
+    from proxy.cycle.inflight import Inflight
     from proxy.relay.link import BackendLink
-    from proxy.session.info import SessionInfo
-    from proxy.session.tracker import SessionTracker
     from proxy.sessionlog import SessionLog
     from proxy.stats import Stats
-    from proxy.target import Target
 
-__all__ = ["SessionParts", "Slots", "Loss", "Stage", "window_for", "connection_error", "failure", "lost_transaction"]
-
-
-@attrs.frozen(eq=False)
-class SessionParts:
-    """What recovery needs of a session that does not change while it lives: built once."""
-
-    log: SessionLog  # the session's: every line carries its fields
-    client_address: str
-    config: Config  # the session's (a reload applies to new sessions only)
-    link: BackendLink
-    tracking: SessionTracker
-    target: Target
-    hooks: Hooks
-    info: SessionInfo
-    markers: CommitMarkers | None
+__all__ = ["Slots", "Loss", "Stage", "window_for", "connection_error", "failure", "lost_transaction"]
 
 
 class Slots(Protocol):
     """What the relay holds for the client, which recovery reads as it goes and never writes
-    (its decisions say what to write; ``relay.tasks.Session`` is one)."""
+    (its decisions say what to write; ``proxy.cycle.CommandCycle`` is one)."""
 
     @property
     def inflight(self) -> Inflight | None:
@@ -69,7 +49,7 @@ class Slots(Protocol):
 
     @property
     def first_answer(self) -> object | None:
-        """What the client's next command gets first (``relay.answers``)."""
+        """What the client's next command gets first (``proxy.cycle.answers``)."""
 
     @property
     def last_activity(self) -> float:

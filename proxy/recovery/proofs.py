@@ -18,16 +18,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from proxy.backend import Backend, BackendError
-from proxy.recovery.facts import PluginAnswers, text_of
+from proxy.recovery.facts import PluginAnswers
 from proxy.recovery.tablekeys import KeyCache, lower_text
 from proxy.session.state import PreparedStatement, SessionState
+from proxy.session.texts import text_of
 from proxy.sqltext import Dialect, ServerReading, SqlParseError, Token, TokenKind, analyze, iter_tokens, quote_string
 from proxy.sqltext.idempotence import Claim, claim, proves, repeatable
 from proxy.sqltext.inserts import InsertHead, insert_head, insert_rows, insert_target
 from proxy.sqltext.tokens import name
 
 if TYPE_CHECKING:
-    from proxy.relay.inflight import Inflight
+    from proxy.cycle.inflight import Inflight
     from proxy.session.tracker import SessionTracker
     from proxy.session.transaction import JournalEntry
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from proxy.backend import BackendError
+from proxy.cycle.inflight import Inflight
 from proxy.protocol.framing import encode_packet
 from proxy.recovery.ddljobs import Job, JobState, error_of, error_query, find_job, job_text
 from proxy.recovery.kills import old_session_gone
@@ -20,7 +21,6 @@ from proxy.recovery.loss import failure, lost_transaction
 from proxy.recovery.plan import Sent
 from proxy.recovery.proofs import code_in_views, unproven
 from proxy.recovery.restore import prepare_on, send_long_data
-from proxy.relay.inflight import Inflight
 from proxy.session.state import PreparedStatement
 from proxy.session.transaction import JournalEntry
 from proxy.sqltext import Kind

@@ -11,6 +11,7 @@ import attrs
 import trio
 
 from proxy.backend import Backend, BackendError, backoff_delays
+from proxy.cycle.inflight import Inflight
 from proxy.netio import PeerClosed
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ProtocolError
@@ -18,7 +19,6 @@ from proxy.protocol.response import Expect
 from proxy.recovery.kills import kill_if_alive
 from proxy.recovery.loss import failure
 from proxy.recovery.proofs import last_insert_id
-from proxy.relay.inflight import Inflight
 from proxy.session.state import PreparedStatement, SessionState
 from proxy.sessionlog import outcome
 

@@ -110,6 +110,11 @@ class BackendLink:
         return self.state is _UP
 
     @property
+    def up_or_moving(self) -> bool:
+        """Commands reach a connection of the session's own (the old one of a move, or its new one)."""
+        return self.state is _UP or self.state is LinkState.MOVING
+
+    @property
     def connection_id(self) -> int | None:
         return self.backend.connection_id if self.backend is not None else None
 

@@ -9,6 +9,7 @@ import trio
 
 from proxy.admission import MAX_LOGIN_PACKET
 from proxy.backend import Backend, BackendError, Login, backoff_delays
+from proxy.cycle.inflight import SessionClosed
 from proxy.netio import PeerClosed
 from proxy.protocol.auth import NATIVE, ServerAuth, new_scramble
 from proxy.protocol.constants import PROXY_CAPABILITIES, Capabilities, Err
@@ -21,7 +22,6 @@ from proxy.protocol.packets import (
     parse_change_user,
     parse_handshake_response,
 )
-from proxy.relay.inflight import SessionClosed
 from proxy.session.intake import Command
 from proxy.session.tracker import AUTOCOMMIT
 from proxy.sessionlog import outcome
@@ -52,13 +52,13 @@ async def handshake(s: Relay) -> bool:
     with trio.move_on_after(timeout) as scope:
         resp, user, seq = await _client_login(s)
     if scope.cancelled_caught:
-        s.close_reason = f"no login within {timeout:g}s"
+        s.ends(f"no login within {timeout:g}s")
         return False
     if user is None:
         return False
     if len(target.sessions) >= config.listen.max_connections:
         await s.send_client(make_err(*Err.CON_COUNT, "Too many connections"), seq)
-        s.close_reason = f"{len(target.sessions)} sessions open (listen.max_connections)"
+        s.ends(f"{len(target.sessions)} sessions open (listen.max_connections)")
         return False
     s.link.set_login(login_for(s, user, resp.database, resp.charset, resp.connect_attrs))
     started = trio.current_time()
@@ -66,7 +66,7 @@ async def handshake(s: Relay) -> bool:
         backend = await _connect_within_window(s)
     except BackendError as exc:
         await _send_backend_error(s, exc, seq, trio.current_time() - started)
-        s.close_reason = f"backend login failed: {exc}"
+        s.ends(f"backend login failed: {exc}")
         return False
     s.tracking.logged_in(user, resp.database, resp.charset, backend.status)
     s.link.replace(backend)
@@ -104,14 +104,15 @@ async def _client_login(s: Relay) -> tuple[HandshakeResponse | None, str | None,
     """Greeting, handshake response, authentication: (response, user or None, next seq)."""
     client = s.client
     profile = await _greeting_profile(s)
-    s.scramble = new_scramble()
+    scramble = new_scramble()
+    s.greeted(client, 0, scramble)
     offered = (PROXY_CAPABILITIES & profile.capabilities) | (
         Capabilities.CLIENT_PROTOCOL_41 | Capabilities.CLIENT_SECURE_CONNECTION | Capabilities.CLIENT_PLUGIN_AUTH
     )
     tls = s.parts.config.listen.tls
     if tls is not None:
         offered |= Capabilities.CLIENT_SSL
-    greeting = ServerHandshake(profile.server_version, s.id, s.scramble, offered, profile.collation, int(AUTOCOMMIT), NATIVE)
+    greeting = ServerHandshake(profile.server_version, s.id, scramble, offered, profile.collation, int(AUTOCOMMIT), NATIVE)
     await s.send_client(make_server_handshake(greeting), 0)
     packet = await client.read_packet(MAX_LOGIN_PACKET)
     resp = parse_handshake_response(packet.payload)
@@ -121,23 +122,24 @@ async def _client_login(s: Relay) -> tuple[HandshakeResponse | None, str | None,
                 make_err(*Err.HANDSHAKE, "replay-proxy has no TLS configured ([listen.tls]); connect without TLS"),
                 packet.seq + 1,
             )
-            s.close_reason = "client asked for TLS, none configured"
+            s.ends("client asked for TLS, none configured")
             return resp, None, 0
         try:  # the SSLRequest gets no answer: the client starts the TLS handshake right away
-            s.client = client = await start_tls(client, server_context(tls), server_side=True)
+            client = await start_tls(client, server_context(tls), server_side=True)
+            s.greeted(client, 0, scramble)
         except PeerClosed as exc:
-            s.close_reason = f"TLS handshake with the client failed: {exc}"
+            s.ends(f"TLS handshake with the client failed: {exc}")
             return resp, None, 0
         s.log.debug("client %s: %s", s.parts.client_address, describe(client))
         packet = await client.read_packet(MAX_LOGIN_PACKET)
         resp = parse_handshake_response(packet.payload)
         if resp.ssl_request:
             await s.send_client(make_err(*Err.HANDSHAKE, "Bad handshake: a second SSLRequest"), packet.seq + 1)
-            s.close_reason = "client sent a second SSLRequest"
+            s.ends("client sent a second SSLRequest")
             return resp, None, 0
     elif tls is not None and tls.require:
         await s.send_client(make_err(*SECURE_TRANSPORT_REQUIRED, _INSECURE_MESSAGE), packet.seq + 1)
-        s.close_reason = "client logged in without TLS (listen.tls.require)"
+        s.ends("client logged in without TLS (listen.tls.require)")
         s.log.warning(
             "client %s refused: no TLS (listen.tls.require)",
             s.parts.client_address,
@@ -150,16 +152,15 @@ async def _client_login(s: Relay) -> tuple[HandshakeResponse | None, str | None,
             make_err(*Err.HANDSHAKE, "replay-proxy does not support the compressed protocol; connect without compression"),
             packet.seq + 1,
         )
-        s.close_reason = "client asked for compression"
+        s.ends("client asked for compression")
         return resp, None, 0
-    s.client_caps = resp.capabilities & offered
-    s.deprecate_eof = bool(s.client_caps & Capabilities.CLIENT_DEPRECATE_EOF)
+    s.greeted(client, resp.capabilities & offered, scramble)
     s.tracking.set_multi_statements(bool(s.client_caps & Capabilities.CLIENT_MULTI_STATEMENTS))
     auth = ServerAuth(s.scramble, s.parts.target.passwords, _host(s))
     user, seq = await _authenticate(s, auth, auth.start(resp), packet.seq + 1)
     if user is None:
         s.login_refused = True
-        s.close_reason = f"login refused for user {resp.username!r}"
+        s.ends(f"login refused for user {resp.username!r}")
         s.log.warning(
             "login refused for user %r from %s", resp.username, s.parts.client_address, **outcome("login_refused", Err.ACCESS_DENIED[0])
         )
@@ -255,6 +256,6 @@ async def change_user(s: Relay, cmd: Command) -> None:
     s.tracking.logged_in(user, change.database, collation, backend.status)
     s.link.replace(backend)
     s.link.ready()
-    s.settled = s.commands
-    await s.mirror_state()  # the new user is the supervisor's before the client's
+    s.cycle.settle()
+    await s.follow_state()  # the new user is the supervisor's before the client's
     await s.send_client(make_ok(backend.status), seq)

@@ -8,7 +8,7 @@ import struct
 from typing import TYPE_CHECKING
 
 from proxy.backend import Backend
-from proxy.handover.slot import flags_of
+from proxy.cycle.answers import Reply
 from proxy.hooks import CommandInfo
 from proxy.protocol.constants import Commands, Err
 from proxy.protocol.framing import encode_packet
@@ -21,19 +21,15 @@ from proxy.sqltext.split import CannotSplit, count_rows, split_values_statement
 
 if TYPE_CHECKING:
     from proxy.relay.relay import Relay
+    from proxy.session.tracker import SessionTracker
 
-__all__ = ["refuse", "refuse_long_data", "split", "MergedWarnings", "SplitWarnings", "asks_max_packet", "tell_effective_limit"]
+__all__ = ["refuse", "refuse_long_data", "split", "MergedWarnings", "SplitWarnings", "tell_effective_limit"]
 
 
 C = Commands
 _SHOW_WARNINGS = re.compile(rb"\s*SHOW\s+WARNINGS\s*;?\s*$", re.I)
 _AT_ROW = re.compile(rb"(at row )(\d+)")
 _MAX_ERROR_COUNT = 64  # the server keeps at most @@max_error_count (default 64) warnings
-_ASKS_MAX_PACKET = re.compile(rb"\s*SELECT\s+@@(?:session\.)?max_allowed_packet\s*;?\s*$", re.I)
-
-
-def asks_max_packet(cmd: Command) -> bool:
-    return _ASKS_MAX_PACKET.match(cmd.payload, 1) is not None
 
 
 def tell_effective_limit(cmd: Command, limit: int, backend: Backend | None) -> Command:
@@ -146,7 +142,7 @@ async def split(s: Relay, cmd: Command) -> None:
         return
     await s.send_client(make_ok(done.status, affected, insert_id or 0, warnings), cmd.seq_end + 1)
     if merged.rows:
-        s.first_answer = SplitWarnings(merged)  # SHOW WARNINGS right after this gets all pieces' warnings
+        s.cycle.owe(SplitWarnings(merged))  # SHOW WARNINGS right after this gets all pieces' warnings
 
 
 async def _collect_warnings(s: Relay, merged: MergedWarnings, seq_end: int) -> bool:
@@ -168,15 +164,11 @@ class SplitWarnings:
     def __init__(self, merged: MergedWarnings) -> None:
         self.merged = merged
 
-    async def answer(self, s: Relay, cmd: Command) -> bool:
+    def reply(self, cmd: Command, tracking: SessionTracker, deprecate_eof: bool) -> Reply | None:
         if cmd.code != C.COM_QUERY or not _SHOW_WARNINGS.match(cmd.payload, 1):
-            return False
+            return None
         merged = self.merged
-        result = build_text_result(merged.coldefs, merged.rows, s.tracking.status_word(), s.deprecate_eof, cmd.seq_end + 1)
-        if s.slot is not None:
-            s.slot.answering(len(result), flags_of(s.tracking))  # the whole answer
-        await s.client.send(result)
-        return True
+        return Reply(build_text_result(merged.coldefs, merged.rows, tracking.status_word(), deprecate_eof, cmd.seq_end + 1))
 
 
 class MergedWarnings:

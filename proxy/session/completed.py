@@ -1,7 +1,7 @@
 """A command whose response is complete, as the session model is told of it, and what its kind
 alone says.
 
-- ``Completed``: what the relay hands ``SessionTracker.completed`` (``relay.inflight.Inflight``);
+- ``Completed``: what the relay hands ``SessionTracker.completed`` (``cycle.inflight.Inflight``);
 - ``FAST_STATEMENTS``: the statement a fast-path verb stands for (``sqltext.triage``: one DML
   or SELECT, judged without analysis);
 - ``SESSION_ONLY_COMMANDS``: the commands that change nothing but session-level state.
@@ -13,6 +13,7 @@ from typing import Protocol
 
 from proxy.protocol.constants import Commands
 from proxy.protocol.response import ResponseTracker
+from proxy.session.intake import Command
 from proxy.session.state import PreparedStatement
 from proxy.sqltext import Analysis, Kind, ServerReading, Statement
 from proxy.sqltext.triage import FAST_VERBS
@@ -23,9 +24,9 @@ C = Commands
 
 
 class Completed(Protocol):
-    """A command whose response is complete (``relay.inflight.Inflight``)."""
+    """A command whose response is complete (``cycle.inflight.Inflight``)."""
 
-    command: object  # intake.Command
+    command: Command
     tracker: ResponseTracker
     statement: PreparedStatement | None
     verb: bytes | None  # fast-path verb, or None

@@ -152,7 +152,7 @@ class CommandInfo:
                 self._analysis = _DML_ANALYSIS[verb]
             else:
                 self._analysis = sqltext.analyze(
-                    self.sql, dialect=self.dialect, no_backslash_escapes=self.no_backslash_escapes, multi=multi
+                    self.sql or "", dialect=self.dialect, no_backslash_escapes=self.no_backslash_escapes, multi=multi
                 )
                 if not self.complete and self._analysis.unknown is None:
                     self._analysis = attrs.evolve(self._analysis, unknown="only the head of this large command is known")

@@ -13,7 +13,7 @@ import re
 from proxy.protocol.constants import Commands
 from proxy.session.completed import FAST_STATEMENTS, Completed
 from proxy.session.state import SessionState
-from proxy.sqltext import Kind
+from proxy.sqltext import Analysis, Kind
 
 __all__ = ["follow_insert_id"]
 
@@ -35,13 +35,11 @@ def follow_insert_id(state: SessionState, done: Completed) -> bool:
     if value:
         state.forced_insert_id_used(value)
     cmd = done.command
-    if done.analysis is not None:
-        a = done.analysis
-        kind = a.first.kind if a.single and a.unknown is None else None
-    elif done.verb is not None:
-        kind = FAST_STATEMENTS[done.verb].kind
-    else:  # COM_STMT_EXECUTE
-        a = done.statement.analysis if done.statement is not None else None
+    a: Analysis | None
+    if done.verb is not None and done.analysis is None:
+        kind: Kind | None = FAST_STATEMENTS[done.verb].kind
+    else:
+        a = done.analysis if done.analysis is not None else done.statement.analysis if done.statement is not None else None
         kind = a.first.kind if a is not None and a.single and a.unknown is None else None
     if kind is _INSERT or kind is _REPLACE:
         if value:

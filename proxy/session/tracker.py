@@ -199,14 +199,17 @@ class SessionTracker:
                 self._settle(bool(tracker.status & IN_TRANS))
         captures = self._bookkeep(done)
         self.info._in_transaction = self.tx.active
-        if tracker.error is None and (done.command.code == _QUERY or done.command.code == _EXECUTE):
-            if follow_insert_id(self.state, done):
+        state = self.state
+        if tracker.error is None and state is not None and (done.command.code == _QUERY or done.command.code == _EXECUTE):
+            if follow_insert_id(state, done):
                 self.insert_id_moved = True
         return captures
 
     def _settle(self, in_trans: bool) -> None:
         """The first status word after an ERR that left the transaction open to question."""
         pending, self.pending = self.pending, None
+        if pending is None:
+            return
         if not in_trans:
             self.tx.reset()  # it ended (committed or rolled back): nothing left to replay
         elif not self.autocommit:
@@ -222,15 +225,17 @@ class SessionTracker:
         cmd = done.command
         tracker = done.tracker
         code = cmd.code
-        ok = tracker.error is None
+        err = tracker.error
+        ok = err is None
         state = self.state
         assert state is not None
         if code == _QUERY:
             if done.analysis is None:  # fast path: one DML or SELECT, no transaction effect
-                if ok and may_pin_session(cmd.payload):
-                    self._note_pins(classify(cmd.text(), dialect=done.reading.dialect, no_backslash_escapes=done.reading.nbe))
-                elif not ok:
-                    self._failed(FAST_STATEMENTS[done.verb], tracker.error.code)
+                if err is None:
+                    if may_pin_session(cmd.payload):
+                        self._note_pins(classify(cmd.text(), dialect=done.reading.dialect, no_backslash_escapes=done.reading.nbe))
+                elif done.verb is not None:
+                    self._failed(FAST_STATEMENTS[done.verb], err.code)
                 self._journal_step(done, None, False)
                 return []
             return self._apply(done, done.analysis)
@@ -328,7 +333,7 @@ class SessionTracker:
             if st.implicit_commit or st.kind is _COMMIT or st.kind is _ROLLBACK:
                 boundary = i
             captures += self._note_statement(analysis, i, st)
-        if failed is not None:
+        if failed is not None and err is not None:
             self._failed(failed, err.code)
         # A failed statement that may have committed is never journaled: if it did nothing, the
         # transaction goes on without it; if it committed, there is nothing left to replay.
@@ -447,7 +452,7 @@ class SessionTracker:
 
     # ------------------------------------------------------------------ session state
 
-    def _use(self, database: str) -> None:
+    def _use(self, database: str | None) -> None:
         assert self.state is not None
         self.changed = True
         self.state.database = database
@@ -457,8 +462,10 @@ class SessionTracker:
         """Session effects of one statement that completed; returns variables to read back."""
         self._note_pins(st)
         kind = st.kind
+        state = self.state
+        assert state is not None
         if kind is _USE:
-            self.tx.note_session_change(self.state)
+            self.tx.note_session_change(state)
             self._use(st.target)
             return []
         if kind is not _SET and kind is not _SET_TRANSACTION:
@@ -472,8 +479,8 @@ class SessionTracker:
         if not assignments:
             return []
         self.changed = True
-        self.tx.note_session_change(self.state)
-        return self.state.apply_set(assignments)
+        self.tx.note_session_change(state)
+        return state.apply_set(assignments)
 
     def _note_pins(self, st: Statement) -> None:
         if st.session_unrestorable:

@@ -399,7 +399,8 @@ def _classify_flush(sql: str, kws: tuple[str, ...], r: tk.Reading) -> Statement:
     tokens = r.tokens(sql)
     words = [tk.word(tokens, i) for i in range(len(tokens))]
     for i in range(len(words) - 1):
-        if (words[i], words[i + 1]) in (("READ", "LOCK"), ("FOR", "EXPORT")):
+        pair = (words[i], words[i + 1])
+        if pair == ("READ", "LOCK") or pair == ("FOR", "EXPORT"):
             return Statement(Kind.OTHER, implicit_commit=True,
                              session_unrestorable="FLUSH TABLES ... WITH READ LOCK / FOR EXPORT holds locks that belong to the session")  # fmt: skip
     return OTHER_COMMIT

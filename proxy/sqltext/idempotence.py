@@ -122,7 +122,12 @@ def changes_no_rows(sql: str, dialect: Dialect = UNKNOWN, nbe: bool = False) -> 
             assignments = parse_set(sql, dialect=dialect, no_backslash_escapes=nbe)
         except SqlParseError:
             return False
-        return st.session_only and bool(assignments) and all(a.is_constant and a.scope in _SESSION_SET_SCOPES for a in assignments)
+        return (
+            st.session_only
+            and assignments is not None
+            and bool(assignments)
+            and all(a.is_constant and a.scope in _SESSION_SET_SCOPES for a in assignments)
+        )
     if st.kind in (Kind.SET_TRANSACTION, Kind.USE):
         return st.session_only
     return st.kind in (Kind.SELECT, Kind.SHOW) and st.read_only and st.session_unrestorable is None

@@ -170,7 +170,7 @@ def _parse_set_transaction(sql: str, tokens: list[Token]) -> list[SetAssignment]
     if scope_word == "TRANSACTION":
         scope, i = SetScope.NEXT_TRANSACTION, 2
     else:
-        scope = SetScope.GLOBAL if _SCOPE_WORDS[scope_word] is SetScope.GLOBAL else SetScope.TRANSACTION
+        scope = SetScope.GLOBAL if _SCOPE_WORDS.get(scope_word or "") is SetScope.GLOBAL else SetScope.TRANSACTION
         i = 3
     result = []
     for item in tk.split_top_level(tokens[i:]):

@@ -1,5 +1,5 @@
 """An upgrade stops a session's backend task before it hands the backend connection over
-(``Session.stop_backend_task``), only where the task waits between responses: stopped in the
+(``BackendTask.stop``), only where the task waits between responses: stopped in the
 middle of recovery after a loss it had just seen, the session was left half recovered, and
 the task started again read a closed socket (seen once in 37 upgrades beside TiDB restarts:
 ``ValueError: file descriptor cannot be a negative integer``). Busy, it says so and goes on."""
@@ -22,8 +22,8 @@ async def test_an_idle_backend_task_stops_where_it_waits(nursery, autojump):
     await c.must("SET sql_mode = ANSI")
     [session] = rig.proxy.target.sessions
     await trio.sleep(0.1)
-    assert await session.stop_backend_task() is True
-    session.start_backend_task()  # an upgrade that did not take it: the session goes on
+    assert await session.backend_task.stop() is True
+    session.backend_task.start()  # an upgrade that did not take it: the session goes on
     assert (await c.must("SELECT @@sql_mode")).rows == ["ANSI"]
 
 
@@ -35,7 +35,7 @@ async def test_a_backend_task_in_recovery_is_not_stopped(nursery, autojump):
     rig.server.up = False
     rig.backend_of().close()  # the server went away: the backend task recovers (reconnects, with backoff)
     await trio.sleep(0.2)
-    assert await session.stop_backend_task() is False
+    assert await session.backend_task.stop() is False
     rig.server.up = True
     with trio.fail_after(30):
         assert (await c.must("SELECT @@sql_mode")).rows == ["ANSI"]  # recovered, as if no upgrade had asked

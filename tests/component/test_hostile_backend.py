@@ -377,7 +377,7 @@ async def test_a_server_silent_after_accepting_a_command_is_waited_for_as_direct
     assert waited.cancelled_caught and not c.closed  # no error made up, no answer: still waiting
     rig.server.intercept = None
     await healthy(bystander)
-    [session] = [s for s in rig.proxy.target.sessions if s.inflight is not None]
+    [session] = [s for s in rig.proxy.target.sessions if s.cycle.inflight is not None]
     await c.stream.aclose()  # the client's own read timeout gives up
     with trio.fail_after(5):
         while session in rig.proxy.target.sessions:

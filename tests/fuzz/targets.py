@@ -61,7 +61,7 @@ from proxy.protocol.packets import (
     parse_server_handshake,
 )
 from proxy.protocol.response import Expect, ResponseTracker
-from proxy.relay import responses
+from proxy.relay import reading, responses
 from proxy.session import intake
 from proxy.sqltext import (
     MARIADB,
@@ -134,7 +134,7 @@ class In:
 # MAX_FRAME values a target may run with: the real one, and small ones that make continuation
 # frames reachable with a few bytes.
 FRAME_SIZES = (MAX_FRAME, 9, 13, 24)
-_FRAME_MODULES = (framing, response, resultset, intake)
+_FRAME_MODULES = (framing, response, resultset, intake, reading)
 
 
 @contextlib.contextmanager
@@ -850,7 +850,7 @@ def t_intake(data: bytes) -> None:
             check(whole.complete and whole.payload == ref[1] and whole.seq_end == ref[2] and whole.raw == stream, "whole_command's fields")
             check(len(ref[1]) <= max_size, "whole_command took a command over the limit")
         try:
-            got = run_sync(intake.read_command(channel, max_size, spool, keep))
+            got = run_sync(reading.read_command(channel, max_size, spool, keep))
         except PeerClosed:
             check(ref is None, "PeerClosed although the command was complete")
             return

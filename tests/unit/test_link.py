@@ -11,14 +11,16 @@ import pytest
 import trio
 
 from proxy.config import parse_config
+from proxy.cycle.inflight import NOT_SENT, SENT, Inflight
 from proxy.hooks import Hooks, Veto
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.response import ResponseTracker, expect_for
 from proxy.recovery.driver import judge
-from proxy.recovery.loss import Loss, SessionParts
+from proxy.recovery.loss import Loss
 from proxy.recovery.plan import Outcome, Sent
-from proxy.relay.inflight import NOT_SENT, SENT, Inflight
+from proxy.recovery.relayside import RECOVERY
 from proxy.relay.link import BackendLink, LinkState
+from proxy.relay.parts import SessionParts
 from proxy.session.info import SessionInfo
 from proxy.session.intake import Command
 from proxy.session.tracker import AUTOCOMMIT, SessionTracker
@@ -145,7 +147,9 @@ def loss(t: SessionTracker, inflight: Inflight | None = None, config=CONFIG, hoo
     link.ready()
     stats = types.SimpleNamespace(recovered=lambda *a: None)
     target = types.SimpleNamespace(stats=stats)
-    parts = SessionParts(t.info.logger(logging.getLogger("test")), "127.0.0.1:1", config, link, t, target, hooks or Hooks([]), t.info, None)
+    parts = SessionParts(
+        t.info.logger(logging.getLogger("test")), "127.0.0.1:1", config, link, t, target, hooks or Hooks([]), t.info, None, RECOVERY
+    )
     lost = Loss(parts, "test", inflight, False, rejected)
     lost.old = link.lost()
     return lost

@@ -44,7 +44,8 @@ async def test_a_large_send_long_data_is_spooled_from_its_first_bytes():
     import trio
 
     from proxy.netio import StreamChannel
-    from proxy.session.intake import HEAD_SIZE, read_command
+    from proxy.relay.reading import read_command
+    from proxy.session.intake import HEAD_SIZE
 
     client, server = trio.testing.memory_stream_pair()
     channel = StreamChannel(server, "client")

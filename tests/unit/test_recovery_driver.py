@@ -9,18 +9,20 @@ import types
 import pytest
 import trio
 
+from proxy.cycle.inflight import ConnectionFailed
 from proxy.hooks import Hooks
 from proxy.protocol.response import Expect
 from proxy.recovery import moves
 from proxy.recovery.ddljobs import JobState
 from proxy.recovery.driver import judge
 from proxy.recovery.facts import PluginAnswers, facts_of
-from proxy.recovery.loss import Loss, SessionParts
+from proxy.recovery.loss import Loss
 from proxy.recovery.moves import GiveUp, Move, Then
 from proxy.recovery.plan import Outcome, Plan, Sent
 from proxy.recovery.proofs import unproven
-from proxy.relay.inflight import ConnectionFailed
+from proxy.recovery.relayside import RECOVERY
 from proxy.relay.link import BackendLink
+from proxy.relay.parts import SessionParts
 from proxy.session.transaction import JournalEntry
 from tests.unit.test_link import CONFIG, FakeBackend, in_flight, tracker
 
@@ -175,7 +177,7 @@ def safe_mode_loss(hooks: Hooks, sql_in_flight: str | None = None, journal: list
     link.ready()
     stats = types.SimpleNamespace(recovered=lambda *a: None)
     parts = SessionParts(t.info.logger(logging.getLogger("test")), "127.0.0.1:1", CONFIG, link, t, types.SimpleNamespace(stats=stats),
-                         hooks, t.info, None)  # fmt: skip
+                         hooks, t.info, None, RECOVERY)  # fmt: skip
     if journal:
         t.tx.start(None)
     for sql in journal:

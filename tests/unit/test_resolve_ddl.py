@@ -8,10 +8,10 @@ import time
 import pytest
 import trio
 
+from proxy.cycle.inflight import ConnectionFailed
 from proxy.hooks import Hooks
 from proxy.recovery.facts import facts_of
 from proxy.recovery.replay import resolve_ddl
-from proxy.relay.inflight import ConnectionFailed
 from tests.unit.test_link import CONFIG, FakeBackend
 from tests.unit.test_recovery_driver import safe_mode_loss
 

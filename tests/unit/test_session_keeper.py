@@ -183,7 +183,7 @@ async def test_a_worker_whose_keeper_goes_away_while_it_registers_its_sessions_s
     for number in range(3):
         ours, client = _client_pair()
         fd = os.memfd_create("test-slot")
-        sessions.append(SimpleNamespace(id=number, slot=SimpleNamespace(fd=fd), client=SimpleNamespace(sock=ours), link=SimpleNamespace(backend=None),
+        sessions.append(SimpleNamespace(id=number, record=SimpleNamespace(kept=True, slot=SimpleNamespace(fd=fd)), client=SimpleNamespace(sock=ours), link=SimpleNamespace(backend=None),
                                         tracking=SimpleNamespace(mirrored=lambda number=number: registered.append(number)), peer=client))  # fmt: skip
     mirror = mirror_module.Mirror(SimpleNamespace(target=SimpleNamespace(sessions=sessions)), os.getpid(), 0)
     channel, keeper_end = HandoverChannel.pair("the supervisor's session keeper")
@@ -193,6 +193,6 @@ async def test_a_worker_whose_keeper_goes_away_while_it_registers_its_sessions_s
     await mirror.state(sessions[1])  # a session's news meanwhile goes nowhere, and is no error
     channel.close()
     for s in sessions:
-        os.close(s.slot.fd)
+        os.close(s.record.slot.fd)
         s.client.sock.close()
         s.peer.close()

@@ -237,12 +237,13 @@ async def test_backend_gauges_follow_health_and_sessions():
 
 
 async def test_a_session_gives_its_facts_to_the_gauges():
-    """relay.tasks.Session as stats.SessionFacts: its backend's address only while the connection
+    """relay.session.Session as stats.SessionFacts: its backend's address only while the connection
     is open (a lost one is not counted), its transaction as the tracker has it."""
-    from proxy.relay.tasks import Session
+    from proxy.recovery.relayside import RECOVERY
+    from proxy.relay.session import Session
 
     t = target([])
-    session = Session(t, SimpleNamespace(), "127.0.0.1:50000", 7)
+    session = Session(t, SimpleNamespace(), "127.0.0.1:50000", 7, RECOVERY)
     assert session.backend_address is None and not session.in_transaction
     channel = SimpleNamespace(closed=False)
     session.link.replace(SimpleNamespace(address=Address("127.0.0.1", 3307), channel=channel, max_allowed_packet=0, connection_id=9,

@@ -25,7 +25,7 @@ OK = "ok"
 
 @attrs.define
 class Done:
-    """What the relay hands the tracker (relay.inflight.Inflight's fields)."""
+    """What the relay hands the tracker (cycle.inflight.Inflight's fields)."""
 
     command: Command
     tracker: ResponseTracker

@@ -1,11 +1,11 @@
-"""The command in flight's send state (proxy.relay.inflight.SendState)."""
+"""The command in flight's send state (proxy.cycle.inflight.SendState)."""
 
 from __future__ import annotations
 
+from proxy.cycle import inflight
+from proxy.cycle.inflight import Inflight, SendState
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.response import ResponseTracker, expect_for
-from proxy.relay import inflight
-from proxy.relay.inflight import Inflight, SendState
 from proxy.session.intake import Command
 
 
