@@ -19,10 +19,10 @@ take what arrived and say what happens to it (``fast_command`` for the fast lane
 
 from __future__ import annotations
 
-import enum
 import re
+import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 from proxy.cycle import inflight as _inflight
 from proxy.cycle.answers import FirstAnswer, Reply
@@ -55,51 +55,54 @@ _ASKS_MAX_PACKET = re.compile(rb"\s*SELECT\s+@@(?:session\.)?max_allowed_packet\
 WRITE_VERBS = frozenset({b"INSERT", b"REPLACE", b"UPDATE", b"DELETE"})  # of the fast path (sqltext.triage)
 
 
-class Phase(enum.Enum):
-    IDLE = "idle"  # nothing in flight
-    SENT = "sent"  # the command is the server's (going out, or gone); nothing of its answer forwarded yet
-    STREAMING = "streaming"  # part of its answer reached the client
-    PARKED = "parked"  # a command waits for the backend connection (not up: a new one, a move)
-    RECOVERING = "recovering"  # the backend connection was lost: recovery runs
-    HANDING_OVER = "handing over"  # an upgrade takes the session to another process
-    CLOSED = "closed"
+class Phase:
+    """Where a session's command stands (plain ints: the phase is read and moved per statement)."""
+
+    IDLE: Final = 0  # nothing in flight
+    SENT: Final = 1  # the command is the server's (going out, or gone); nothing of its answer forwarded yet
+    STREAMING: Final = 2  # part of its answer reached the client
+    PARKED: Final = 3  # a command waits for the backend connection (not up: a new one, a move)
+    RECOVERING: Final = 4  # the backend connection was lost: recovery runs
+    HANDING_OVER: Final = 5  # an upgrade takes the session to another process
+    CLOSED: Final = 6
+
+    NAMES: Final = ("IDLE", "SENT", "STREAMING", "PARKED", "RECOVERING", "HANDING_OVER", "CLOSED")
 
 
 P = Phase
-# state -> {event -> next state}; anything else is a bug of the caller's, refused before any
-# field changes.
-TRANSITIONS: dict[Phase, dict[str, Phase]] = {
-    P.IDLE: {
-        "send": P.SENT,
-        "park": P.PARKED,
-        "lose": P.RECOVERING,
-        "hand_over": P.HANDING_OVER,
-        "close": P.CLOSED,
-        "complete": P.IDLE,
-    },  # (a command with no answer: it completes as it goes)  # fmt: skip
-    P.SENT: {"forward": P.STREAMING, "complete": P.IDLE, "answer": P.IDLE, "lose": P.RECOVERING, "close": P.CLOSED},
-    P.STREAMING: {"forward": P.STREAMING, "complete": P.IDLE, "answer": P.IDLE, "lose": P.RECOVERING, "close": P.CLOSED},
-    P.PARKED: {"send": P.SENT, "answer": P.IDLE, "complete": P.IDLE, "lose": P.RECOVERING, "park": P.PARKED, "close": P.CLOSED},
-    # A command that arrives meanwhile waits (park); an answer may come before the end of it.
-    P.RECOVERING: {
-        "send": P.SENT,
-        "park": P.RECOVERING,
-        "answer": P.RECOVERING,
-        "lose": P.RECOVERING,
-        "resume": P.IDLE,
-        "complete": P.RECOVERING,
-        "close": P.CLOSED,
-    },  # fmt: skip
-    P.HANDING_OVER: {"stay": P.IDLE, "close": P.CLOSED},
-    P.CLOSED: {"close": P.CLOSED, "lose": P.CLOSED, "answer": P.CLOSED, "complete": P.CLOSED, "resume": P.CLOSED},
-}
-
-_IDLE, _SENT, _STREAMING = P.IDLE, P.SENT, P.STREAMING
-_QUERY, _EXECUTE, _PREPARE, _LONG_DATA = C.COM_QUERY, C.COM_STMT_EXECUTE, C.COM_STMT_PREPARE, C.COM_STMT_SEND_LONG_DATA
-_SELECT, _OTHER, _COMMIT, _DDL = Kind.SELECT, Kind.OTHER, Kind.COMMIT, Kind.DDL
+# phase -> {event -> next phase}, by phase; anything else is a bug of the caller's, refused
+# before any field changes.
+# fmt: off
+TRANSITIONS: tuple[dict[str, int], ...] = (
+    # IDLE (complete: a command with no answer completes as it goes)
+    {"send": P.SENT, "park": P.PARKED, "lose": P.RECOVERING, "hand_over": P.HANDING_OVER, "close": P.CLOSED, "complete": P.IDLE},
+    # SENT
+    {"forward": P.STREAMING, "complete": P.IDLE, "answer": P.IDLE, "lose": P.RECOVERING, "close": P.CLOSED},
+    # STREAMING
+    {"forward": P.STREAMING, "complete": P.IDLE, "answer": P.IDLE, "lose": P.RECOVERING, "close": P.CLOSED},
+    # PARKED
+    {"send": P.SENT, "answer": P.IDLE, "complete": P.IDLE, "lose": P.RECOVERING, "park": P.PARKED, "close": P.CLOSED},
+    # RECOVERING: a command that arrives meanwhile waits (park); an answer may come before its end
+    {"send": P.SENT, "park": P.RECOVERING, "answer": P.RECOVERING, "lose": P.RECOVERING, "resume": P.IDLE,
+     "complete": P.RECOVERING, "close": P.CLOSED},
+    # HANDING_OVER
+    {"stay": P.IDLE, "close": P.CLOSED},
+    # CLOSED
+    {"close": P.CLOSED, "lose": P.CLOSED, "answer": P.CLOSED, "complete": P.CLOSED, "resume": P.CLOSED},
+)
+# fmt: on
 
 
-class CycleError(RuntimeError):
+_QUERY: Final = C.COM_QUERY
+_EXECUTE: Final = C.COM_STMT_EXECUTE
+# Members compared per statement, as Final module names (compiled: read as constants).
+_SELECT: Final = Kind.SELECT
+_OTHER: Final = Kind.OTHER
+_COMMIT: Final = Kind.COMMIT
+_DDL: Final = Kind.DDL
+
+
+class CycleError(Exception):
     """A move the cycle's phases do not allow (a bug in the caller)."""
 
 
@@ -108,8 +111,6 @@ class LinkView(Protocol):
 
     @property
     def up(self) -> bool: ...
-
-    def completed(self) -> None: ...
 
 
 class MarkersView(Protocol):
@@ -120,27 +121,42 @@ class MarkersView(Protocol):
 
 
 class CommandCycle:
-    __slots__ = ("tracking", "link", "markers", "now", "phase", "inflight", "first_answer", "commands", "settled", "last_activity",
-                 "next_marker")  # fmt: skip
+    __slots__ = ("tracking", "link", "markers", "now", "clock_offset", "phase", "inflight", "first_answer", "commands", "settled",
+                 "last_activity", "losses_in_a_row", "next_marker")  # fmt: skip
 
-    def __init__(self, tracking: SessionTracker, link: LinkView, now: Callable[[], float], markers: MarkersView | None = None) -> None:
+    def __init__(self, tracking: SessionTracker, link: LinkView, now: Callable[[], float], markers: MarkersView | None = None,
+                 clock_offset: float | None = None) -> None:  # fmt: skip
         self.tracking = tracking
         self.link = link
         self.markers = markers  # the session's commit markers (None: off)
-        self.now = now  # the run's clock
-        self.phase = P.IDLE  # written by _go only
+        # The run's clock: ``now()``, or (trio's own clock) time.perf_counter() + ``clock_offset``,
+        # which is that clock without a call of Python's per read (read twice per statement).
+        self.now = now
+        self.clock_offset = clock_offset
+        self.phase: int = P.IDLE  # written by _go only
         self.inflight: Inflight | None = None  # the command sent (or waiting to be) whose response is not complete
         self.first_answer: FirstAnswer | None = None  # what the next command gets before anything else
         self.commands = 0
         self.settled = 0  # the last command whose completion the supervisor's copy of the state includes
         self.last_activity = now()  # when the last command completed (wait_timeout, idle_timeout)
+        self.losses_in_a_row = 0  # losses of the backend connection since a command last completed
         self.next_marker = 0  # commit-marker number written for the COMMIT about to be submitted
 
-    def _go(self, event: str) -> Phase:
+    def time(self) -> float:
+        """The run's clock now."""
+        offset = self.clock_offset
+        return time.perf_counter() + offset if offset is not None else self.now()
+
+    def count_loss(self) -> int:
+        """Recovery judged a loss: the losses since a command last completed, this one included."""
+        self.losses_in_a_row += 1
+        return self.losses_in_a_row
+
+    def _go(self, event: str) -> int:
         allowed = TRANSITIONS[self.phase]
         new = allowed.get(event)
         if new is None:
-            raise CycleError(f"command cycle: {event} is not allowed while {self.phase.name} (allowed: {', '.join(allowed)})")
+            raise CycleError(f"command cycle: {event} is not allowed while {P.NAMES[self.phase]} (allowed: {', '.join(allowed)})")
         self.phase = new
         return new
 
@@ -163,7 +179,7 @@ class CommandCycle:
               deprecate_eof: bool, commits_writes: bool) -> Inflight:  # fmt: skip
         """The client's command, judged, as the command in flight (not yet the cycle's: ``dispatch``)."""
         tracking = self.tracking
-        inflight = _inflight.start(cmd, tracking, deprecate_eof, self.now(), statement, verb, analysis)
+        inflight = _inflight.start(cmd, tracking, deprecate_eof, self.time(), statement, verb, analysis)
         if tracking.tx.active:
             inflight.look_first = commits_writes
         elif tracking.autocommit:
@@ -249,7 +265,7 @@ class CommandCycle:
     def forward(self, inflight: Inflight) -> None:
         """Part of the answer goes to the client (from here a loss cannot be hidden)."""
         inflight.forwarded = True
-        if self.phase is not _STREAMING:
+        if self.phase != P.STREAMING:
             self._go("forward")
 
     def finish(self, inflight: Inflight) -> list[str]:
@@ -257,8 +273,8 @@ class CommandCycle:
         (``SessionTracker.completed``). Returns the variables to read back from the server
         before the client hears the end of it."""
         captures = self.tracking.completed(inflight)
-        self.link.completed()
-        self.last_activity = self.now()
+        self.losses_in_a_row = 0
+        self.last_activity = self.time()
         command = inflight.command
         if command.spool is not None:  # (its release, without the call for the usual command kept in memory)
             command.release()
@@ -290,7 +306,7 @@ class CommandCycle:
 
     def resume(self) -> None:
         """Recovery is over: what waits goes out (``dispatch``'s ``send``), or nothing is in flight."""
-        if self.phase is P.RECOVERING:
+        if self.phase == P.RECOVERING:
             if self.inflight is not None and self.inflight.state is not _inflight.NOT_SENT:
                 self._go("send")
             else:
@@ -300,7 +316,7 @@ class CommandCycle:
 
     def resend(self, inflight: Inflight) -> None:
         """A command that waited goes out now (after recovery or a move)."""
-        if self.phase is not _SENT and self.phase is not _STREAMING:
+        if self.phase != P.SENT and self.phase != P.STREAMING:
             self._go("send")
 
     def hand_over(self) -> None:
@@ -320,6 +336,14 @@ class CommandCycle:
         if inflight is not None:
             self.inflight = inflight
             self._go("park")
+
+    def idled_out(self, server_wait: float | None, now: float) -> float | None:
+        """The session's wait_timeout (seconds) if it has been idle about that long at ``now``
+        (the server may have closed its connection for idling), else None. ``server_wait``:
+        the server's own, unless the session set one."""
+        session_wait = self.tracking.session_wait
+        wait = session_wait if session_wait is not None else server_wait
+        return wait if wait and now - self.last_activity >= wait - 1 else None
 
     def idle(self) -> bool:
         """Between transactions with nothing in flight: it can be closed or moved now."""

@@ -47,7 +47,7 @@ from proxy.netio import Channel
 from proxy.protocol.packets import ServerHandshake
 from proxy.relay.link import LinkState
 from proxy.session.state import SessionState
-from proxy.session.tracker import AUTOCOMMIT
+from proxy.session.tracker import Orphaned
 from proxy.sqltext import ServerReading
 
 if TYPE_CHECKING:
@@ -284,19 +284,16 @@ def _thaw(proxy: Proxy, f: dict[str, Any], client_sock: socket.socket, backend_s
         else:
             s.link.adopted_lost(int(f["recoveries"]))
 
-    s = thaw_session(proxy, f, client_sock, attach)
-    tracking = s.tracking
-    if f["transaction"] is not None:
-        tracking.tx.adopt(f["transaction"], tracking.prepared)
-        s.parts.info._in_transaction = True
-    return s
+    return thaw_session(proxy, f, client_sock, attach)
 
 
-def thaw_session(proxy: Proxy, f: dict[str, Any], client_sock: socket.socket, attach: Callable[[Session], None]) -> Session:
+def thaw_session(proxy: Proxy, f: dict[str, Any], client_sock: socket.socket, attach: Callable[[Session], None],
+                 orphaned: Orphaned | None = None) -> Session:  # fmt: skip
     """The session of ``session_fields`` on its client connection: who is logged in, the session
     state, prepared statements (valid on the backend connection ``attach`` gives the link, or
-    to prepare again), how the server reads its text, the commit-marker slot. Raises ValueError
-    when this process cannot run it."""
+    to prepare again), the open transaction if it moves, how the server reads its text, the
+    commit-marker slot; ``orphaned``: what a takeover knows besides. Raises ValueError when
+    this process cannot run it."""
     from proxy.relay.login import login_for
     from proxy.relay.session import Session
 
@@ -311,15 +308,11 @@ def thaw_session(proxy: Proxy, f: dict[str, Any], client_sock: socket.socket, at
     s.parts.info.opened_at = now - float(f["age"])
     s.greeted(s.client, int(f["client_caps"]), bytes.fromhex(f["scramble"]))
     s.cycle.adopt(int(f["commands"]), int(f.get("settled", 0)), None)
-    tracking = s.tracking
     login = f["login"]
-    tracking.logged_in(state.username, state.database, state.collation, AUTOCOMMIT if f["autocommit"] else 0)
-    tracking.state = state
-    tracking.autocommit = bool(f["autocommit"])
     s.link.set_login(login_for(s, state.username, state.database, int(login["collation"]), dict(login["connect_attrs"])))
     attach(s)
-    tracking.adopt_reading(cattrs.structure(f["reading"], ServerReading))
-    tracking.statements.adopt(f["prepared"], tracking.analyze)
+    reading = cattrs.structure(f["reading"], ServerReading)
+    s.tracking.restore(state, bool(f["autocommit"]), reading, f["prepared"], f["transaction"], orphaned)
     marker = f.get("marker")
     if marker is not None and s.parts.markers is not None:
         s.parts.markers.slot, s.parts.markers.written = str(marker["slot"]), int(marker["written"])

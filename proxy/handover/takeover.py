@@ -51,7 +51,7 @@ from proxy.handover.slot import (
 from proxy.netio import Channel
 from proxy.protocol.constants import Commands
 from proxy.protocol.framing import PacketDecoder
-from proxy.session.tracker import Pending
+from proxy.session.tracker import Orphaned, Pending
 from proxy.sessionlog import SessionLog
 
 if TYPE_CHECKING:
@@ -177,23 +177,15 @@ def _thaw(proxy, f: dict, sock: socket.socket, dead: int, record: Record, verdic
         gone = thaw_backend(proxy, b, Channel(socket.socket(), f"backend {b['address']} (held by worker pid {dead})")) if b else None
         s.link.adopted_lost(int(f["recoveries"]), gone)
 
-    s = thaw_session(proxy, f, sock, attach)
-    tracking = s.tracking
+    pending = None
+    if record.flags & PENDING:
+        pending = Pending(bool(record.flags & PENDING_MAY_HAVE_COMMITTED), f"an error left the transaction's fate open; {why}")
+    orphaned = Orphaned(why, record.in_transaction, bool(record.flags & WROTE), pending, record.xa, bool(record.flags & INSERT_ID_MOVED),
+                        bool(record.flags & LONG_DATA_HELD) and verdict.inflight is None)  # fmt: skip
+    s = thaw_session(proxy, f, sock, attach, orphaned)
     s.unconnected_reason = why
-    if record.flags & INSERT_ID_MOVED:  # since the supervisor's copy: not known here
-        tracking.state.insert_id_unknown = True
     if s.parts.markers is not None:
         s.parts.markers.written = max(s.parts.markers.written, record.marker)
-    if record.in_transaction:
-        tracking.tx.start(None)
-        tracking.tx.writes = bool(record.flags & WROTE)
-        tracking.tx.mark_not_replayable(f"{why}: the journal of its transaction went with it")
-        s.parts.info._in_transaction = True
-    if record.flags & PENDING:
-        tracking.pending = Pending(bool(record.flags & PENDING_MAY_HAVE_COMMITTED), f"an error left the transaction's fate open; {why}")
-    tracking.xa = record.xa
-    if record.flags & LONG_DATA_HELD and verdict.inflight is None:
-        tracking.mark_unrestorable("long data (COM_STMT_SEND_LONG_DATA) for an execute to come was kept by the worker that died")
     if verdict.pending:
         s.client.decoder.feed(verdict.pending)  # read again here: the command the dead worker had read
     if verdict.inflight is not None:

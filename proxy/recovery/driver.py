@@ -249,7 +249,7 @@ async def judge(loss: Loss) -> Plan:
         unsent = inflight.state in (NOT_SENT, SEND_FAILED)
         loss.sent = moves.how_far(unsent, inflight.forwarded, loss.rejected, in_flight is not None and in_flight.commits)
     plan = _plan(loss, in_flight, journal)
-    delay = moves.backoff_delay(link.count_loss(), rec.backoff_initial, rec.backoff_max)
+    delay = moves.backoff_delay(p.cycle.count_loss(), rec.backoff_initial, rec.backoff_max)
     if delay is not None:
         await trio.sleep(delay)
         waited = trio.current_time() - inflight.arrived if inflight is not None else None

@@ -1,5 +1,6 @@
 """The fast lane: a session's commands and answers carried from the host loop's callbacks
-(``proxy.hostloop``), with no trio task woken per packet.
+(``proxy.hostloop``), with no trio task woken per packet. Compiled with the sans-IO core
+(``proxy.corebuild``).
 
 Each of the session's two tasks parks here while it waits (the client task for a command,
 ``client_data``; the backend task for the server's bytes, ``backend_data``), and while it is
@@ -19,53 +20,61 @@ parked, the host loop watches its socket (``Channel.watch``). When bytes come:
 from __future__ import annotations
 
 import functools
-import logging
+import socket
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from proxy import hostloop
-from proxy.cycle.cycle import Phase, runs_ddl
+from proxy.cycle.cycle import CommandCycle, Phase, runs_ddl
 from proxy.cycle.inflight import SEND_FAILED, SENT, Inflight
 from proxy.netio import RECV_SIZE, Channel, PeerClosed, PeerFinished
 from proxy.protocol.packets import ProtocolError
 from proxy.relay.link import LinkState
-from proxy.relay.responses import SERVER_GOING_AWAY, after_feed, complete_after, idled_out
+from proxy.relay.responses import SERVER_GOING_AWAY, after_feed, complete_after
 from proxy.session.intake import whole_command
+from proxy.session.tracker import SessionTracker
 
 if TYPE_CHECKING:
     from proxy.relay.relay import Relay
 
 __all__ = ["FastLane", "Job", "lane_for"]
 
-log = logging.getLogger("replay_proxy.session")
-
 Job = Callable[[], Awaitable[None]]  # the rest of an event's work, for the task it wakes
-_IDLE = Phase.IDLE
+Got = bytes | BaseException | Job  # what wakes a task parked here
 _UP = LinkState.UP
 
 
 def lane_for(s: Relay) -> FastLane | None:
-    """The session's fast lane while a host loop runs (None: trio alone, or not plain sockets)."""
+    """The session's fast lane while a host loop runs (None: trio alone, or not a plain socket).
+    Plugins that look at each command or result leave nothing to carry fast."""
     host = hostloop.current()
-    if host is None or type(s.client) is not Channel:
+    if host is None or type(s.client) is not Channel or s.command_hooks or s.result_hooks:
         return None
     return FastLane(s, host)
 
 
 class FastLane:
-    __slots__ = ("s", "loop", "token", "client_waits", "backend_waits", "client_got", "backend_got", "spool_threshold")
+    __slots__ = ("s", "cycle", "tracking", "link", "keys", "loop", "token", "spool_threshold", "deprecate_eof", "client",
+                 "backend", "client_waits", "backend_waits", "client_got", "backend_got")  # fmt: skip
 
     def __init__(self, s: Relay, host: hostloop.Host) -> None:
         self.s = s
-        self.loop = host.loop
-        self.token = host.token
+        self.cycle: CommandCycle = s.cycle
+        self.tracking: SessionTracker = s.tracking
+        self.link: Any = s.link  # relay.link.BackendLink
+        self.keys: Any = s.parts.target.keys  # safe mode's table keys, read again after a DDL
+        self.loop: Any = host.loop
+        self.token: Any = host.token
+        self.spool_threshold: int = s.parts.config.limits.spool_threshold
+        self.deprecate_eof = False  # the client's (its login sets it: read at each park)
+        self.client: socket.socket | None = None  # the sockets watched while a task is parked here
+        self.backend: Channel | None = None
         self.client_waits: trio.Event | None = None  # set: the client task is parked here
         self.backend_waits: trio.Event | None = None  # set: the backend task is parked here
-        self.client_got: bytes | BaseException | Job | None = None  # what wakes the client task
-        self.backend_got: bytes | BaseException | Job | None = None
-        self.spool_threshold = s.parts.config.limits.spool_threshold
+        self.client_got: Got | None = None  # what wakes the client task
+        self.backend_got: Got | None = None
 
     # ------------------------------------------------------------------ the tasks' side
 
@@ -73,14 +82,19 @@ class FastLane:
         """Park the client task until the lane leaves it something: the client's bytes, or a
         job. Raises PeerClosed (the client went, or its socket was closed) or WaitInterrupted."""
         if self.client_got is None:
-            client = self.s.client
+            channel = self.s.client
+            self.deprecate_eof = self.s.deprecate_eof
             waits = self.client_waits = trio.Event()
-            client.watch(self.loop, self._client_readable, self._client_gone)
+            self.client = channel.sock
+            channel.watch(self.loop, self._client_readable, self._client_gone)
             try:
                 await waits.wait()
             finally:
                 self.client_waits = None
-                client.unwatch()
+                channel.unwatch()
+        return self._take_client()
+
+    def _take_client(self) -> bytes | Job:
         got, self.client_got = self.client_got, None
         if isinstance(got, BaseException):
             raise got
@@ -89,19 +103,22 @@ class FastLane:
 
     async def backend_data(self) -> bytes | Job:
         """Park the backend task likewise, on the current backend connection."""
-        backend = self.s.link.backend
-        assert backend is not None
-        channel = backend.channel
+        backend = self.link.backend
+        channel: Channel = backend.channel
         if type(channel) is not Channel:  # TLS to the server: its records are the task's to read
             return await channel.recv(wait_first=True)
         if self.backend_got is None:
             waits = self.backend_waits = trio.Event()
-            channel.watch(self.loop, functools.partial(self._backend_readable, channel), self._backend_gone)
+            self.backend = channel
+            channel.watch(self.loop, self._backend_readable, self._backend_gone)
             try:
                 await waits.wait()
             finally:
                 self.backend_waits = None
                 channel.unwatch()
+        return self._take_backend()
+
+    def _take_backend(self) -> bytes | Job:
         got, self.backend_got = self.backend_got, None
         if isinstance(got, BaseException):
             raise got
@@ -115,35 +132,32 @@ class FastLane:
     def stop(self) -> None:
         """The session ends: no callback any more."""
         self.s.client.unwatch()
-        backend = self.s.link.backend
-        if backend is not None:
-            backend.channel.unwatch()
+        if self.backend is not None:
+            self.backend.unwatch()
 
     # ------------------------------------------------------------------ waking a task
 
-    def _give_client(self, got: bytes | BaseException | Job) -> None:
+    def _give_client(self, got: Got) -> None:
+        """Wake the client task with ``got`` (no more callbacks meanwhile)."""
         self.s.client.unwatch()
+        self._client_gone(got)
+
+    def _client_gone(self, got: Got) -> None:
+        """Wake the client task; also ``Channel.watch``'s ``gone``: its socket closed, or the
+        wait was interrupted."""
         self.client_got = got
         waits = self.client_waits
         if waits is not None:
             self.token.run_sync_soon(waits.set)
 
-    def _client_gone(self, exc: BaseException) -> None:
-        """The client's socket closed, or the wait interrupted (``Channel.watch``)."""
-        self.client_got = exc
-        waits = self.client_waits
-        if waits is not None:
-            self.token.run_sync_soon(waits.set)
+    def _give_backend(self, got: Got) -> None:
+        backend = self.backend
+        assert backend is not None
+        backend.unwatch()
+        self._backend_gone(got)
 
-    def _give_backend(self, channel: Channel, got: bytes | BaseException | Job) -> None:
-        channel.unwatch()
+    def _backend_gone(self, got: Got) -> None:
         self.backend_got = got
-        waits = self.backend_waits
-        if waits is not None:
-            self.token.run_sync_soon(waits.set)
-
-    def _backend_gone(self, exc: BaseException) -> None:
-        self.backend_got = exc
         waits = self.backend_waits
         if waits is not None:
             self.token.run_sync_soon(waits.set)
@@ -151,16 +165,17 @@ class FastLane:
     # ------------------------------------------------------------------ the callbacks
 
     def _client_readable(self) -> None:
-        client = self.s.client
+        sock = self.client
+        assert sock is not None
         try:
-            data = client.sock.recv(RECV_SIZE)
+            data = sock.recv(RECV_SIZE)
         except BlockingIOError:
             return
         except OSError as exc:
-            self._give_client(PeerClosed(f"{client.name}: {exc.strerror or exc}"))
+            self._give_client(PeerClosed(f"client: {exc.strerror or exc}"))
             return
         if not data:
-            self._give_client(PeerFinished(f"{client.name}: connection closed by peer"))
+            self._give_client(PeerFinished("client: connection closed by peer"))
             return
         try:
             if self.backend_waits is not None and self._command(data):
@@ -172,81 +187,75 @@ class FastLane:
 
     def _command(self, data: bytes) -> bool:
         """Send the client's command from here, if the cycle can take it as it is. False:
-        nothing happened (the client task takes it)."""
-        s = self.s
-        cycle, link = s.cycle, s.link
-        if (
-            cycle.phase is not _IDLE
-            or cycle.first_answer is not None
-            or link.state is not _UP
-            or link.owes_results
-            or s.command_hooks
-            or s.mover is not None
-            or s.client.decoder.buffered()
-        ):
+        nothing happened (the client task takes it). The send is whole or failed before the
+        callback returns, so nobody sees it under way (``BackendLink.sending``) unless the
+        socket took part of it: then the client task sends the rest."""
+        cycle, link = self.cycle, self.link
+        if cycle.phase != Phase.IDLE or cycle.first_answer is not None or link.state is not _UP or link.owes_results or self.s.mover:
             return False
         cmd = whole_command(data, link.largest, self.spool_threshold)
         if cmd is None or cmd.seq_end:
             return False
-        inflight = cycle.fast_command(cmd, s.deprecate_eof)
+        inflight = cycle.fast_command(cmd, self.deprecate_eof)
         if inflight is None:
             return False
         backend = link.backend
-        assert backend is not None
-        channel = backend.channel
-        if (inflight.look_first or idled_out(s, backend, inflight.arrived) is not None) and channel.data_pending():
-            return False  # the server spoke meanwhile: the slow lane lets the backend task read it first
+        channel: Channel = backend.channel
+        if inflight.look_first or cycle.idled_out(backend.wait_timeout, inflight.arrived) is not None:
+            if channel.data_pending():
+                return False  # the server spoke meanwhile: the slow lane lets the backend task read it first
         cycle.take(inflight)
-        frames = s.tracking.backend_bytes(cmd.payload, cmd.raw, inflight.statement)
-        cycle.sending(inflight)
-        link.sending()
+        frames = self.tracking.backend_bytes(cmd.payload, cmd.raw, inflight.statement)
         try:
-            sent = channel.try_send(frames)
-        except PeerClosed:
+            sent = channel.sock.send(frames)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
             inflight.state = SEND_FAILED  # the backend task, woken by the close, recovers
-            link.sent()
             return True
         if sent < len(frames):
+            cycle.sending(inflight)
+            link.sending()
             self._give_client(functools.partial(self._send_rest, inflight, channel, memoryview(frames)[sent:]))
             return True
         cycle.sent(inflight)
-        link.sent()
         return True
 
     async def _send_rest(self, inflight: Inflight, channel: Channel, rest: memoryview) -> None:
         """The client task finishes a send the socket did not take whole."""
         try:
             await channel.send(rest)
-            self.s.cycle.sent(inflight)
+            self.cycle.sent(inflight)
         except PeerClosed:
             inflight.state = SEND_FAILED
         finally:
-            self.s.link.sent()
+            self.link.sent()
 
-    def _backend_readable(self, channel: Channel) -> None:
+    def _backend_readable(self) -> None:
+        channel = self.backend
+        assert channel is not None
         try:
             data = channel.sock.recv(RECV_SIZE)
         except BlockingIOError:
             return
         except OSError as exc:
-            self._give_backend(channel, PeerClosed(f"{channel.name}: {exc.strerror or exc}"))
+            self._give_backend(PeerClosed(f"{channel.name}: {exc.strerror or exc}"))
             return
         if not data:
-            self._give_backend(channel, PeerFinished(f"{channel.name}: connection closed by peer"))
+            self._give_backend(PeerFinished(f"{channel.name}: connection closed by peer"))
             return
         try:
-            if self.client_waits is not None and self._response(channel, data):
+            if self.client_waits is not None and self._response(data):
                 return
         except Exception as exc:  # a bug: as in _client_readable
-            self._give_backend(channel, functools.partial(_reraise, exc))
+            self._give_backend(functools.partial(_reraise, exc))
             return
-        self._give_backend(channel, data)
+        self._give_backend(data)
 
-    def _response(self, channel: Channel, data: bytes) -> bool:
+    def _response(self, data: bytes) -> bool:
         """Stream the server's bytes to the client, and complete the answer, from here when
         nothing about it waits. False: nothing happened (the backend task takes them)."""
-        s = self.s
-        cycle = s.cycle
+        cycle = self.cycle
         inflight = cycle.inflight
         if (
             inflight is None
@@ -255,45 +264,47 @@ class FastLane:
             or inflight.prepare_ok is not None
             or inflight.refuse_infile
             or inflight.waiter is not None
-            or s.result_hooks
         ):
             return False
         tracker = inflight.tracker
         try:
             end = tracker.feed(data)
         except ProtocolError as exc:
-            failed = s.parts.recovery.connection_error(s, f"protocol error in backend response: {exc}")
-            self._give_backend(channel, functools.partial(_reraise, failed))
+            failed = self.s.parts.recovery.connection_error(self.s, f"protocol error in backend response: {exc}")
+            self._give_backend(functools.partial(_reraise, failed))
             return True
         if end < 0:
             cycle.forward(inflight)
-            self._to_client(channel, data)
+            self._to_client(data)
             return True
         error = tracker.error
         if end < len(data) or tracker.local_infile or (error is not None and error.code in SERVER_GOING_AWAY and not inflight.forwarded):
-            self._give_backend(channel, functools.partial(after_feed, s, inflight, data, end))
+            self._give_backend(functools.partial(after_feed, self.s, inflight, data, end))
             return True
         captures = cycle.finish(inflight)
         if inflight.analysis is not None and runs_ddl(inflight.analysis):
-            s.parts.target.keys.clear()  # safe mode reads table keys again
-        if captures or s.link.move_requested:
-            self._give_backend(channel, functools.partial(complete_after, s, inflight, data, captures))
+            self.keys.clear()  # safe mode reads table keys again
+        if captures or self.link.move_requested:
+            self._give_backend(functools.partial(complete_after, self.s, inflight, data, captures))
             return True
         cycle.done(inflight)
-        self._to_client(channel, data)
+        self._to_client(data)
         return True
 
-    def _to_client(self, channel: Channel, data: bytes) -> None:
+    def _to_client(self, data: bytes) -> None:
         """Bytes of an answer to the client; what its socket does not take now, the backend
         task sends."""
-        client = self.s.client
+        sock = self.client
+        assert sock is not None
         try:
-            sent = client.try_send(data)
-        except PeerClosed as exc:
-            self._give_backend(channel, functools.partial(_reraise, exc))
+            sent = sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            self._give_backend(functools.partial(_reraise, PeerClosed(f"client: {exc.strerror or exc}")))
             return
         if sent < len(data):
-            self._give_backend(channel, functools.partial(client.send, memoryview(data)[sent:]))
+            self._give_backend(functools.partial(self.s.client.send, memoryview(data)[sent:]))
 
 
 async def _reraise(exc: BaseException) -> None:

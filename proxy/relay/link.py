@@ -69,7 +69,7 @@ TRANSITIONS: dict[LinkState, dict[str, LinkState]] = {
 }
 
 
-class LinkStateError(RuntimeError):
+class LinkStateError(Exception):
     """A move the link's state machine does not allow (a bug in the caller)."""
 
 
@@ -93,7 +93,6 @@ class BackendLink:
         # statement's results (FOUND_ROWS(), warnings...) stayed on the old one.
         self.owes_results = False
         self.lost_at = 0.0  # when the connection was last lost
-        self.losses_in_a_row = 0  # losses since a command last completed (count_loss, completed)
         self.recoveries = 0  # count_recovery
         self.move_requested = False  # its address is draining: move between transactions (want_move)
         # (connection id, when): another session's KILL of this connection went through the
@@ -255,15 +254,6 @@ class BackendLink:
     def drop_move(self) -> None:
         """The session cannot be moved (its state cannot be restored): it stays where it is."""
         self.move_requested = False
-
-    def completed(self) -> None:
-        """A command's response completed on it: losses are no longer in a row."""
-        self.losses_in_a_row = 0
-
-    def count_loss(self) -> int:
-        """Recovery judged a loss: the losses since a command last completed, this one included."""
-        self.losses_in_a_row += 1
-        return self.losses_in_a_row
 
     def count_recovery(self) -> None:
         """Recovery goes ahead with a plan (after any backoff)."""

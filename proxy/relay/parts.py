@@ -16,6 +16,7 @@ import attrs
 
 if TYPE_CHECKING:
     from proxy.config import Config
+    from proxy.cycle.cycle import CommandCycle
     from proxy.cycle.inflight import ConnectionFailed
     from proxy.hooks import Hooks
     from proxy.relay.link import BackendLink
@@ -80,3 +81,4 @@ class SessionParts:
     info: SessionInfo
     markers: Markers | None
     recovery: Recovery
+    cycle: CommandCycle  # the command in flight and what the client is owed

@@ -224,9 +224,7 @@ def _closed_for_idling(s: Relay, backend) -> float | None:
 def idled_out(s: Relay, backend, now: float) -> float | None:
     """The session's wait_timeout (seconds) if it has been idle about that long at ``now`` (the
     server may close its connection for idling), else None."""
-    state = s.tracking.state
-    wait = state.wait_timeout(backend.wait_timeout) if state is not None else backend.wait_timeout
-    return wait if wait and now - s.cycle.last_activity >= wait - 1 else None
+    return s.cycle.idled_out(backend.wait_timeout, now)
 
 
 def _kills(inflight: Inflight | None) -> bool:

@@ -49,10 +49,12 @@ class Session:
                                        LongDataSpool(limits.spool_threshold, limits.long_data_spool))  # fmt: skip
         self.link = BackendLink(self.tracking, limits.max_allowed_packet)  # the backend connection's life
         # trio.current_time() without its two wrappers (read twice per statement): the run's clock.
-        self.now = trio.lowlevel.current_clock().current_time
+        clock = trio.lowlevel.current_clock()
+        self.now = clock.current_time
         markers = recovery.markers_for(target, session_id) if rec.commit_marker and rec.enabled else None
-        self.cycle = CommandCycle(self.tracking, self.link, self.now, markers)
-        self.parts = SessionParts(self.log, client_address, config, self.link, self.tracking, target, hooks, info, markers, recovery)
+        self.cycle = CommandCycle(self.tracking, self.link, self.now, markers, _system_clock_offset(clock))
+        self.parts = SessionParts(self.log, client_address, config, self.link, self.tracking, target, hooks, info, markers, recovery,
+                                  self.cycle)  # fmt: skip
         self.id = session_id
         # Resolved once: with no plugin implementing them, these hooks cost one attribute test.
         self.command_hooks = bool(hooks.command_received)
@@ -226,6 +228,13 @@ class Session:
     send_inflight = send_inflight
     run_internal = run_internal
     follow_state = follow_state
+
+
+def _system_clock_offset(clock: trio.abc.Clock) -> float | None:
+    """trio's own clock is time.perf_counter() plus an offset of its own: the offset, for a
+    cycle that reads that clock without calling it (None: another clock, as the tests' mock)."""
+    offset = getattr(clock, "offset", None)
+    return offset if type(clock).__name__ == "SystemClock" and isinstance(offset, float) else None
 
 
 def _first_cause(group: BaseExceptionGroup) -> BaseException:

@@ -49,6 +49,8 @@ def follow_insert_id(state: SessionState, done: Completed) -> bool:
     if value:  # UPDATE ... SET id = LAST_INSERT_ID(expr): the OK carries the new value
         state.known_insert_id(value)
         return True
+    if kind is _SELECT and done.verb is not None:
+        return False  # the fast path's SELECT calls nothing: no "(" in it (sqltext.triage)
     if kind is _SELECT or done.analysis is not None:
         m = _SETS_INSERT_ID.search(cmd.payload, 1)
         if m is not None:

@@ -25,7 +25,7 @@ from proxy.session.longdata import LongDataSpool, Piece
 from proxy.session.prepared import PreparedStatements
 from proxy.session.state import SessionState, session_variable_literal, user_variable_literal
 from proxy.session.transaction import CONNECTION_FATAL, PARSE_ERRORS, ROLLS_BACK, STATEMENT_ERRORS, JournalEntry, Transaction
-from proxy.sqltext import Analysis, Dialect, Kind, SqlParseError, Statement, classify, parse_set
+from proxy.sqltext import Analysis, Dialect, Kind, ServerReading, SqlParseError, Statement, classify, parse_set
 from proxy.sqltext.triage import fast_verb, may_pin_session
 
 __all__ = ["SessionTracker", "IN_TRANS", "AUTOCOMMIT", "SESSION_ONLY_COMMANDS", "CONNECTION_FATAL"]
@@ -35,6 +35,9 @@ C = Commands
 IN_TRANS = int(ServerStatus.SERVER_STATUS_IN_TRANS)
 AUTOCOMMIT = int(ServerStatus.SERVER_STATUS_AUTOCOMMIT)
 NO_BACKSLASH_ESCAPES = int(ServerStatus.SERVER_STATUS_NO_BACKSLASH_ESCAPES)
+
+_JUDGED_TEXTS = 64  # short texts whose judgement a session keeps (its BEGIN, COMMIT, SET...)
+_JUDGED_TEXT = 256  # bytes, at most
 
 _NO_TRANSACTION_EFFECT = frozenset({Kind.INSERT, Kind.REPLACE, Kind.UPDATE, Kind.DELETE, Kind.SELECT})
 # Read per completed statement: module globals, not ``Kind.X`` (EnumType's __getattr__ hook).
@@ -49,6 +52,21 @@ class Pending:
 
     may_have_committed: bool  # the failed statement commits before it runs (or runs code)
     reason: str
+
+
+@attrs.frozen
+class Orphaned:
+    """What a takeover knows of a session whose worker died holding its backend connection
+    (``proxy.handover.takeover``, from the session's record): its transaction's journal and the
+    state since the supervisor's copy died with the worker."""
+
+    why: str
+    in_transaction: bool
+    wrote: bool  # the open transaction wrote
+    pending: Pending | None  # an ERR had left the transaction's fate open
+    xa: str | None
+    insert_id_moved: bool  # LAST_INSERT_ID() moved since the supervisor's copy
+    long_data_lost: bool  # long data for an execute to come was kept by the worker that died
 
 
 class SessionTracker:
@@ -74,8 +92,12 @@ class SessionTracker:
         self.autocommit = True
         # How the server reads the session's text: the backend's dialect (from its greeting),
         # NO_BACKSLASH_ESCAPES (from the status words), multi-statements (the handshake,
-        # COM_SET_OPTION). Kept here only; ``info`` shows it to plugins.
+        # COM_SET_OPTION). Kept here only; ``info`` shows it to plugins. ``multi``: its
+        # multi-statements, read per statement; ``_judged``: short texts judged with it.
         self.reading = info.reading
+        self.multi = self.reading.multi
+        self._judged: dict[bytes, Analysis] = {}
+        self.in_transaction_shown = False  # what ``info`` says
         self.pending: Pending | None = None
         self.xa: str | None = None  # XA state: ACTIVE / IDLE / PREPARED (None: no XA transaction)
         self.statements = statements = PreparedStatements(self.long_data)  # and their ids on the backend connection
@@ -99,9 +121,17 @@ class SessionTracker:
         # LAST_INSERT_ID() moved since ``mirrored()`` (not worth a message per INSERT: a worker
         # taking the session over knows it is not restorable then, ``proxy.handover.slot``).
         self.insert_id_moved = False
+        # The session's own wait_timeout (a SET made it), or None: the server's counts (read per
+        # statement by the fast lane, kept from ``state`` by ``_state_changed``).
+        self.session_wait: float | None = None
 
     def _changed(self) -> None:
         self.changed = True
+
+    def _state_changed(self) -> None:
+        """The session's variables changed: what is read of them per statement follows."""
+        state = self.state
+        self.session_wait = state.wait_timeout(None) if state is not None else None
 
     def mirrored(self) -> None:
         """Another process has the session's state as it is now."""
@@ -112,12 +142,39 @@ class SessionTracker:
     def logged_in(self, user: str, database: str | None, collation: int, status: int) -> None:
         """A (new) login: the session starts over as ``user``."""
         self.state = SessionState(user, database, collation)
+        self._state_changed()
         self.changed = True
         self.info._user = user
         self.info._database = database
         self.autocommit = bool(status & AUTOCOMMIT)
         self.statements.forget()
         self._end_transaction()
+
+    def restore(self, state: SessionState, autocommit: bool, reading: ServerReading, prepared: dict,
+                transaction: dict | None, orphaned: Orphaned | None = None) -> None:  # fmt: skip
+        """The session as another process had it -- an upgrade's hand-over (with its open
+        transaction's journal), or a takeover after its worker died (``orphaned``) -- on the
+        backend connection the link has now (``backend_changed`` came first)."""
+        self.logged_in(state.username, state.database, state.collation, AUTOCOMMIT if autocommit else 0)
+        self.state = state
+        self._state_changed()
+        self.autocommit = autocommit
+        self.adopt_reading(reading)
+        self.statements.adopt(prepared, self.analyze)
+        if transaction is not None:
+            self.tx.adopt(transaction, self.prepared)
+        if orphaned is not None:
+            if orphaned.insert_id_moved:  # since the supervisor's copy: not known here
+                state.insert_id_unknown = True
+            if orphaned.in_transaction:
+                self.tx.start(None)
+                self.tx.writes = orphaned.wrote
+                self.tx.mark_not_replayable(f"{orphaned.why}: the journal of its transaction went with it")
+            self.pending = orphaned.pending
+            self.xa = orphaned.xa
+            if orphaned.long_data_lost:
+                self.mark_unrestorable("long data (COM_STMT_SEND_LONG_DATA) for an execute to come was kept by the worker that died")
+        self.info._in_transaction = self.in_transaction_shown = self.tx.active
 
     def backend_changed(self, address: str, server_version: str) -> None:
         self.changed = True
@@ -130,16 +187,20 @@ class SessionTracker:
         """Which backend connection is in use (bumped by ``backend_changed``)."""
         return self.statements.generation
 
-    def adopt_reading(self, reading) -> None:
-        """The reading the session had in the process it moved from (an upgrade)."""
+    def adopt_reading(self, reading: ServerReading) -> None:
+        """The reading the session had in the process it moved from (an upgrade); the one
+        writer of ``reading``, and of what is kept of it (a texts' judgements made with another
+        reading are forgotten)."""
         self.reading = self.info._reading = reading
+        self.multi = reading.multi
+        self._judged.clear()
 
     def set_multi_statements(self, on: bool) -> None:
         self._read(multi=on)
 
     def _read(self, **changes) -> None:
+        self.adopt_reading(attrs.evolve(self.reading, **changes))
         self.changed = True
-        self.reading = self.info._reading = attrs.evolve(self.reading, **changes)
 
     @property
     def dialect(self) -> Dialect:
@@ -165,16 +226,25 @@ class SessionTracker:
         self.tx.reset()
         self.pending = None
         self.xa = None
-        self.info._in_transaction = False
+        self.info._in_transaction = self.in_transaction_shown = False
 
     # ------------------------------------------------------------------ judging commands
 
     def triage(self, payload: bytes) -> tuple[bytes | None, Analysis | None]:
-        """(fast-path verb, None) for a COM_QUERY that needs no analysis, else (None, analysis)."""
-        verb = fast_verb(payload, self.reading.multi)
+        """(fast-path verb, None) for a COM_QUERY that needs no analysis, else (None, analysis).
+        A short text judged before (a replicator's BEGIN and COMMIT) is looked up, not judged
+        again, while the reading holds (``_read`` forgets them)."""
+        verb = fast_verb(payload, self.multi)
         if verb is not None:
             return verb, None
-        return None, self.analyze(payload)
+        judged = self._judged.get(payload)
+        if judged is None:
+            judged = self.analyze(payload)
+            if len(payload) <= _JUDGED_TEXT:
+                if len(self._judged) >= _JUDGED_TEXTS:
+                    self._judged.clear()
+                self._judged[payload] = judged
+        return None, judged
 
     def analyze(self, payload: bytes, multi: bool | None = None) -> Analysis:
         """Judge a COM_QUERY / COM_STMT_PREPARE text as this session's server will run it."""
@@ -198,7 +268,9 @@ class SessionTracker:
             if self.pending is not None:
                 self._settle(bool(tracker.status & IN_TRANS))
         captures = self._bookkeep(done)
-        self.info._in_transaction = self.tx.active
+        active = self.tx.active
+        if active is not self.in_transaction_shown:  # (a plugin's view, written when it changes)
+            self.info._in_transaction = self.in_transaction_shown = active
         state = self.state
         if tracker.error is None and state is not None and (done.command.code == _QUERY or done.command.code == _EXECUTE):
             if follow_insert_id(state, done):
@@ -232,7 +304,8 @@ class SessionTracker:
         if code == _QUERY:
             if done.analysis is None:  # fast path: one DML or SELECT, no transaction effect
                 if err is None:
-                    if may_pin_session(cmd.payload):
+                    # (the fast path's SELECT calls nothing, assigns nothing: no "(" nor "@" in it)
+                    if done.verb != b"SELECT" and may_pin_session(cmd.payload):
                         self._note_pins(classify(cmd.text(), dialect=done.reading.dialect, no_backslash_escapes=done.reading.nbe))
                 elif done.verb is not None:
                     self._failed(FAST_STATEMENTS[done.verb], err.code)
@@ -285,6 +358,7 @@ class SessionTracker:
             if ok:
                 self.changed = True
                 state.reset()
+                self._state_changed()
                 self.statements.forget()
                 self._end_transaction()
             return []
@@ -480,7 +554,9 @@ class SessionTracker:
             return []
         self.changed = True
         self.tx.note_session_change(state)
-        return state.apply_set(assignments)
+        captures = state.apply_set(assignments)
+        self._state_changed()
+        return captures
 
     def _note_pins(self, st: Statement) -> None:
         if st.session_unrestorable:
@@ -494,6 +570,7 @@ class SessionTracker:
         self.changed = True
         self.state.variables.pop(name, None)
         self.state.variables[name] = session_variable_literal(column, value)
+        self._state_changed()
 
     def captured_user(self, name: str, column: Column, value: bytes | None, hexed: bytes | None, charset: str, collation: str) -> None:
         """The server's value of a user variable that was set from an expression (a prepared

@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import cattrs
 
 from proxy.protocol.constants import Commands
@@ -46,22 +45,28 @@ STATEMENT_ERRORS = frozenset(
 PARSE_ERRORS = frozenset({1064, 1065})  # nothing of the statement ran
 
 
-@attrs.define(slots=True, eq=False)
 class JournalEntry:
-    payload: bytes  # command payload with the client's statement ids
-    expect: Expect
-    # ResponseTracker.fingerprint of what the client saw; None when it was not computed
-    # (statements before the transaction was known to be open, e.g. its BEGIN).
-    fingerprint: int | None
-    statement: PreparedStatement | None = None  # for COM_STMT_EXECUTE
-    long_data: list[Piece] | None = None  # the COM_STMT_SEND_LONG_DATA commands sent before this execute
-    # The judgement made when it ran (None on the hot path, which judges nothing), and how
-    # the server read text then: recovery reads these, never the session's reading of now.
-    analysis: Analysis | None = None
-    reading: ServerReading | None = None
-    # What recovery needs to know of it (``proxy.recovery.facts.facts_of``), from that
-    # judgement: computed at the first loss that asks, then kept.
-    facts: StatementFacts | None = None
+    """One command of the open transaction, as the client sent it. A plain slotted class: one
+    is made per statement in a transaction (an attrs class is no native class once compiled)."""
+
+    __slots__ = ("payload", "expect", "fingerprint", "statement", "long_data", "analysis", "reading", "facts")
+
+    def __init__(self, payload: bytes, expect: Expect, fingerprint: int | None, statement: PreparedStatement | None = None,
+                 long_data: list[Piece] | None = None, analysis: Analysis | None = None, reading: ServerReading | None = None) -> None:  # fmt: skip
+        self.payload = payload  # command payload with the client's statement ids
+        self.expect = expect
+        # ResponseTracker.fingerprint of what the client saw; None when it was not computed
+        # (statements before the transaction was known to be open, e.g. its BEGIN).
+        self.fingerprint = fingerprint
+        self.statement = statement  # for COM_STMT_EXECUTE
+        self.long_data = long_data  # the COM_STMT_SEND_LONG_DATA commands sent before this execute
+        # The judgement made when it ran (None on the hot path, which judges nothing), and how
+        # the server read text then: recovery reads these, never the session's reading of now.
+        self.analysis = analysis
+        self.reading = reading
+        # What recovery needs to know of it (``proxy.recovery.facts.facts_of``), from that
+        # judgement: computed at the first loss that asks, then kept.
+        self.facts: StatementFacts | None = None
 
     def judged(self) -> Analysis | None:
         return judged(self.payload, self.statement, self.analysis, self.reading)
@@ -82,27 +87,32 @@ def judged(payload: bytes, statement: PreparedStatement | None, analysis: Analys
     return None
 
 
-@attrs.define(slots=True)
 class Transaction:
-    max_bytes: int
-    max_entries: int
-    active: bool = False
-    entries: list[JournalEntry] = attrs.Factory(list)
-    size: int = 0
-    # Why this transaction cannot be replayed (journal overflow, cursor, XA...), or None. It is
-    # still known not to have committed: a loss is a 1213 "retry".
-    not_replayable: str | None = None
-    # Why part of it may have committed already (a stored routine, a statement the proxy cannot
-    # judge, a prepared XA branch), or None: a loss is a connection error, never a replay.
-    in_doubt: str | None = None
-    # Session state as it was when the transaction began, taken only when the session changes
-    # (USE, SET) inside the transaction, so replay starts from the right database and variables.
-    session_before: SessionState | None = None
-    # SET TRANSACTION ... that applied to this transaction, replayed before it.
-    prefix: str | None = None
-    writes: bool = False  # a command of it may have changed data (a commit marker is worth it)
-    # Called with the long data of entries dropped from the journal (the session's spool).
-    release: Callable[[list[Piece]], None] | None = attrs.field(default=None, eq=False)
+    """The open transaction and its journal (a plain slotted class, as ``JournalEntry``)."""
+
+    __slots__ = ("max_bytes", "max_entries", "active", "entries", "size", "not_replayable", "in_doubt", "session_before", "prefix",
+                 "writes", "release")  # fmt: skip
+
+    def __init__(self, max_bytes: int, max_entries: int, release: Callable[[list[Piece]], None] | None = None) -> None:
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries
+        self.active = False
+        self.entries: list[JournalEntry] = []
+        self.size = 0
+        # Why this transaction cannot be replayed (journal overflow, cursor, XA...), or None. It
+        # is still known not to have committed: a loss is a 1213 "retry".
+        self.not_replayable: str | None = None
+        # Why part of it may have committed already (a stored routine, a statement the proxy
+        # cannot judge, a prepared XA branch), or None: a loss is a connection error, never a replay.
+        self.in_doubt: str | None = None
+        # Session state as it was when the transaction began, taken only when the session
+        # changes (USE, SET) inside it, so replay starts from the right database and variables.
+        self.session_before: SessionState | None = None
+        # SET TRANSACTION ... that applied to this transaction, replayed before it.
+        self.prefix: str | None = None
+        self.writes = False  # a command of it may have changed data (a commit marker is worth it)
+        # Called with the long data of entries dropped from the journal (the session's spool).
+        self.release = release
 
     def _drop(self, entries: list[JournalEntry]) -> None:
         if self.release is None:

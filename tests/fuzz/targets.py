@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 import attrs
 import trio
 
+from proxy import corebuild
 from proxy.backend import Backend, BackendError, Login, connect_backend
 from proxy.config import Address
 from proxy.netio import PeerClosed
@@ -132,8 +133,11 @@ class In:
 
 
 # MAX_FRAME values a target may run with: the real one, and small ones that make continuation
-# frames reachable with a few bytes.
-FRAME_SIZES = (MAX_FRAME, 9, 13, 24)
+# frames reachable with a few bytes. The small ones are patched into the modules' globals, which a
+# compiled module does not read (its MAX_FRAME is a constant): the compiled core is fuzzed with the
+# real one, the interpreted pass (.ci/run) with all four.
+_ALL_FRAME_SIZES = (MAX_FRAME, 9, 13, 24)
+FRAME_SIZES = (MAX_FRAME,) * 4 if corebuild.mode().startswith("compiled") else _ALL_FRAME_SIZES
 _FRAME_MODULES = (framing, response, resultset, intake, reading)
 
 

@@ -57,8 +57,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """One line each for TiDB, DM and the TiDB cluster, built by hand outside the checkout:
-    what the suites that need them ran with, or why they were skipped."""
+    """One line for the build of the sans-IO core the tests ran on (compiled or interpreted),
+    and one each for TiDB, DM and the TiDB cluster, built by hand outside the checkout: what the
+    suites that need them ran with, or why they were skipped."""
+    from proxy import corebuild
+
+    terminalreporter.write_line(f"sans-IO core: {corebuild.mode()}")
     tidb, dm = tidb_unavailable_reason(), dm_unavailable_reason()
     terminalreporter.write_line(f"TiDB suites skipped: {tidb}" if tidb else f"TiDB for the suites that need it: {tidb_server_path()}")
     terminalreporter.write_line(f"DM suites skipped: {dm}" if dm else "DM for the suites that need it: dm-master, dm-worker, dm-ctl found")

@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from proxy.config import parse_config
+from proxy.cycle.cycle import CommandCycle
 from proxy.cycle.inflight import NOT_SENT, SENT, Inflight
 from proxy.hooks import Hooks, Veto
 from proxy.protocol.framing import encode_packet
@@ -147,8 +148,9 @@ def loss(t: SessionTracker, inflight: Inflight | None = None, config=CONFIG, hoo
     link.ready()
     stats = types.SimpleNamespace(recovered=lambda *a: None)
     target = types.SimpleNamespace(stats=stats)
+    cycle = CommandCycle(t, link, trio.current_time)
     parts = SessionParts(
-        t.info.logger(logging.getLogger("test")), "127.0.0.1:1", config, link, t, target, hooks or Hooks([]), t.info, None, RECOVERY
+        t.info.logger(logging.getLogger("test")), "127.0.0.1:1", config, link, t, target, hooks or Hooks([]), t.info, None, RECOVERY, cycle
     )
     lost = Loss(parts, "test", inflight, False, rejected)
     lost.old = link.lost()
@@ -178,14 +180,14 @@ async def test_decide_reads_how_far_the_command_got(sql, state, rejected, sent, 
     lost = loss(t, in_flight(t, sql, state), rejected=rejected)
     plan = await judge(lost)
     assert (lost.sent, plan.outcome) == (sent, outcome)
-    assert lost.parts.link.recoveries == 1 and lost.parts.link.losses_in_a_row == 1
+    assert lost.parts.link.recoveries == 1 and lost.parts.cycle.losses_in_a_row == 1
 
 
 async def test_decide_backs_off_and_gives_up_after_the_window_on_losses_in_a_row(autojump_clock):
     t = tracker()
     inflight = in_flight(t, "SELECT 1", NOT_SENT)
     lost = loss(t, inflight)
-    lost.parts.link.losses_in_a_row = 3  # lost again and again before anything completed
+    lost.parts.cycle.losses_in_a_row = 3  # lost again and again before anything completed
     await trio.sleep(CONFIG.recovery.buffer_window)
     plan = await judge(lost)
     assert plan.outcome is Outcome.FAIL_RETRYABLE and "kept failing" in plan.reason

@@ -9,6 +9,7 @@ import types
 import pytest
 import trio
 
+from proxy.cycle.cycle import CommandCycle
 from proxy.cycle.inflight import ConnectionFailed
 from proxy.hooks import Hooks
 from proxy.protocol.response import Expect
@@ -177,7 +178,7 @@ def safe_mode_loss(hooks: Hooks, sql_in_flight: str | None = None, journal: list
     link.ready()
     stats = types.SimpleNamespace(recovered=lambda *a: None)
     parts = SessionParts(t.info.logger(logging.getLogger("test")), "127.0.0.1:1", CONFIG, link, t, types.SimpleNamespace(stats=stats),
-                         hooks, t.info, None, RECOVERY)  # fmt: skip
+                         hooks, t.info, None, RECOVERY, CommandCycle(t, link, trio.current_time))  # fmt: skip
     if journal:
         t.tx.start(None)
     for sql in journal:
@@ -220,7 +221,7 @@ async def test_the_plugins_are_asked_once_per_statement_per_loss():
 
 async def test_judging_a_loss_in_a_row_backs_off_before_it_gives_up(autojump_clock):
     lost = safe_mode_loss(Hooks([]), UPDATES[0], journal=[])  # an autocommit write, sent: it may have run
-    lost.parts.link.losses_in_a_row = 2
+    lost.parts.cycle.losses_in_a_row = 2
     await trio.sleep(CONFIG.recovery.buffer_window)
     with pytest.raises(ConnectionFailed, match="kept failing"):
         await judge(lost)
@@ -235,7 +236,7 @@ async def test_a_ddl_in_doubt_on_tidb_is_waited_for_past_the_buffer_window(autoj
     link.replace(FakeBackend(version="8.0.11-TiDB-v8.5.3"))  # the session is on TiDB
     link.ready()
     lost.old = link.lost()
-    link.losses_in_a_row = 2
+    lost.parts.cycle.losses_in_a_row = 2
     await trio.sleep(CONFIG.recovery.buffer_window)
     assert (await judge(lost)).outcome is Outcome.RESOLVE_DDL
     await trio.sleep(CONFIG.recovery.ddl_job_wait)
