@@ -138,7 +138,7 @@ class CommandCycle:
         self.first_answer: FirstAnswer | None = None  # what the next command gets before anything else
         self.commands = 0
         self.settled = 0  # the last command whose completion the supervisor's copy of the state includes
-        self.last_activity = now()  # when the last command completed (wait_timeout, idle_timeout)
+        self.last_activity = self.time()  # when the last command completed (wait_timeout, idle_timeout)
         self.losses_in_a_row = 0  # losses of the backend connection since a command last completed
         self.next_marker = 0  # commit-marker number written for the COMMIT about to be submitted
 

@@ -144,9 +144,10 @@ class FastLane:
 
     def _client_gone(self, got: Got) -> None:
         """Wake the client task; also ``Channel.watch``'s ``gone``: its socket closed, or the
-        wait was interrupted."""
+        wait was interrupted. From here on it counts as awake (the other callback no longer
+        takes it for parked), though trio runs it a moment later."""
         self.client_got = got
-        waits = self.client_waits
+        waits, self.client_waits = self.client_waits, None
         if waits is not None:
             self.token.run_sync_soon(waits.set)
 
@@ -158,7 +159,7 @@ class FastLane:
 
     def _backend_gone(self, got: Got) -> None:
         self.backend_got = got
-        waits = self.backend_waits
+        waits, self.backend_waits = self.backend_waits, None
         if waits is not None:
             self.token.run_sync_soon(waits.set)
 

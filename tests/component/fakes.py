@@ -49,6 +49,7 @@ from proxy.protocol.packets import (
     parse_server_handshake,
 )
 from proxy.protocol.response import Expect, ResponseTracker
+from proxy.protocol.resultset import decode_text_row
 
 IN_TRANS = int(ServerStatus.SERVER_STATUS_IN_TRANS)
 AUTOCOMMIT = int(ServerStatus.SERVER_STATUS_AUTOCOMMIT)
@@ -577,6 +578,10 @@ class FakeClient:
             raise EOFError("proxy closed the connection") from None
         if expect == Expect.NONE:
             return Result(True)
+        return await self.read_result(expect)
+
+    async def read_result(self, expect: Expect = Expect.QUERY) -> Result:
+        """The answer to a command sent already (pipelined commands: one answer each)."""
         tracker = ResponseTracker(expect, self.deprecate_eof)
         packets = []
         while not tracker.done:
@@ -592,7 +597,7 @@ class FakeClient:
             ok = parse_ok(first)
             return Result(True, affected_rows=ok.affected_rows, status=ok.status)
         data_rows = packets[2 if self.deprecate_eof else 3 : -1]
-        rows = [None if r[:1] == b"\xfb" else r[1 : 1 + r[0]].decode() for r in data_rows]
+        rows = [None if value is None else value.decode() for r in data_rows for value in decode_text_row(r, 1)[:1]]
         return Result(True, rows=rows, status=tracker.status)
 
     async def query(self, sql: str) -> Result:

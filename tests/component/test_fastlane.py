@@ -1,0 +1,156 @@
+"""The fast lane (proxy.relay.fastlane) in the real proxy, run as trio's guest in uvloop, over
+socket pairs (tests/component/lanes.py): what it carries without waking a task, and each way a
+session passes to the slow lane and back."""
+
+from __future__ import annotations
+
+import trio
+
+from proxy.relay.fastlane import FastLane
+from tests.component.fakes import make_config
+from tests.component.lanes import LaneRig, Wakes, hosted
+
+
+def test_a_session_with_a_host_loop_has_a_fast_lane():
+    async def body(rig: LaneRig) -> None:
+        await rig.client()
+        assert isinstance(rig.session().lane, FastLane)
+
+    hosted(body)
+
+
+def test_commands_and_their_answers_wake_no_task():
+    """Autocommit writes, transactions, reads: carried from the host loop's callbacks."""
+
+    async def body(rig: LaneRig) -> None:
+        c = await rig.client()
+        await c.must("SELECT COUNT(*) FROM t")  # the tasks park in the lane
+        with Wakes() as wakes:
+            for i in range(50):
+                await c.must(f"INSERT INTO t VALUES ({i}, 'v{i}')")
+            for _ in range(10):
+                await c.must("START TRANSACTION")
+                await c.must("UPDATE c SET n = n + 1")
+                await c.must("COMMIT")
+            assert (await c.must("SELECT n FROM c")).rows == ["10"]
+            assert (await c.must("SELECT v FROM t WHERE k = 7")).rows == ["v7"]
+        assert sum(wakes.steps.values()) == 0, wakes.steps
+        assert rig.session().cycle.commands == 83
+
+    hosted(body)
+
+
+def test_a_command_that_waits_goes_to_the_slow_lane_and_the_next_ones_come_back():
+    """A COMMIT of writes with commit markers on writes its marker first (the client task runs
+    it); the statements after it are the fast lane's again."""
+
+    async def body(rig: LaneRig) -> None:
+        c = await rig.client()
+        await c.must("START TRANSACTION")
+        await c.must("INSERT INTO t VALUES (1, 'a')")
+        with Wakes() as wakes:
+            await c.must("COMMIT")
+        assert wakes.steps["client_task"] > 0, wakes.steps
+        assert rig.server.db.markers and rig.server.db.rows == {1: "a"}
+        with Wakes() as wakes:
+            for i in range(2, 12):
+                await c.must(f"INSERT INTO t VALUES ({i}, 'v')")
+        assert sum(wakes.steps.values()) == 0, wakes.steps
+
+    hosted(body, config=make_config(recovery={"commit_marker": True}))
+
+
+def test_a_command_and_an_answer_bigger_than_the_sockets_buffers_are_finished_by_the_tasks():
+    """What a socket does not take at once, the task that waits sends: the client task the rest
+    of a command, the backend task the rest of an answer. Every byte arrives, in order."""
+
+    async def body(rig: LaneRig) -> None:
+        c = await rig.client()
+        value = "".join(chr(ord("a") + i % 26) for i in range(3_000_000))
+        await c.must(f"INSERT INTO t VALUES (1, '{value}')")
+        assert rig.server.db.rows[1] == value
+        assert (await c.must("SELECT v FROM t WHERE k = 1")).rows == [value]
+        assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["1"]
+
+    hosted(body, config=make_config(limits={"spool_threshold": 8 << 20}))
+
+
+def test_a_server_that_closes_while_the_lane_waits_is_recovered_before_the_next_command():
+    async def body(rig: LaneRig) -> None:
+        c = await rig.client()
+        await c.must("INSERT INTO t VALUES (1, 'a')")
+        first = rig.backend_of()
+        first.close()  # a reset, as after a crash: the callback reads it, the backend task recovers
+        assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["1"]
+        assert rig.backend_of() is not first and rig.session().recoveries == 1
+        with Wakes() as wakes:  # back in the fast lane on the new connection
+            await c.must("INSERT INTO t VALUES (2, 'b')")
+        assert sum(wakes.steps.values()) == 0, wakes.steps
+
+    hosted(body)
+
+
+def test_a_read_lost_with_its_connection_is_sent_again():
+    async def body(rig: LaneRig) -> None:
+        c = await rig.client()
+        await c.must("INSERT INTO t VALUES (42, 'x')")
+        dropped: list[int] = []
+
+        async def drop_once(conn, payload: bytes) -> str | None:
+            if payload.endswith(b"WHERE k = 42") and not dropped:
+                dropped.append(conn.id)
+                return "drop"
+            return None
+
+        rig.server.intercept = drop_once
+        assert (await c.must("SELECT v FROM t WHERE k = 42")).rows == ["x"]
+        assert dropped and rig.session().recoveries == 1
+
+    hosted(body)
+
+
+def test_a_command_trickling_in_is_read_by_the_client_task_and_answered():
+    async def body(rig: LaneRig) -> None:
+        c = await rig.client()
+        await c.must("INSERT INTO t VALUES (7, 'seven')")
+        payload = b"\x03SELECT v FROM t WHERE k = 7"
+        for byte in bytes([len(payload), 0, 0, 0]) + payload:  # one byte per read: no read holds it whole
+            await c.stream.send_all(bytes([byte]))
+            await trio.sleep(0.001)
+        assert (await c.read_result()).rows == ["seven"]
+        assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["1"]
+
+    hosted(body)
+
+
+def test_pipelined_commands_are_answered_in_order():
+    async def body(rig: LaneRig) -> None:
+        c = await rig.client()
+        for i in range(10):
+            await c.must(f"INSERT INTO t VALUES ({i}, 'v{i}')")
+        frames = b""
+        for i in range(10):
+            payload = b"\x03SELECT v FROM t WHERE k = %d" % i
+            frames += bytes([len(payload), 0, 0, 0]) + payload
+        await c.stream.send_all(frames)
+        for i in range(10):
+            assert (await c.read_result()).rows == [f"v{i}"]
+
+    hosted(body)
+
+
+def test_an_upgrade_stops_the_backend_task_where_it_waits_in_the_lane():
+    """``BackendTask.stop`` (an upgrade's SessionMover) ends the wait of a task parked in the
+    lane between two commands (``Channel.interrupt_wait``); started again, it goes on."""
+
+    async def body(rig: LaneRig) -> None:
+        c = await rig.client()
+        await c.must("SELECT COUNT(*) FROM t")
+        session = rig.session()
+        while not session.backend_task.parked:
+            await trio.sleep(0.01)
+        assert await session.backend_task.stop() is True
+        session.backend_task.start()
+        assert (await c.must("SELECT COUNT(*) FROM t")).rows == ["0"]
+
+    hosted(body)
