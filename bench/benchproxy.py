@@ -38,15 +38,37 @@ def proxy_has_workers_flag() -> bool:
     return _WORKERS_FLAG
 
 
+# The proxy's lanes and builds, as targets: (config overrides, environment) beside its default,
+# the fast lane on the compiled core (proxy.hostloop, proxy.corebuild).
+_TRIO_ALONE = {"listen": {"fast_lane": False}}
+_INTERPRETED = {"REPLAY_PROXY_INTERPRETED": "1"}
+VARIANTS: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
+    "proxy_interpreted": ({}, _INTERPRETED),
+    "proxy_trio": (_TRIO_ALONE, {}),
+    "proxy_trio_interpreted": (_TRIO_ALONE, _INTERPRETED),
+}
+
+
+def variant_of(name: str, config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The config and environment of proxy target ``name`` (``config``: the run's overrides)."""
+    overrides, env = VARIANTS.get(name, ({}, {}))
+    merged = dict(config)
+    for key, value in overrides.items():
+        merged[key] = {**merged.get(key, {}), **value}
+    return merged, env
+
+
 class BenchProxy(ProxyProcess):
     """tests.lab.proxy.ProxyProcess with extra command-line arguments (``--workers N``) or started
     through bench/instrumented_proxy.py (``counts``); stop() also ends worker processes the
     supervisor left behind."""
 
     def __init__(self, workdir: Path, backend_port: int, *, args: list[str] | None = None, counts: bool = False,
-                 source: Path = REPO, **overrides: Any) -> None:  # fmt: skip
-        """``source``: the checkout whose ``proxy`` package runs (another commit's, for before and after)."""
+                 source: Path = REPO, env: dict[str, str] | None = None, **overrides: Any) -> None:  # fmt: skip
+        """``source``: the checkout whose ``proxy`` package runs (another commit's, for before and
+        after); ``env``: variables its process gets besides (``VARIANTS``)."""
         super().__init__(workdir, backend_port, **overrides)
+        self.extra_env = dict(env or {})
         self.source = Path(source)
         self.args = list(args or [])
         self.counts_path = self.workdir / "loop-counts.json" if counts else None
@@ -55,7 +77,8 @@ class BenchProxy(ProxyProcess):
     def start(self, timeout: float = 20, wrap: Wrap | None = None) -> BenchProxy:
         """``wrap``: run the proxy under this command prefix and environment (bench/callgrind.py)."""
         self._log = open(self.log_path, "ab")
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys([str(self.source), str(REPO), os.environ.get("PYTHONPATH", "")])))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys([str(self.source), str(REPO), os.environ.get("PYTHONPATH", "")])),
+                   **self.extra_env)  # fmt: skip
         if self.counts_path is not None:
             cmd = [sys.executable, "-m", "bench.instrumented_proxy", "--config", str(self.config_path), "--counts", str(self.counts_path)]
         else:

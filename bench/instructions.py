@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.benchproxy import BenchProxy, mirrored_proxy
+from bench.benchproxy import BenchProxy, mirrored_proxy, variant_of
 from bench.callgrind import Callgrind, annotate, instructions
 from bench.floors import Floor
 from bench.haproxy import HAProxy
@@ -39,7 +39,8 @@ from bench.workloads.sysbench import run_sysbench
 if TYPE_CHECKING:
     from bench.env import BenchEnv
 
-COUNTED_TARGETS = ("haproxy", "trio_pump", "uvloop_pump", "netio_pump", "proxy", "proxy_mirrored")
+COUNTED_TARGETS = ("haproxy", "trio_pump", "uvloop_pump", "netio_pump", "proxy", "proxy_interpreted", "proxy_trio",
+                   "proxy_trio_interpreted", "proxy_mirrored")  # fmt: skip
 START_TIMEOUT = 300.0  # Python's start-up under callgrind takes a minute on a loaded machine
 
 
@@ -101,7 +102,8 @@ def _start(env: BenchEnv, target: str, workdir: Path, cg: Callgrind) -> tuple[in
         # 2 s put 0-20k instructions on each statement, as much as the machine was loaded).
         config["backend"] = {**config.get("backend", {}), "health_interval": "0s"}
         make = mirrored_proxy if target == "proxy_mirrored" else BenchProxy  # the records a worker's crash is survived by
-        proxy = make(workdir, port, source=env.stack.proxy_source, **config).start(timeout=START_TIMEOUT, wrap=cg)
+        config, extra_env = variant_of(target, config)
+        proxy = make(workdir, port, source=env.stack.proxy_source, env=extra_env, **config).start(timeout=START_TIMEOUT, wrap=cg)
         assert proxy.proc is not None
         cg.attach(proxy.proc.pid)
         return proxy.port, lambda: proxy.stop(timeout=START_TIMEOUT)

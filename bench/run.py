@@ -32,7 +32,7 @@ from bench.middle import Profile, flame_summary, perf_counts_instructions, perf_
 from bench.plugin_variants import DEFAULT_PLUGIN_CHAIN, PluginVariant
 from bench.report import finalize, new_workload_record, render_table, write_chart, write_json
 from bench.runinfo import git_commit, missing_tools, run_meta
-from bench.stack import ALL_TARGETS
+from bench.stack import ALL_TARGETS, DEFAULT_TARGETS
 from bench.workloads import LOOP_METRICS, PERF_METRICS, SYS_METRIC, Settings, Workload, WorkloadError, WorkloadSkipped
 from bench.workloads.bulk import BigResult, BigStatement
 from bench.workloads.idle import IdleConnections
@@ -92,7 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run only these workloads (repeatable or comma-separated; prefix match, e.g. 'write_only')",
     )
     p.add_argument("--skip", action="append", default=[], metavar="WORKLOAD", help="skip these workloads")
-    p.add_argument("--targets", default=",".join(ALL_TARGETS), help=f"comma-separated subset of {','.join(ALL_TARGETS)} (default: all)")
+    p.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
+                   help=f"comma-separated subset of {','.join(ALL_TARGETS)} (default: {','.join(DEFAULT_TARGETS)})")  # fmt: skip
     p.add_argument("--no-plugins", action="store_true", help="leave out the proxy+plugins target")
     p.add_argument(
         "--plugin-chain",

@@ -4,7 +4,9 @@
 - ``haproxy``: HAProxy in TCP mode (bench/haproxy.py);
 - ``trio_pump``, ``uvloop_pump``, ``netio_pump``: bare byte pumps on trio, on uvloop and on the
   proxy's own socket layer (bench/floors.py), the event loops' floors;
-- ``proxy``: replay-proxy with an empty plugin chain (bench/benchproxy.py);
+- ``proxy``: replay-proxy with an empty plugin chain (bench/benchproxy.py): the fast lane on the
+  compiled core; ``proxy_interpreted`` (the interpreted core), ``proxy_trio`` (trio alone:
+  ``listen.fast_lane = false``), ``proxy_trio_interpreted`` (both): each lane and build apart;
 - ``proxy_workers``: the same with ``--workers N``; skipped while ``python -m proxy --help`` does
   not list ``--workers``;
 - ``proxy_mirrored``: replay-proxy as the one worker of a supervisor that keeps its clients
@@ -27,14 +29,17 @@ from pathlib import Path
 from typing import Any
 
 from bench import REPO
-from bench.benchproxy import BenchProxy, mirrored_proxy, proxy_has_workers_flag
+from bench.benchproxy import BenchProxy, mirrored_proxy, proxy_has_workers_flag, variant_of
 from bench.floors import Floor, floor_unavailable_reason
 from bench.haproxy import HAProxy
 from bench.plugin_variants import PluginVariant
 from tests.lab.proxy import ProxyProcess
 
-ALL_TARGETS = ("direct", "haproxy", "trio_pump", "uvloop_pump", "netio_pump", "proxy", "proxy_mirrored", "proxy_workers", "proxy+plugins")
+ALL_TARGETS = ("direct", "haproxy", "trio_pump", "uvloop_pump", "netio_pump", "proxy", "proxy_interpreted", "proxy_trio",
+               "proxy_trio_interpreted", "proxy_mirrored", "proxy_workers", "proxy+plugins")  # fmt: skip
 INTERMEDIARIES = ALL_TARGETS[1:]
+# What a run measures unless --targets says: not the proxy's lanes and builds apart (ask for those).
+DEFAULT_TARGETS = tuple(t for t in ALL_TARGETS if t not in ("proxy_interpreted", "proxy_trio", "proxy_trio_interpreted"))
 FLOORS = {"trio_pump": "trio", "uvloop_pump": "uvloop", "netio_pump": "netio"}
 
 
@@ -112,13 +117,15 @@ class Stack:
             args = ["--workers", str(self.workers)]
         workdir = self.workdir / f"stack{self._stack_no}" / name.replace("+", "_")
         make = mirrored_proxy if name == "proxy_mirrored" else BenchProxy
+        config, env = variant_of(name, self.proxy_config(with_plugins))
         proxy = make(
             workdir,
             self.db_port,
             args=args,
             counts=self.instrument and name not in ("proxy_workers", "proxy_mirrored"),
             source=self.proxy_source,
-            **self.proxy_config(with_plugins),
+            env=env,
+            **config,
         )
         if with_plugins:
             with proxy.config_path.open("a") as f:

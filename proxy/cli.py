@@ -208,6 +208,7 @@ _RESTART_ONLY = (
     ("listen", "tls"),
     ("listen", "workers"),
     ("listen", "takeover"),
+    ("listen", "fast_lane"),
     ("admin", "address"),
     ("admin", "enabled"),
     ("log", "format"),
@@ -451,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # A worker whose supervisor keeps its clients writes every step of a session to its
         # record: the slow lane's, under trio alone (the host loop would only add its wakes).
-        hostloop.run(run, config, args.config, worker, successor, hosted=worker is None or not config.listen.takeover)
+        hosted = config.listen.fast_lane and (worker is None or not config.listen.takeover)
+        hostloop.run(run, config, args.config, worker, successor, hosted=hosted)
     except KeyboardInterrupt:
         pass
     except (ConfigError, OSError, HandoverError, BaseExceptionGroup) as exc:

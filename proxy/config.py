@@ -138,6 +138,10 @@ class ListenConfig:
     # Close a session idle (no command) this long; 0: never (replicators keep idle pinned
     # connections for hours, and the proxy keeps their backend connections alive).
     idle_timeout: Duration = Duration(0)
+    # The fast lane: uvloop runs trio as its guest and carries each plain command and its answer
+    # from its callbacks (proxy.hostloop). false: trio alone, every packet a task's wake (what
+    # a worker whose supervisor keeps its clients always does: its record follows every step).
+    fast_lane: bool = True
 
 
 @attrs.frozen

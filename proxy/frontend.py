@@ -16,7 +16,9 @@ from proxy.hooks import Hooks
 from proxy.netio import Channel, PeerClosed
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import ProtocolError, make_err
+from proxy.recovery.markers import MarkerTable
 from proxy.recovery.relayside import RECOVERY
+from proxy.recovery.tablekeys import KeyCache
 from proxy.relay.session import Session
 from proxy.target import Target
 from proxy.worker_identity import SESSION_ID_BASE, SESSION_ID_SPAN, WorkerInfo
@@ -31,7 +33,8 @@ class Proxy:
 
     def __init__(self, config: Config, hooks: Hooks | None = None, opener=None, worker: WorkerInfo | None = None) -> None:
         self.config = config
-        self.target = Target(config, hooks) if opener is None else Target(config, hooks, opener)
+        markers, keys = MarkerTable(config.recovery.marker_table, config.name), KeyCache()
+        self.target = Target(config, hooks, markers=markers, keys=keys) if opener is None else Target(config, hooks, opener, markers, keys)
         # Session ids double as the connection id of the greeting. Starting high keeps them apart
         # from the server's own connection ids, so a KILL can tell which one it was given.
         self.worker = self.target.worker = worker
@@ -218,13 +221,13 @@ class Proxy:
                     await target.hooks.notify(target.hooks.session_opened, session.parts.info)
                 await session.run()
         except SessionClosed as exc:
-            session.close_reason = str(exc)
+            session.closed_by(str(exc))
         except (PeerClosed, ProtocolError) as exc:
-            session.close_reason = f"{type(exc).__name__}: {exc}"
+            session.closed_by(f"{type(exc).__name__}: {exc}")
             if not opened and not channel.decoder.buffered() and isinstance(exc, PeerClosed):
-                session.close_reason = ""  # a TCP probe (load balancer, kubelet) that never spoke
+                session.closed_by("")  # a TCP probe (load balancer, kubelet) that never spoke
         except Exception as exc:  # a bug must cost one session, not the proxy
-            session.close_reason = f"internal error: {type(exc).__name__}: {exc}"
+            session.closed_by(f"internal error: {type(exc).__name__}: {exc}")
             session.log.exception("internal error")
         except trio.Cancelled:
             # Cancelled without a drain: the worker unwinds from a bug in one of its own tasks.
@@ -232,7 +235,7 @@ class Proxy:
             # started in this one's place takes the client over.
             if session.record.kept and not self.stopping:
                 session.record.left_behind()
-                session.close_reason = "left to the supervisor: this worker is going down"
+                session.closed_by("left to the supervisor: this worker is going down")
             raise
         finally:
             session.close()

@@ -10,8 +10,6 @@ import trio
 from proxy.backend import Backend, BackendError, Login, connect_backend, open_backend_socket, read_greeting
 from proxy.config import Address, Config
 from proxy.health import AddressHealth
-from proxy.recovery.markers import MarkerTable
-from proxy.recovery.tablekeys import KeyCache
 from proxy.stats import Stats
 from proxy.tls import backend_tls
 
@@ -35,7 +33,10 @@ def _rank(health: AddressHealth) -> int:
 
 
 class Target:
-    def __init__(self, config: Config, hooks=None, opener=open_backend_socket) -> None:
+    """``markers`` and ``keys``: recovery's commit-marker table and safe mode's table keys, one
+    per target, handed in by the frontend (recovery sits above the relay, which reads a target)."""
+
+    def __init__(self, config: Config, hooks=None, opener=open_backend_socket, markers=None, keys=None) -> None:
         from proxy.hooks import Hooks
 
         self.config = config
@@ -46,8 +47,8 @@ class Target:
         self._profile: BackendProfile | None = None
         self._profile_lock = trio.Lock()
         self._preferred = 0  # index of the address that worked last
-        self.markers = MarkerTable(config.recovery.marker_table, config.name)
-        self.keys = KeyCache()  # safe mode's table keys
+        self.markers = markers  # recovery.markers.MarkerTable
+        self.keys = keys  # recovery.tablekeys.KeyCache: safe mode's table keys
         self.sessions: set = set()  # logged-in sessions (relay.session.Session: stats.SessionFacts and more)
         self.health: dict[Address, AddressHealth] = {}
         # What /metrics and /status read, handed over explicitly (read at each scrape: a reload changes some).

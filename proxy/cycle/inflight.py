@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from proxy.protocol.constants import Commands
 from proxy.protocol.framing import encode_packet
@@ -23,7 +23,6 @@ from proxy.session.transaction import judged
 from proxy.sqltext import Analysis, ServerReading
 
 if TYPE_CHECKING:
-    from proxy.recovery.plan import StatementFacts
     from proxy.session.tracker import SessionTracker
 
 __all__ = [
@@ -80,7 +79,9 @@ class Inflight:
         # Called once its response is complete or it was answered otherwise: whoever waits for
         # it (a pipelined command, the proxy's own command); None: nobody.
         self.waiter: Callable[[], None] | None = None
-        self.facts: StatementFacts | None = None  # what recovery needs to know of it: computed at the first loss, then kept
+        # What recovery needs to know of it (its StatementFacts, ``proxy.recovery.facts``):
+        # computed at the first loss, then kept here.
+        self.facts: Any = None
 
     @property
     def payload(self) -> bytes:

@@ -32,7 +32,7 @@ from proxy.handover.slot import Slot, consumed, written
 from proxy.netio import Channel
 
 if TYPE_CHECKING:
-    from proxy.frontend import Proxy
+    from proxy.handover.sessions import Proxy
     from proxy.relay.session import Session
 
 __all__ = ["Mirror"]

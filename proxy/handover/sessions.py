@@ -32,7 +32,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import cattrs
 import trio
@@ -51,8 +51,22 @@ from proxy.session.tracker import Orphaned
 from proxy.sqltext import ServerReading
 
 if TYPE_CHECKING:
-    from proxy.frontend import Proxy
+    from proxy.config import Config
+    from proxy.relay.parts import Recovery
     from proxy.relay.session import Session
+    from proxy.target import Target
+
+
+class Proxy(Protocol):
+    """What the hand-over takes of the running proxy (``proxy.frontend.Proxy``, which sits
+    above it: its import would go upwards)."""
+
+    config: Config
+    target: Target
+    recovery: Recovery
+
+    def adopt(self, session: Session, old_pid: int, age: float, taken_over: bool = False) -> None: ...
+
 
 __all__ = ["FORMAT", "SessionMover", "adopt_sessions", "move_sessions", "take_over", "session_fields", "thaw_session", "thaw_backend"]
 

@@ -183,7 +183,7 @@ def _thaw(proxy, f: dict, sock: socket.socket, dead: int, record: Record, verdic
     orphaned = Orphaned(why, record.in_transaction, bool(record.flags & WROTE), pending, record.xa, bool(record.flags & INSERT_ID_MOVED),
                         bool(record.flags & LONG_DATA_HELD) and verdict.inflight is None)  # fmt: skip
     s = thaw_session(proxy, f, sock, attach, orphaned)
-    s.unconnected_reason = why
+    s.without_connection(why)
     if s.parts.markers is not None:
         s.parts.markers.written = max(s.parts.markers.written, record.marker)
     if verdict.pending:

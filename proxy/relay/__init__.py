@@ -1,27 +1,27 @@
-"""One client session, split by concern:
+"""One client session's I/O, in two lanes. The command's life is the sans-IO cycle's
+(``proxy.cycle.CommandCycle``); the relay moves its bytes:
 
-- ``tasks``: the ``Session`` (the client task's state), its client task and sending commands;
-- ``relay``: ``Relay``, the session as the modules below take it (a Protocol ``Session``
-  fulfils: they do not import ``tasks``), and ``FirstAnswer``;
-- ``link``: the backend connection's life as a state machine (``BackendLink``: up, lost,
-  moving, swapping, closed, each move checked against ``TRANSITIONS``; ``replace(new)`` for
-  the login, COM_CHANGE_USER, recovery and moves);
-- ``responses``: the backend task (stream each response, complete it, notice a closing
-  server) and ``on_lost``, which runs recovery's steps and answers the client;
-- ``inflight``: the command in flight and the exceptions that end a session;
-- ``answers``: what the client's next command gets first (one slot: a lost transaction's
-  1213, a connection error, a split statement's warnings);
-- ``login``: greeting, authentication, backend login, COM_CHANGE_USER;
-- ``oversize``: commands over max_allowed_packet (refuse with 1153, or split);
+- the fast lane (``fastlane``): while the session's tasks wait, the host loop's callbacks
+  (``proxy.hostloop``: uvloop, with trio its guest) carry each command the cycle takes as it is
+  to the server and its answer back, waking no task;
+- the slow lane: the session's two trio tasks, for everything that waits -- the client task
+  (``commands``: read a command, let the plugins look at it, judge it, send it; the proxy's own
+  answers) and the backend task (``backendtask``, with ``responses``: stream an answer,
+  complete it; a lost connection to recovery).
 
-Recovery's steps and proofs are in ``proxy.recovery``; the session model in ``proxy.session``.
+The other modules: ``session`` (the ``Session``: its parts, its tasks, what the rest of the
+proxy asks of it), ``link`` (the backend connection's life as a state machine, each move
+checked against ``TRANSITIONS``), ``reading`` (a command split over reads, spooled), ``record``
+(where a command stands, for whoever may take the session over), ``parts`` (what a session is
+made of, and the ``Recovery`` it asks: recovery sits above the relay and is handed in),
+``login`` (greeting, authentication, backend login, COM_CHANGE_USER), ``oversize`` (commands
+over max_allowed_packet: 1153, or split), ``kill`` (a client's KILL of a proxy session),
+``verdicts`` (the plugins' command chain carried out), ``relay`` (the ``Relay`` protocol the
+modules take instead of importing the Session: no circle of imports).
 
-"Session" names four things, each of its own: ``relay.tasks.Session``, one client's relay;
+"Session" names four things, each of its own: ``relay.session.Session``, one client's relay;
 ``proxy.session.tracker.SessionTracker``, what the server's side of it looks like (transaction,
 journal, prepared statements: the only writer of that state); ``proxy.session.state``, the
 part a new backend connection is given again (``SessionState``, ``PreparedStatement``);
-``proxy.session.info.SessionInfo``, the read-only view plugins get. Below the relay:
-``proxy.recovery.markers`` (commit markers that resolve an in-doubt COMMIT), ``proxy.recovery.tablekeys``
-(safe mode's table keys, cached per target), ``proxy.worker_identity`` (this worker's session
-ids, asking a peer worker).
+``proxy.session.info.SessionInfo``, the read-only view plugins get.
 """

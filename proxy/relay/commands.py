@@ -88,11 +88,8 @@ async def client_task(s: Relay, both: trio.CancelScope) -> None:
                 await s.answer_error(cmd, *Err.UNKNOWN_COM, f"{CommandInfo(code, b'').name} is not supported through replay-proxy")
                 continue
             if code == C.COM_CHANGE_USER:
-                s.exchanging = True  # what it writes before its last answer is not an answer
-                try:
+                with s.exchange():  # what it writes before its last answer is not an answer
                     await login.change_user(s, cmd)
-                finally:
-                    s.exchanging = False
                 record.rebase(s.client)  # its exchange read more of the client's stream than the command
                 continue
             if s.command_hooks:

@@ -159,8 +159,7 @@ async def _client_login(s: Relay) -> tuple[HandshakeResponse | None, str | None,
     auth = ServerAuth(s.scramble, s.parts.target.passwords, _host(s))
     user, seq = await _authenticate(s, auth, auth.start(resp), packet.seq + 1)
     if user is None:
-        s.login_refused = True
-        s.ends(f"login refused for user {resp.username!r}")
+        s.refused(f"login refused for user {resp.username!r}")
         s.log.warning(
             "login refused for user %r from %s", resp.username, s.parts.client_address, **outcome("login_refused", Err.ACCESS_DENIED[0])
         )

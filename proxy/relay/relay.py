@@ -7,6 +7,7 @@ instead, so that nothing imports ``session``, which imports them.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -14,10 +15,11 @@ if TYPE_CHECKING:
     from proxy.cycle.inflight import Inflight
     from proxy.netio import Channel
     from proxy.protocol.response import ResponseTracker
+    from proxy.relay.backendtask import BackendTask
+    from proxy.relay.fastlane import FastLane
     from proxy.relay.link import BackendLink
     from proxy.relay.parts import SessionParts
     from proxy.relay.record import SessionRecord
-    from proxy.relay.responses import BackendTask
     from proxy.session.intake import Command
     from proxy.session.tracker import SessionTracker
     from proxy.sessionlog import SessionLog
@@ -37,6 +39,7 @@ class Relay(Protocol):
     cycle: CommandCycle  # the command in flight, the first answer owed, the counts
     backend_task: BackendTask
     record: SessionRecord  # where its command stands, for whoever may take it over
+    lane: FastLane | None  # the fast lane, while a host loop runs and the sockets are plain
     result_hooks: bool  # a plugin wants each result
     command_hooks: bool  # a plugin wants each command
     # The client's side, as its login set it (``greeted``).
@@ -56,6 +59,10 @@ class Relay(Protocol):
     def ends(self, reason: str) -> None:
         """Why the session ends (the first reason given stays)."""
         ...
+
+    def refused(self, reason: str) -> None: ...
+
+    def exchange(self) -> AbstractContextManager[None]: ...
 
     async def send_client(self, payload: bytes, seq: int) -> None: ...
 

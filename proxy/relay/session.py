@@ -13,7 +13,9 @@ session is the tracker's (``proxy.session.tracker``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 import trio
 
@@ -23,11 +25,11 @@ from proxy.hooks import SessionInfo
 from proxy.netio import Channel
 from proxy.protocol.constants import Capabilities
 from proxy.relay import fastlane, login
+from proxy.relay.backendtask import BackendTask
 from proxy.relay.commands import answer_error, answer_inflight, client_task, follow_state, run_internal, send_client, send_inflight
 from proxy.relay.link import BackendLink
 from proxy.relay.parts import Recovery, SessionParts
 from proxy.relay.record import NO_RECORD, SessionRecord
-from proxy.relay.responses import BackendTask
 from proxy.session.longdata import LongDataSpool
 from proxy.session.tracker import SessionTracker
 from proxy.target import Target
@@ -91,6 +93,29 @@ class Session:
     def ends(self, reason: str) -> None:
         """Why the session ends: the first reason given stays."""
         self.close_reason = self.close_reason or reason
+
+    def closed_by(self, reason: str) -> None:
+        """What ended the session (the frontend's word on how its run ended): this reason."""
+        self.close_reason = reason
+
+    def refused(self, reason: str) -> None:
+        """The client's credentials were wrong (counted against its host)."""
+        self.login_refused = True
+        self.ends(reason)
+
+    def without_connection(self, why: str) -> None:
+        """Its link is LOST with no backend connection, because ``why`` (recovery's first line)."""
+        self.unconnected_reason = why
+
+    @contextlib.contextmanager
+    def exchange(self) -> Iterator[None]:
+        """COM_CHANGE_USER's exchange with the client: what goes out meanwhile is not the end of
+        an answer (the record follows it whole, ``SessionRecord.rebase``, after)."""
+        self.exchanging = True
+        try:
+            yield
+        finally:
+            self.exchanging = False
 
     def kept_by(self, record: SessionRecord) -> None:
         """Where the session's command stands is kept in ``record`` from now on (before it runs:

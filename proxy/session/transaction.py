@@ -14,7 +14,7 @@ connection and checked to have produced the same results.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cattrs
 
@@ -23,9 +23,6 @@ from proxy.protocol.response import Expect
 from proxy.session.longdata import Piece
 from proxy.session.state import PreparedStatement, SessionState
 from proxy.sqltext import Analysis, ServerReading
-
-if TYPE_CHECKING:
-    from proxy.recovery.plan import StatementFacts
 
 __all__ = ["JournalEntry", "judged", "Transaction", "CONNECTION_FATAL", "ROLLS_BACK", "STATEMENT_ERRORS", "PARSE_ERRORS"]
 
@@ -64,9 +61,9 @@ class JournalEntry:
         # the server read text then: recovery reads these, never the session's reading of now.
         self.analysis = analysis
         self.reading = reading
-        # What recovery needs to know of it (``proxy.recovery.facts.facts_of``), from that
-        # judgement: computed at the first loss that asks, then kept.
-        self.facts: StatementFacts | None = None
+        # What recovery needs to know of it (its StatementFacts, ``proxy.recovery.facts``), from
+        # that judgement: computed at the first loss that asks, then kept here.
+        self.facts: Any = None
 
     def judged(self) -> Analysis | None:
         return judged(self.payload, self.statement, self.analysis, self.reading)
