@@ -101,17 +101,12 @@ class Channel:
         what we just sent), so park until readable instead of trying a recv that would fail
         with EAGAIN — one syscall and one exception less per statement."""
         sock = self.sock
-        if wait_first:  # _park's steps written out: a frame less to resume on every wake
-            if self.closed:
-                raise PeerClosed(f"{self.name}: closed")
+        if wait_first:
             self.between_commands = True
             try:
-                await wait_readable(sock)
-            except trio.ClosedResourceError:
-                self._closed_while_parked()
+                await self._park(wait_readable)
             finally:
                 self.between_commands = False
-            self._interrupting = False
         while True:
             try:
                 tape = self.tape

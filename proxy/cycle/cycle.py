@@ -93,15 +93,6 @@ TRANSITIONS: tuple[dict[str, int], ...] = (
 # fmt: on
 
 
-_QUERY: Final = C.COM_QUERY
-_EXECUTE: Final = C.COM_STMT_EXECUTE
-# Members compared per statement, as Final module names (compiled: read as constants).
-_SELECT: Final = Kind.SELECT
-_OTHER: Final = Kind.OTHER
-_COMMIT: Final = Kind.COMMIT
-_DDL: Final = Kind.DDL
-
-
 class CycleError(Exception):
     """A move the cycle's phases do not allow (a bug in the caller)."""
 
@@ -183,7 +174,7 @@ class CommandCycle:
         if tracking.tx.active:
             inflight.look_first = commits_writes
         elif tracking.autocommit:
-            ends_with = statement.analysis if cmd.code == _EXECUTE and statement is not None else analysis
+            ends_with = statement.analysis if cmd.code == C.COM_STMT_EXECUTE and statement is not None else analysis
             inflight.look_first = verb in WRITE_VERBS or (ends_with is not None and ends_with.writes)
         if self.next_marker:
             inflight.marker, self.next_marker = self.next_marker, 0
@@ -194,7 +185,7 @@ class CommandCycle:
         tx = self.tracking.tx
         if not (tx.active and tx.writes):
             return False
-        return is_commit(statement.analysis if cmd.code == _EXECUTE and statement is not None else analysis)
+        return is_commit(statement.analysis if cmd.code == C.COM_STMT_EXECUTE and statement is not None else analysis)
 
     def dispatch(self, inflight: Inflight) -> bool:
         """``inflight`` is the command in flight: True when it goes to the server now; while
@@ -214,14 +205,14 @@ class CommandCycle:
         ``take``."""
         code = cmd.code
         tracking = self.tracking
-        if code == _QUERY:
+        if code == C.COM_QUERY:
             if cmd.size >= JUDGE_ASIDE:
                 return None  # judged in a thread
             statement = None
             verb, analysis = tracking.triage(cmd.payload)
             if analysis is not None and rewritten(cmd, analysis):
                 return None
-        elif code == _EXECUTE:
+        elif code == C.COM_STMT_EXECUTE:
             statement = tracking.statement_of(cmd.payload)
             if statement is None or statement.long_data_refused is not None:
                 return None
@@ -359,9 +350,9 @@ def rewritten(cmd: Command, analysis: Analysis) -> bool:
     """Is this judged text one the slow lane rewrites before it goes: a KILL (by the proxy's
     connection id, ``proxy.relay.kill``) or the question for max_allowed_packet?"""
     first = analysis.first
-    if first.kind is _OTHER:
+    if first.kind is Kind.OTHER:
         return analysis.keywords(0, 1) == ("KILL",)
-    return first.kind is _SELECT and analysis.single and asks_max_packet(cmd)
+    return first.kind is Kind.SELECT and analysis.single and asks_max_packet(cmd)
 
 
 def is_commit(analysis: Analysis | None) -> bool:
@@ -370,7 +361,7 @@ def is_commit(analysis: Analysis | None) -> bool:
         analysis is not None
         and analysis.unknown is None
         and analysis.single
-        and analysis.first.kind is _COMMIT
+        and analysis.first.kind is Kind.COMMIT
         and not analysis.first.release
     )
 
@@ -380,4 +371,4 @@ def runs_ddl(analysis: Analysis | None) -> bool:
     if analysis is None:
         return False
     statements = analysis.statements
-    return statements[0].kind is _DDL if len(statements) == 1 else any(st.kind is _DDL for st in statements)
+    return statements[0].kind is Kind.DDL if len(statements) == 1 else any(st.kind is Kind.DDL for st in statements)

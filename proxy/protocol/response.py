@@ -48,13 +48,6 @@ class Expect(enum.IntEnum):
     STRING = 7  # COM_STATISTICS: one human-readable string packet
 
 
-# The members read per command, as module globals: each read of ``Expect.X`` goes through
-# EnumType's __getattr__ hook in CPython 3.11 (~15x a global). Trackers are made with members
-# only (``Expect(value)`` where one is read back), so they compare by identity.
-_E_NONE, _E_SINGLE, _E_QUERY, _E_EXECUTE, _E_PREPARE, _E_STRING = (Expect.NONE, Expect.SINGLE, Expect.QUERY, Expect.EXECUTE,
-                                                                  Expect.PREPARE, Expect.STRING)  # fmt: skip
-
-
 _EXPECT = {
     Commands.COM_QUERY: Expect.QUERY,
     Commands.COM_STMT_EXECUTE: Expect.EXECUTE,
@@ -69,7 +62,7 @@ _EXPECT = {
 
 
 def expect_for(command: int) -> Expect:
-    return _EXPECT.get(command, _E_SINGLE)
+    return _EXPECT.get(command, Expect.SINGLE)
 
 
 # Tracker states (plain ints: this runs once per packet).
@@ -108,11 +101,11 @@ class ResponseTracker:
         self.deprecate_eof = deprecate_eof
         self.hashing = fingerprint
         self.done = False
-        if expect is _E_QUERY or expect is _E_EXECUTE or expect is _E_PREPARE:
+        if expect is Expect.QUERY or expect is Expect.EXECUTE or expect is Expect.PREPARE:
             self._state = _FIRST
-        elif expect is _E_SINGLE or expect is _E_STRING:
+        elif expect is Expect.SINGLE or expect is Expect.STRING:
             self._state = _SINGLE
-        elif expect is _E_NONE:
+        elif expect is Expect.NONE:
             self._state = _DONE
             self.done = True
         else:  # FETCH: rows then EOF; FIELD_LIST: definitions until a terminator, like rows
@@ -140,7 +133,7 @@ class ResponseTracker:
                 self._state == _FIRST
                 and n >= 11
                 and data[4] == OK_HEADER
-                and self.expect is not _E_PREPARE
+                and self.expect is not Expect.PREPARE
                 and n - 4 == (data[0] | data[1] << 8 | data[2] << 16) != MAX_FRAME  # the OK, whole and alone
             ):
                 return self._one_ok(data)
@@ -150,23 +143,19 @@ class ResponseTracker:
         return self._feed_from(data, pos)
 
     def _one_ok(self, data: bytes) -> int:
-        """Fast path for the commonest response, one OK that came whole and alone in one read
-        (a write's, a BEGIN's, a COMMIT's): the walk below, without its loop and state."""
-        n = len(data)
+        """The commonest response, one OK that came whole and alone in one read (a write's, a
+        BEGIN's, a COMMIT's): the walk below, without its loop and state."""
         ok = self.ok = parse_ok(data, at=4)  # past the frame's header, without copying the OK out
-        affected, insert_id, status, warnings, _ = ok  # one unpacking, not four reads by name
-        self.status = status
+        self.status = ok.status
         self.saw_status = True
         self.results += 1
         self.last_seq = data[3]
-        if self.hashing:  # _summarize, without its call
-            self.fingerprint = zlib.crc32(_SUMMARY.pack(0, affected, insert_id, warnings), self.fingerprint)
-        self.nbytes += n
-        if status & _MORE:  # another result follows
+        if self.hashing:
+            self._summarize(0, ok.affected_rows, ok.last_insert_id, ok.warnings)
+        if ok.status & _MORE:  # another result follows
+            self.nbytes += len(data)
             return -1
-        self.done = True  # _finish's steps, without its call
-        self._state = _DONE
-        return n
+        return self._finish(len(data))
 
     def _whole_packets(self, data: bytes) -> int:
         """Fast path for the usual case: walk the complete packets at the start of ``data``
@@ -355,7 +344,7 @@ class ResponseTracker:
             return True
         if state == _FIRST:
             if first == OK_HEADER:
-                if self.expect is _E_PREPARE:
+                if self.expect is Expect.PREPARE:
                     return self._prepare_ok(pkt)
                 self.ok = parse_ok(pkt)
                 self.status = self.ok.status
@@ -364,7 +353,7 @@ class ResponseTracker:
                 if self.hashing:
                     self._summarize(0, self.ok.affected_rows, self.ok.last_insert_id, self.ok.warnings)
                 return not self.status & _MORE
-            if first == LOCAL_INFILE_HEADER and self.expect is _E_QUERY:
+            if first == LOCAL_INFILE_HEADER and self.expect is Expect.QUERY:
                 self.local_infile = True
                 return True
             ncols = Reader(pkt).lenenc()
@@ -386,7 +375,7 @@ class ResponseTracker:
             self.results += 1
             if self.hashing:
                 self._summarize(2, self.rows, warnings)
-            if self.status & _MORE and (self.expect is _E_QUERY or self.expect is _E_EXECUTE):
+            if self.status & _MORE and (self.expect is Expect.QUERY or self.expect is Expect.EXECUTE):
                 self._state = _FIRST
                 self.rows = 0
                 return False
@@ -394,7 +383,7 @@ class ResponseTracker:
         if state == _COLDEFS_EOF:
             _warnings, self.status = _eof_fields(pkt)
             self.saw_status = True
-            if self.expect is _E_EXECUTE and self.status & _CURSOR:
+            if self.expect is Expect.EXECUTE and self.status & _CURSOR:
                 self.results += 1
                 return True  # rows come later through COM_STMT_FETCH
             self._state = _ROWS

@@ -43,7 +43,6 @@ __all__ = ["FastLane", "Job", "lane_for"]
 
 Job = Callable[[], Awaitable[None]]  # the rest of an event's work, for the task it wakes
 Got = bytes | BaseException | Job  # what wakes a task parked here
-_UP = LinkState.UP
 
 
 def lane_for(s: Relay) -> FastLane | None:
@@ -192,7 +191,13 @@ class FastLane:
         callback returns, so nobody sees it under way (``BackendLink.sending``) unless the
         socket took part of it: then the client task sends the rest."""
         cycle, link = self.cycle, self.link
-        if cycle.phase != Phase.IDLE or cycle.first_answer is not None or link.state is not _UP or link.owes_results or self.s.mover:
+        if (
+            cycle.phase != Phase.IDLE
+            or cycle.first_answer is not None
+            or link.state is not LinkState.UP
+            or link.owes_results
+            or self.s.mover
+        ):
             return False
         cmd = whole_command(data, link.largest, self.spool_threshold)
         if cmd is None or cmd.seq_end:

@@ -42,9 +42,6 @@ class LinkState(enum.Enum):
     CLOSED = "closed"  # the session ended: closed for good
 
 
-_UP = LinkState.UP  # read per statement (``link.up``): a global, not EnumType's __getattr__ hook
-
-
 S = LinkState
 
 # The allowed moves: state -> {event (the method) -> next state}. Anything else is a bug of the
@@ -106,12 +103,12 @@ class BackendLink:
 
     @property
     def up(self) -> bool:
-        return self.state is _UP
+        return self.state is LinkState.UP
 
     @property
     def up_or_moving(self) -> bool:
         """Commands reach a connection of the session's own (the old one of a move, or its new one)."""
-        return self.state is _UP or self.state is LinkState.MOVING
+        return self.state is LinkState.UP or self.state is LinkState.MOVING
 
     @property
     def connection_id(self) -> int | None:

@@ -18,7 +18,6 @@ from proxy.sqltext import Analysis, Kind
 __all__ = ["follow_insert_id"]
 
 C = Commands
-_INSERT, _REPLACE, _SELECT = Kind.INSERT, Kind.REPLACE, Kind.SELECT  # per statement: globals, not EnumType's hook
 _SETS_INSERT_ID = re.compile(rb"LAST_INSERT_ID\s*\(\s*(?!\))", re.I)  # LAST_INSERT_ID(expr)
 _DO_INSERT_ID = re.compile(rb"\s*(?:DO|SELECT)\s+LAST_INSERT_ID\s*\(\s*(\d+)\s*\)\s*;?\s*", re.I)
 _INSERT_TEXT = 64 * 1024  # an INSERT whose OK carried an id is kept up to this size, to tell "generated" later
@@ -41,7 +40,7 @@ def follow_insert_id(state: SessionState, done: Completed) -> bool:
     else:
         a = done.analysis if done.analysis is not None else done.statement.analysis if done.statement is not None else None
         kind = a.first.kind if a is not None and a.single and a.unknown is None else None
-    if kind is _INSERT or kind is _REPLACE:
+    if kind is Kind.INSERT or kind is Kind.REPLACE:
         if value:
             text = cmd.text() if cmd.code == C.COM_QUERY and cmd.complete and cmd.size <= _INSERT_TEXT else None
             state.insert_id(value, text, done.reading)
@@ -49,9 +48,9 @@ def follow_insert_id(state: SessionState, done: Completed) -> bool:
     if value:  # UPDATE ... SET id = LAST_INSERT_ID(expr): the OK carries the new value
         state.known_insert_id(value)
         return True
-    if kind is _SELECT and done.verb is not None:
+    if kind is Kind.SELECT and done.verb is not None:
         return False  # the fast path's SELECT calls nothing: no "(" in it (sqltext.triage)
-    if kind is _SELECT or done.analysis is not None:
+    if kind is Kind.SELECT or done.analysis is not None:
         m = _SETS_INSERT_ID.search(cmd.payload, 1)
         if m is not None:
             constant = _DO_INSERT_ID.fullmatch(cmd.payload, 1)

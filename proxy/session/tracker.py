@@ -40,10 +40,6 @@ _JUDGED_TEXTS = 64  # short texts whose judgement a session keeps (its BEGIN, CO
 _JUDGED_TEXT = 256  # bytes, at most
 
 _NO_TRANSACTION_EFFECT = frozenset({Kind.INSERT, Kind.REPLACE, Kind.UPDATE, Kind.DELETE, Kind.SELECT})
-# Read per completed statement: module globals, not ``Kind.X`` (EnumType's __getattr__ hook).
-_BEGIN, _COMMIT, _ROLLBACK, _USE, _SET, _SET_TRANSACTION = Kind.BEGIN, Kind.COMMIT, Kind.ROLLBACK, Kind.USE, Kind.SET, Kind.SET_TRANSACTION
-# Command codes compared per statement: module globals too (a class attribute is not a cached read in 3.11).
-_QUERY, _EXECUTE = C.COM_QUERY, C.COM_STMT_EXECUTE
 
 
 @attrs.frozen
@@ -272,7 +268,7 @@ class SessionTracker:
         if active is not self.in_transaction_shown:  # (a plugin's view, written when it changes)
             self.info._in_transaction = self.in_transaction_shown = active
         state = self.state
-        if tracker.error is None and state is not None and (done.command.code == _QUERY or done.command.code == _EXECUTE):
+        if tracker.error is None and state is not None and (done.command.code == C.COM_QUERY or done.command.code == C.COM_STMT_EXECUTE):
             if follow_insert_id(state, done):
                 self.insert_id_moved = True
         return captures
@@ -301,7 +297,7 @@ class SessionTracker:
         ok = err is None
         state = self.state
         assert state is not None
-        if code == _QUERY:
+        if code == C.COM_QUERY:
             if done.analysis is None:  # fast path: one DML or SELECT, no transaction effect
                 if err is None:
                     # (the fast path's SELECT calls nothing, assigns nothing: no "(" nor "@" in it)
@@ -312,7 +308,7 @@ class SessionTracker:
                 self._journal_step(done, None, False)
                 return []
             return self._apply(done, done.analysis)
-        if code == _EXECUTE:
+        if code == C.COM_STMT_EXECUTE:
             stmt = done.statement
             captures: list[str] = []
             if stmt is not None:
@@ -404,7 +400,7 @@ class SessionTracker:
                 self.mark_unrestorable("a stored routine ran: it may change the session")
             if st.xa is not None:
                 in_doubt = self._xa(st.xa) or in_doubt
-            if st.implicit_commit or st.kind is _COMMIT or st.kind is _ROLLBACK:
+            if st.implicit_commit or st.kind is Kind.COMMIT or st.kind is Kind.ROLLBACK:
                 boundary = i
             captures += self._note_statement(analysis, i, st)
         if failed is not None and err is not None:
@@ -420,7 +416,7 @@ class SessionTracker:
             long_data,
             in_doubt=in_doubt,
             record=record,
-            begins=ender is not None and ender.kind is _BEGIN,
+            begins=ender is not None and ender.kind is Kind.BEGIN,
             chained=ender is not None and ender.chain,
         )
         return captures
@@ -433,7 +429,7 @@ class SessionTracker:
             return
         if code in CONNECTION_FATAL:
             return
-        if st.kind is _COMMIT and self.dialect.flavor == "tidb":
+        if st.kind is Kind.COMMIT and self.dialect.flavor == "tidb":
             # TiDB ends the transaction when its COMMIT fails, whatever the error (session.go:
             # doCommitWithRetry invalidates it; an undetermined outcome closes the connection
             # instead): nothing committed, nothing is left open.
@@ -521,7 +517,7 @@ class SessionTracker:
             tx.writes = (
                 (done.verb is not None and done.verb != b"SELECT")
                 or (done.analysis is not None and done.analysis.writes)
-                or (cmd.code == _EXECUTE and (stmt is None or stmt.analysis is None or stmt.analysis.writes))
+                or (cmd.code == C.COM_STMT_EXECUTE and (stmt is None or stmt.analysis is None or stmt.analysis.writes))
             )
 
     # ------------------------------------------------------------------ session state
@@ -538,11 +534,11 @@ class SessionTracker:
         kind = st.kind
         state = self.state
         assert state is not None
-        if kind is _USE:
+        if kind is Kind.USE:
             self.tx.note_session_change(state)
             self._use(st.target)
             return []
-        if kind is not _SET and kind is not _SET_TRANSACTION:
+        if kind is not Kind.SET and kind is not Kind.SET_TRANSACTION:
             return []
         start, end = analysis.spans[i]
         try:

@@ -46,9 +46,7 @@ class Kind(enum.Enum):
 
 TRANSACTION_KINDS = frozenset({Kind.BEGIN, Kind.COMMIT, Kind.ROLLBACK, Kind.SAVEPOINT,
                                Kind.ROLLBACK_TO_SAVEPOINT, Kind.RELEASE_SAVEPOINT})  # fmt: skip
-# Read per statement: globals, not ``Kind.X`` (EnumType's __getattr__ hook in CPython 3.11).
 _ENDS = frozenset({Kind.COMMIT, Kind.ROLLBACK})
-_ROLLBACK = Kind.ROLLBACK
 
 
 @attrs.frozen
@@ -100,7 +98,7 @@ class Statement:
     @property
     def may_commit(self) -> bool:
         """Might it commit something (an open transaction, or itself in autocommit)?"""
-        return self.may_end_transaction and self.kind is not _ROLLBACK
+        return self.may_end_transaction and self.kind is not Kind.ROLLBACK
 
 
 @attrs.frozen
