@@ -442,8 +442,8 @@ def t_packets(data: bytes) -> None:
                 else:
                     r.u24()
         else:  # what the backend task does with bytes that arrive while the client is idle
-            responses._unsolicited_err(payload)
-            responses._describe_unsolicited(payload)
+            responses.unsolicited_err(payload)
+            responses.describe_unsolicited(payload)
     except ProtocolError:
         return
 
