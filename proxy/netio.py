@@ -13,7 +13,7 @@ import os
 import socket
 import struct
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import trio
 from trio.lowlevel import checkpoint, wait_readable, wait_writable
@@ -64,18 +64,19 @@ class Channel:
         self._interrupting = False
         # A client's: what it reads lands in the session's record first (``proxy.handover.slot``).
         self.tape = None
-        self._watch: tuple[object, Callable[[BaseException], None]] | None = None  # ``watch``'s loop and ``gone``
+        self._watch: tuple[Any, Callable[[BaseException], None]] | None = None  # ``watch``'s poller and ``gone``
 
-    def watch(self, loop, readable: Callable[[], None], gone: Callable[[BaseException], None]) -> None:
+    def watch(self, poller: Any, readable: Callable[[], None], gone: Callable[[BaseException], None]) -> None:
         """The fast lane's way to wait (``proxy.relay.fastlane``): ``readable()`` is called from
-        the host loop (``proxy.hostloop``) whenever the socket is readable, until ``unwatch``.
+        the host loop (``proxy.hostloop.Poller``) whenever the socket is readable (bytes, its
+        end, an error), until ``unwatch``.
         Instead of an exception in a task parked on it, ``gone(exc)``: the socket is closed
         (PeerClosed) or the wait interrupted (WaitInterrupted, ``interrupt_wait``)."""
         if self.closed:
             gone(PeerClosed(f"{self.name}: closed"))
             return
-        loop.add_reader(self.sock.fileno(), readable)  # type: ignore[attr-defined]
-        self._watch = (loop, gone)
+        poller.add(self.sock.fileno(), readable)
+        self._watch = (poller, gone)
 
     def unwatch(self) -> None:
         """No more ``readable`` calls (before the socket closes: the host loop must not poll a
@@ -83,7 +84,11 @@ class Channel:
         watch = self._watch
         if watch is not None:
             self._watch = None
-            watch[0].remove_reader(self.sock.fileno())  # type: ignore[attr-defined]
+            watch[0].remove(self.sock.fileno())
+
+    def watched(self) -> bool:
+        """Is the host loop watching it (``watch``)?"""
+        return self._watch is not None
 
     def _end_watch(self, exc: BaseException) -> bool:
         """A watch ends on purpose: ``gone(exc)``. False: nobody watched."""

@@ -55,7 +55,7 @@ def lane_for(s: Relay) -> FastLane | None:
 
 
 class FastLane:
-    __slots__ = ("s", "cycle", "tracking", "link", "keys", "loop", "token", "spool_threshold", "deprecate_eof", "client",
+    __slots__ = ("s", "cycle", "tracking", "link", "keys", "poller", "token", "spool_threshold", "deprecate_eof", "client",
                  "backend", "client_waits", "backend_waits", "client_got", "backend_got")  # fmt: skip
 
     def __init__(self, s: Relay, host: hostloop.Host) -> None:
@@ -64,7 +64,7 @@ class FastLane:
         self.tracking: SessionTracker = s.tracking
         self.link: Any = s.link  # relay.link.BackendLink
         self.keys: Any = s.parts.target.keys  # safe mode's table keys, read again after a DDL
-        self.loop: Any = host.loop
+        self.poller: Any = host.poller
         self.token: Any = host.token
         self.spool_threshold: int = s.parts.config.limits.spool_threshold
         self.deprecate_eof = False  # the client's (its login sets it: read at each park)
@@ -85,7 +85,7 @@ class FastLane:
             self.deprecate_eof = self.s.deprecate_eof
             waits = self.client_waits = trio.Event()
             self.client = channel.sock
-            channel.watch(self.loop, self._client_readable, self._client_gone)
+            channel.watch(self.poller, self._client_readable, self._client_gone)
             try:
                 await waits.wait()
             finally:
@@ -109,7 +109,7 @@ class FastLane:
         if self.backend_got is None:
             waits = self.backend_waits = trio.Event()
             self.backend = channel
-            channel.watch(self.loop, self._backend_readable, self._backend_gone)
+            channel.watch(self.poller, self._backend_readable, self._backend_gone)
             try:
                 await waits.wait()
             finally:
@@ -127,6 +127,17 @@ class FastLane:
     def pending(self) -> bool:
         """Something came for the client task that it has not taken yet."""
         return self.client_got is not None
+
+    def describe(self) -> dict[str, Any]:
+        """What each task parked here waits for, and what the lane holds for it (/status)."""
+        return {
+            "client_parked": self.client_waits is not None,
+            "backend_parked": self.backend_waits is not None,
+            "client_watched": self.s.client.watched(),
+            "backend_watched": self.backend is not None and self.backend.watched(),
+            "for_client": _kind(self.client_got),
+            "for_backend": _kind(self.backend_got),
+        }
 
     def stop(self) -> None:
         """The session ends: no callback any more."""
@@ -216,8 +227,9 @@ class FastLane:
             sent = channel.sock.send(frames)
         except BlockingIOError:
             sent = 0
-        except OSError:
-            inflight.state = SEND_FAILED  # the backend task, woken by the close, recovers
+        except OSError as exc:
+            inflight.state = SEND_FAILED  # the backend task recovers: told now, not at the socket's next report
+            self._give_backend(PeerClosed(f"{channel.name}: {exc.strerror or exc}"))
             return True
         if sent < len(frames):
             cycle.sending(inflight)
@@ -311,6 +323,12 @@ class FastLane:
             return
         if sent < len(data):
             self._give_backend(functools.partial(self.s.client.send, memoryview(data)[sent:]))
+
+
+def _kind(got: Got | None) -> str | None:
+    if got is None:
+        return None
+    return f"{len(got)} bytes" if isinstance(got, bytes) else type(got).__name__
 
 
 async def _reraise(exc: BaseException) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import trio
 
-from proxy.cycle.cycle import CommandCycle
+from proxy.cycle.cycle import CommandCycle, Phase
 from proxy.cycle.inflight import NOT_SENT, SessionClosed
 from proxy.hooks import SessionInfo
 from proxy.netio import Channel
@@ -231,10 +231,27 @@ class Session:
             "backend_connection": self.link.connection_id,
             "in_transaction": self.tracking.tx.active,
             "command_in_flight": self.cycle.inflight is not None,
+            "waits": self.waits(),
             "commands": self.cycle.commands,
             "recoveries": self.link.recoveries,
             "opened_s_ago": round(trio.current_time() - info.opened_at, 1),
             "restorable": self.tracking.state is None or self.tracking.state.unrestorable is None,
+        }
+
+    def waits(self) -> dict:
+        """Where the session stands and what each of its tasks waits for: for /status, when a
+        client says it hangs."""
+        cycle, inflight, lane, task = self.cycle, self.cycle.inflight, self.lane, self.backend_task
+        in_flight = None
+        if inflight is not None:
+            in_flight = {"state": inflight.state.value, "forwarded": inflight.forwarded, "waited_for": inflight.waiter is not None}
+        return {
+            "phase": Phase.NAMES[cycle.phase],
+            "link": self.link.state.value,
+            "in_flight": in_flight,
+            "client_task": "parked in the fast lane" if lane is not None and lane.client_waits is not None else "running or waiting",
+            "backend_task": "parked" if task.parked else ("waiting for a command" if task.unconnected else "running or waiting"),
+            "fast_lane": None if lane is None else lane.describe(),
         }
 
     def close(self) -> None:

@@ -56,6 +56,7 @@ async def through_proxy(
                 interval=interval,
                 disrupt=crashing(shim) if shim else None,
                 extra=extra,
+                proxy_admin=proxy.admin_port,
             )
         finally:
             log = proxy.stop()

@@ -6,6 +6,8 @@ command to simulate what real servers do when they go away:
 
 - ``"drop"``: close the connection without running the command (TiDB shutdown mode);
 - ``"run_then_drop"``: run it (and commit, for COMMIT) but close before answering (crash);
+- ``"answer_then_drop"``: run it, answer, and close abruptly right behind the answer, in one
+  step (a crash after its last bytes: on the lane rig's TCP, a reset that arrives with them);
 - ``"error_1053"``: answer ERR 1053 without running it, then close;
 - ``"deadlock"``: the command is the deadlock victim: its transaction is rolled back, ERR 1213;
 - ``"error_1095"``: a KILL refused (another user's connection): ERR 1095, nothing killed;
@@ -256,6 +258,10 @@ class FakeConnection:
         answer = self._execute(payload)
         if action == "run_then_drop":
             return self.close()
+        if action == "answer_then_drop":
+            out = b"".join(encode_packet(p, seq)[0] for seq, p in enumerate(answer or [], 1))
+            self.closed = self.reset = True
+            return self.stream.send_stream.send_then_close(out)  # no checkpoint between: the proxy reads both at once
         if answer is not None:
             await self._send(answer, 1)
 

@@ -57,6 +57,11 @@ class _SocketStapled:
     async def send_all(self, data: bytes) -> None:
         await self.stream.send_all(data)
 
+    def send_then_close(self, data: bytes) -> None:
+        """``data`` and the close at once (the socket's buffer takes a small answer whole)."""
+        self.sock.send(data)
+        self.close()
+
     def close(self) -> None:
         tsock = self.stream.socket
         if tsock.fileno() < 0:
@@ -66,13 +71,27 @@ class _SocketStapled:
         tsock.close()
 
 
+def tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """Two ends of a loopback TCP connection (a reset is a real one: SO_LINGER 0)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        ours = socket.create_connection(listener.getsockname())
+        theirs, _ = listener.accept()
+    ours.setblocking(False)
+    return ours, theirs
+
+
 class SocketServer(FakeServer):
-    """The fake server on socket pairs: the proxy gets plain Channels."""
+    """The fake server on socket pairs (``tcp``: loopback TCP connections): the proxy gets plain
+    Channels."""
+
+    def __init__(self, nursery: trio.Nursery, tcp: bool = False) -> None:
+        super().__init__(nursery)
+        self.tcp = tcp
 
     async def opener(self, address: Address) -> Channel:  # type: ignore[override]
         if not self.up:
             raise ConnectionRefusedError(111, "Connection refused")
-        ours, theirs = socket.socketpair()
+        ours, theirs = tcp_pair() if self.tcp else socket.socketpair()
         self.next_id += 1
         stapled = _SocketStapled(theirs)
         conn = FakeConnection(self, stapled, self.next_id)  # type: ignore[arg-type]
@@ -83,8 +102,8 @@ class SocketServer(FakeServer):
 
 
 class LaneRig(Rig):
-    def __init__(self, nursery: trio.Nursery, config=None, hooks=None, **options: Any) -> None:
-        options.setdefault("server", SocketServer(nursery))
+    def __init__(self, nursery: trio.Nursery, config=None, hooks=None, tcp: bool = False, **options: Any) -> None:
+        options.setdefault("server", SocketServer(nursery, tcp))
         super().__init__(nursery, config, hooks, **options)
 
     def connect(self, peer: str | None = None) -> trio.SocketStream:  # type: ignore[override]

@@ -90,6 +90,33 @@ def test_a_server_that_closes_while_the_lane_waits_is_recovered_before_the_next_
     hosted(body)
 
 
+def test_a_reset_right_behind_an_answer_is_seen_while_the_lane_waits():
+    """A server that answers and resets at once (a crash right behind its last bytes, on TCP):
+    the backend task hears of the reset while it waits in the lane, and the next command goes
+    to a new connection. (libuv's own watch of the socket ended at the reset without a call,
+    and the next command was sent into the dead connection and waited forever: the chaos
+    tests' stuck sessions.)"""
+
+    async def body(rig: LaneRig) -> None:
+        c = await rig.client()
+        await c.must("SELECT COUNT(*) FROM t")
+
+        async def answer_then_drop(conn, payload: bytes) -> str | None:
+            return "answer_then_drop" if payload.endswith(b"(1, 'a')") else None
+
+        rig.server.intercept = answer_then_drop
+        await c.must("INSERT INTO t VALUES (1, 'a')")
+        for _ in range(100):  # the backend task recovers while the client is idle
+            if rig.session().recoveries:
+                break
+            await trio.sleep(0.01)
+        assert rig.session().recoveries == 1
+        await c.must("INSERT INTO t VALUES (2, 'b')")
+        assert rig.server.db.rows == {1: "a", 2: "b"}
+
+    hosted(body, timeout=10, tcp=True)
+
+
 def test_a_read_lost_with_its_connection_is_sent_again():
     async def body(rig: LaneRig) -> None:
         c = await rig.client()

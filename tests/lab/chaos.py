@@ -125,6 +125,9 @@ class ChaosResult:
     verify: dict
     restarts: list[str]  # one line per disruption the lab carried out (and confirmed)
     corruption: list[str] = attrs.Factory(list)  # CHECK TABLE findings when the rows did not verify
+    # The proxy's sessions with a command in flight, as its /status told them during the
+    # workload's grace (``run_chaos``'s ``proxy_admin``): where a stuck one waits.
+    late_sessions: list[dict] = attrs.Factory(list)
 
     @property
     def errors(self) -> int:
@@ -166,6 +169,7 @@ class ChaosResult:
             "rows_verified": self.verify.get("checked_rows"),
             "row_check": "ok" if self.rows_ok else f"{self.verify.get('problem_count')} problems: {self.verify.get('problems', [])[:5]}",
             "server_table_corruption": self.corruption,
+            "proxy_sessions_in_flight_late": self.late_sessions,
         }
 
 
@@ -230,6 +234,8 @@ def assert_chaos_ok(
     )
     if w.get("anomalies"):
         problems.append(f"workload anomalies: {w['anomalies'][:5]}")
+    if stuck and result.late_sessions:
+        problems.append(f"the proxy's sessions with a command in flight during the grace: {result.late_sessions}")
     if not w.get("ok") and not stuck and not w.get("anomalies"):
         problems.append("the workload reported ok = false")
     if int(w.get("committed_txns") or 0) < min_txns:
@@ -348,6 +354,22 @@ def hanging(server: MariaDB | TiDB, down: float) -> Disrupt:
     return lambda duration, interval, log: _every(interval, duration, log, hang)
 
 
+async def _sessions_in_flight_after(delay: float, admin_port: int, into: list[dict]) -> None:
+    """The proxy's sessions with a command in flight ``delay`` seconds from now (/status)."""
+    await trio.sleep(delay)
+
+    def read() -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/status", timeout=5) as answer:
+            return json.load(answer)
+
+    try:
+        status = await trio.to_thread.run_sync(read)
+    except OSError as exc:
+        into.append({"error": f"/status: {exc}"})
+        return
+    into.extend(s for s in status.get("sessions", []) if s.get("command_in_flight"))
+
+
 async def restart_periodically(server: MariaDB, duration: float, interval: float, log: list[str]) -> None:
     """Alternate graceful (SIGTERM) and crash (SIGKILL) restarts for ``duration`` seconds."""
     await restarting(server, (signal.SIGTERM, signal.SIGKILL))(duration, interval, log)
@@ -368,12 +390,14 @@ async def run_chaos(
     disrupt: Disrupt | None = None,
     extra: dict[str, Any] | None = None,
     grace: float = CHAOS_GRACE_S,
+    proxy_admin: int | None = None,
 ) -> ChaosResult:
     """Set up tables, run the workload against ``port`` (proxy, shim or server) while ``disrupt``
     runs (default: ``restarting(server)``; none with ``restarts=False``), then verify every row
     directly on the server. On TiDB the workload's session is DM's (``TIDB_SESSION``) unless
     ``extra`` gives one. A worker still waiting for the server ``grace`` seconds after the run's
-    end is stuck: an error, and the workload is not ok."""
+    end is stuck: an error, and the workload is not ok. ``proxy_admin``: the proxy's admin port,
+    whose /status is read once during the grace (``ChaosResult.late_sessions``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     creds = dict(user="app", password="apppw", db="test")
     table = f"t_{label.replace('-', '_')}"
@@ -384,9 +408,12 @@ async def run_chaos(
     extra = dict(extra or {})
     if server.flavor == "tidb":
         extra.setdefault("session", TIDB_SESSION)
+    late: list[dict] = []
     async with trio.open_nursery() as nursery:
         if restarts:
             nursery.start_soon(disrupt or restarting(server), duration, interval, log)
+        if proxy_admin is not None:
+            nursery.start_soon(_sessions_in_flight_after, duration + grace / 2, proxy_admin, late)
         workload = await run_goclient_async(
             "workload",
             port=port,
@@ -407,7 +434,7 @@ async def run_chaos(
     if not server.is_running():
         server.start()
     verify = run_goclient("verify", port=server.port, expect=str(expect), table=table, counters_table=counters, check=False, **creds)
-    result = ChaosResult(label, workload, verify, log)
+    result = ChaosResult(label, workload, verify, log, late_sessions=late)
     if not result.rows_ok:
         result.corruption = corrupt_tables(server, [table, counters])
     (workdir / f"{label}-summary.json").write_text(json.dumps(result.summary(), indent=2))
