@@ -316,8 +316,9 @@ class PdSource:
                 errors.append(f"{url}: {exc}")
                 continue
             self.preferred = index
-            if not servers:
-                raise DiscoveryError(f"{url}: no tidb-server registered (no {TOPOLOGY_PREFIX}<address>/ttl key)")
+            if not servers:  # (every PD member reads the same keys: no use asking the next)
+                errors.append(f"{url}: no tidb-server registered (no {TOPOLOGY_PREFIX}<address>/ttl key)")
+                break
             return Lookup(servers, tuple(problems))
         raise DiscoveryError("; ".join(errors))
 
