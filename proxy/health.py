@@ -194,6 +194,10 @@ class CheckedTarget(Protocol):
     def backend_usable(self, address: Address) -> None:
         """``address`` became up: sessions may move to it (balance by connections)."""
 
+    def rebalance(self) -> None:
+        """After each round of checks: even out the sessions over the addresses that are up
+        (balance by connections)."""
+
     def status_url(self, address: Address) -> str | None:
         """The status URL to GET for ``address`` (None: none known)."""
 
@@ -237,6 +241,7 @@ class HealthChecker:
                 async with trio.open_nursery() as nursery:
                     for address in self.target.addresses:
                         nursery.start_soon(self.check, address)
+                self.target.rebalance()
                 await trio.sleep(interval)
         finally:
             await self.aclose()

@@ -180,37 +180,46 @@ class Target:
             session.request_move()
 
     def backend_usable(self, address: Address) -> None:
-        """``address`` is up (again, or for the first time: a server that joined). With
-        ``backend.balance`` by connections, sessions move to it between transactions until
-        no address has more than one session above another's count (a scale-out reaches the
-        sessions opened before it; so does a server back from a restart)."""
-        if not self.config.backend.balancing or address not in self.origins:
+        """``address`` is up (again, or for the first time: a server that joined)."""
+        self.rebalance()
+
+    def rebalance(self) -> None:
+        """With ``backend.balance`` by connections: while one up address carries two sessions
+        more than another, move sessions from the fullest to the emptiest between transactions
+        (the idle ones first), so a server that joins (a scale out), or is back from a restart,
+        gets its share of the sessions opened before. Called when an address comes up and
+        after every round of health checks; nothing is done while moves are under way (a
+        drain), the next round looks again."""
+        if not self.config.backend.balancing:
             return
-        usable = [a for a in self._addresses if self.health_of(a).usable and not self.health_of(a).suspect]
-        if address not in usable or len(usable) < 2:
+        up = [a for a in self._addresses if self.health_of(a).state == "up" and not self.health_of(a).suspect]
+        if len(up) < 2:
             return
-        on: dict[Address, list] = {a: [] for a in usable}
+        on: dict[Address, list] = {a: [] for a in up}
         for session in self.sessions:
+            if session.link.move_requested:
+                return
             backend = session.link.backend
-            if backend is not None and backend.address in on and not session.link.move_requested:
+            if backend is not None and backend.address in on:
                 on[backend.address].append(session)
         counts = {a: len(v) for a, v in on.items()}
-        chosen: list = []
+        chosen: dict[Address, list] = {}
         while True:
-            donor = max((a for a in usable if a != address), key=lambda a: counts[a])
-            if counts[donor] - counts[address] < 2:
+            donor = max(up, key=lambda a: counts[a])
+            receiver = min(up, key=lambda a: counts[a])
+            if counts[donor] - counts[receiver] < 2:
                 break
             counts[donor] -= 1
-            counts[address] += 1
+            counts[receiver] += 1
             candidates = on[donor]
             candidates.sort(key=lambda s: not s.idle())  # the idle ones first: they move at once
-            chosen.append(candidates.pop(0))
-        if not chosen:
-            return
-        log.warning("target %s: backend %s is up: moving %d session(s) to it between transactions (balance by connections)",
-                    self.name, address, len(chosen), extra={"target": self.name, "backend": str(address)})  # fmt: skip
-        for session in chosen:
-            session.request_move()
+            chosen.setdefault(receiver, []).append(candidates.pop(0))
+        for receiver, sessions in chosen.items():
+            sources = ", ".join(sorted({str(s.link.backend.address) for s in sessions}))
+            log.warning("target %s: balancing by connections: moving %d session(s) from %s to %s between transactions", self.name,
+                        len(sessions), sources, receiver, extra={"target": self.name, "backend": str(receiver)})  # fmt: skip
+            for session in sessions:
+                session.request_move()
 
     def backend_unreachable(self, address: Address, since: float, why: str) -> None:
         """No health check of ``address`` got an answer since ``since`` (``backend.dead_after``

@@ -145,7 +145,7 @@ async def test_a_server_that_appears_gets_new_sessions_and_some_of_the_old_ones(
     assert counts(rig) == {A: 3, B: 3, C: 3}
     text = caplog.text
     assert f"backend {C} found (dns {NAME})" in text
-    assert f"backend {C} is up: moving 2 session(s) to it" in text
+    assert f"balancing by connections: moving 2 session(s) from {A}, {B} to {C} between transactions" in text
     assert text.count(" moved from ") == 2
     metrics = rig.proxy.target.stats.render().decode()
     assert 'replay_proxy_discovery_changes_total{change="added",target="fake"} 3.0' in metrics
