@@ -247,7 +247,7 @@ class Cluster:
 
     @property
     def host(self) -> str:
-        return HOST
+        return self.up().host
 
     def query(self, sql: str, args=None) -> list[tuple]:
         return self.up().query(sql, args)

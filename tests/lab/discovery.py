@@ -110,18 +110,18 @@ def discovery_backend(mode: str, **keys: Any) -> dict[str, Any]:
     return {"discovery": mode, "discovery_interval": "0.5s", "health_interval": "0.5s", "connect_timeout": "2s", **keys}
 
 
-async def run_with_steps(label: str, server: Any, proxy: ProxyProcess, workdir: Path, steps: list[Step], *, host: str = "127.0.0.1",
+async def run_with_steps(label: str, server: Any, proxy: ProxyProcess, workdir: Path, steps: list[Step], *,
                          sql: str = "safe", conns: int = 8, batch: int = 10, lead: float = 3.0, settle: float = 3.0,
                          tail: float = 2.0, tidb: bool = False, step_time: float = 0.5) -> DiscoveryRun:  # fmt: skip
     """The workload through ``proxy`` while ``steps`` run one after the other (the first after
     ``lead`` seconds, each followed by ``settle`` seconds and a look at /status), ``tail``
-    seconds more, then every row verified on ``server`` (at ``host``). The workload runs for
+    seconds more, then every row verified on ``server`` (at its ``host`` then). The workload runs for
     the time the steps should take (``step_time`` each, a guess); a run whose steps outlast it
     is a problem (``late``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     creds = dict(user="app", password="apppw", db="test")
     table, counters = f"t_{label}", f"c_{label}"
-    run_goclient("setup", port=server.port, host=host, conns=conns, table=table, counters_table=counters, **creds)
+    run_goclient("setup", port=server.port, host=server.host, conns=conns, table=table, counters_table=counters, **creds)
     expect = workdir / f"{label}-workload.json"
     done: list[dict] = []
     extra: dict[str, Any] = {"session": TIDB_SESSION} if tidb else {}
@@ -132,10 +132,11 @@ async def run_with_steps(label: str, server: Any, proxy: ProxyProcess, workdir: 
         await trio.sleep(lead)
         for step in steps:
             began = time.monotonic()
-            await trio.to_thread.run_sync(step.act)
+            what = await trio.to_thread.run_sync(step.act)
+            took = time.monotonic() - began
             await trio.sleep(settle)
             where = await trio.to_thread.run_sync(placement, proxy)
-            done.append({"step": step.label, "took_s": round(time.monotonic() - began - settle, 1), "sessions": where})
+            done.append({"step": step.label, "what": what, "took_s": round(took, 1), "sessions": where})
         finished.set()
 
     started = time.monotonic()
@@ -149,6 +150,49 @@ async def run_with_steps(label: str, server: Any, proxy: ProxyProcess, workdir: 
         with trio.fail_after(600):
             await finished.wait()
         late = time.monotonic() - started - ended
-    verify = run_goclient("verify", port=server.port, host=host, expect=str(expect), table=table, counters_table=counters, check=False,
+    verify = run_goclient("verify", port=server.port, host=server.host, expect=str(expect), table=table, counters_table=counters, check=False,
                           **creds)  # fmt: skip
     return DiscoveryRun(label, workload, verify, done, late=max(0.0, round(late, 1)))
+
+
+def cluster_steps(cluster: Any, dns: Any = None, name: str = "", moves: int | None = None, scale: bool = True) -> list[Step]:
+    """What TiDB Operator does to a cluster's tidb-servers (``cluster``: tests/lab/cluster.py
+    with ``hosts``), told to DNS as a headless Service tells it (``dns``, ``name``: its
+    endpoints lose a pod as it starts terminating and list its replacement once it serves) or
+    left to PD (``dns`` None: each server registers itself): a scale out (a server added), a
+    rolling restart where each of the first ``moves`` servers (default: all) comes back on a new
+    address, and a scale in (the last server removed)."""
+
+    def publish() -> None:
+        if dns is not None:
+            dns.set(name, [s.host for s in cluster.servers if s.is_running()])
+
+    def scale_out() -> str:
+        server = cluster.add_server()
+        publish()
+        return server.host
+
+    def move(i: int) -> Callable[[], str]:
+        def act() -> str:
+            server = cluster.servers[i]
+            if dns is not None:  # the terminating pod leaves the endpoints
+                dns.set(name, [s.host for s in cluster.servers if s is not server])
+            what = cluster.move_server(i)
+            publish()
+            return what
+
+        return act
+
+    def scale_in() -> str:
+        server = cluster.servers[-1]
+        if dns is not None:
+            dns.set(name, [s.host for s in cluster.servers if s is not server])
+        cluster.remove_server(len(cluster.servers) - 1)
+        return server.host
+
+    steps = [Step("scale out", scale_out)] if scale else []
+    count = len(cluster.servers) + (1 if scale else 0) if moves is None else moves
+    steps += [Step(f"server {i} back on a new address", move(i)) for i in range(count)]
+    if scale:
+        steps.append(Step("scale in", scale_in))
+    return steps
