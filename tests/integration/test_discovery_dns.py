@@ -20,8 +20,9 @@ import json
 import pytest
 import trio
 
-from proxy.config import Address, parse_config
+from proxy.config import Address, load_config, parse_config
 from proxy.discovery import DiscoveryError, DnsSource
+from proxy.preflight import preflight
 from tests.lab.discovery import Step, discovery_backend, run_with_steps
 from tests.lab.dns import DOMAIN, DNSServer, dns_unavailable_reason
 from tests.lab.fixtures import require
@@ -79,6 +80,12 @@ async def test_servers_that_come_and_go_behind_a_name_under_the_dm_like_workload
     dns.set(NAME, HOSTS[:2])
     proxy = ProxyProcess(tmp_path / "proxy", server.port, log={"level": "info"}, recovery={"buffer_window": "20s"},
                          backend=discovery_backend("dns", addresses=[f"{NAME}:{server.port}"], dns={"nameservers": [dns.nameserver]}))  # fmt: skip
+    # replay-proxy check looks the name up and checks every server it finds
+    lines = await preflight(load_config(proxy.config_path))
+    [found] = [line for line in lines if line.where == "discovery"]
+    assert found.level == "ok" and f"found 2: 127.0.0.2:{server.port}, 127.0.0.3:{server.port}" in found.text, found
+    assert not [line for line in lines if line.level == "PROBLEM"], lines
+    assert {line.where for line in lines} >= {f"127.0.0.2:{server.port}", f"127.0.0.3:{server.port}"}
     steps = [
         Step("scale out: a third address", lambda: dns.set(NAME, HOSTS[:3])),
         Step("scale in: the first address removed", lambda: dns.set(NAME, HOSTS[1:3])),
