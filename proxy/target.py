@@ -30,10 +30,11 @@ class BackendProfile:
     collation: int
 
 
-def _rank(health: AddressHealth) -> int:
-    """Where an address goes in the order new connections try: up, not checked yet, suspect,
-    then the rest (draining, down)."""
-    return 3 if not health.usable else 2 if health.suspect else 1 if health.state == "unknown" else 0
+def _rank(health: AddressHealth, balancing: bool = False) -> int:
+    """Where an address goes in the order new connections try: usable, suspect, then the rest
+    (draining, down). Balancing (servers found by discovery), one not checked yet comes after
+    those that are up: a server registered in PD before it listens is not tried first."""
+    return 3 if not health.usable else 2 if health.suspect else 1 if balancing and health.state == "unknown" else 0
 
 
 @attrs.define
@@ -267,7 +268,7 @@ class Target:
         nothing else answers)."""
         addrs = self.addresses
         if self.config.backend.balancing:  # the fewest of this proxy's connections first
-            return sorted(addrs, key=lambda a: (_rank(self.health_of(a)), self.connections(a)))
+            return sorted(addrs, key=lambda a: (_rank(self.health_of(a), True), self.connections(a)))
         preferred = addrs.index(self._preferred) if self._preferred in addrs else 0
         order = addrs[preferred:] + addrs[:preferred]
         return sorted(order, key=lambda a: _rank(self.health_of(a)))  # stable: the last that worked stays first
