@@ -114,7 +114,9 @@ async def _discover(config: Config) -> tuple[dict, Line]:
         source = make_source(config.backend)
         found = await source.lookup()
     except (DiscoveryError, OSError, ValueError) as exc:
-        return {}, Line(PROBLEM, "discovery", mode, f"found no server: {exc}; check backend.{'addresses and backend.dns' if mode == 'dns' else 'pd'}")
+        return {}, Line(
+            PROBLEM, "discovery", mode, f"found no server: {exc}; check backend.{'addresses and backend.dns' if mode == 'dns' else 'pd'}"
+        )
     finally:
         if source is not None:
             await source.aclose()
