@@ -170,8 +170,99 @@ class BackendTLSConfig:
 
 
 @attrs.frozen
+class DnsConfig:
+    # Where the names are looked up: "host" or "host:port" of DNS servers; empty: the ones of
+    # /etc/resolv.conf (its search domains and ndots apply either way, as for any program in
+    # the pod).
+    nameservers: list[str] = attrs.Factory(list)
+
+    def __attrs_post_init__(self) -> None:
+        for entry in self.nameservers:
+            nameserver_address(entry)  # raises ValueError with the reason
+
+
+def nameserver_address(entry: str) -> tuple[str, int]:
+    """("host", port) of a ``backend.dns.nameservers`` entry: an IP address, with ":port"
+    (IPv6 in brackets for that: "[::1]:53"); port 53 when none is given."""
+    import ipaddress
+
+    text = entry.strip()
+    host, port = text, 53
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest:
+            if not rest.startswith(":") or not rest[1:].isdigit():
+                raise ValueError(f"nameserver {entry!r}: expected an IP address, '[IPv6]:port' or 'IPv4:port'")
+            port = int(rest[1:])
+    elif text.count(":") == 1:
+        host, _, p = text.partition(":")
+        if not p.isdigit():
+            raise ValueError(f"nameserver {entry!r}: expected an IP address, '[IPv6]:port' or 'IPv4:port'")
+        port = int(p)
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"nameserver {entry!r}: expected an IP address (a name would need a DNS server of its own)") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"nameserver {entry!r}: port {port} is outside 1-65535")
+    return host, port
+
+
+@attrs.frozen
+class PdConfig:
+    # PD's client URLs ("http://pd:2379", "https://basic-pd.tidb-cluster.svc:2379", or
+    # "host:port": https when ca is set), tried in turn from the last that answered.
+    endpoints: list[str] = attrs.Factory(list)
+    # PD's TLS (TiProxy's security.cluster-tls): the CA of the cluster's certificates, and the
+    # client certificate and key PD asks for.
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    server_name: str | None = None  # the name PD's certificate is checked against; default: the endpoint's host
+
+    def __attrs_post_init__(self) -> None:
+        for url in self.endpoints:
+            pd_url(url, self.ca is not None)
+        if self.key is not None and self.cert is None:
+            raise ValueError("key given without cert")
+
+    def urls(self) -> list[str]:
+        return [pd_url(u, self.ca is not None) for u in self.endpoints]
+
+
+def pd_url(endpoint: str, tls: bool) -> str:
+    """The base URL of a PD endpoint: as given when it has a scheme, else https with a CA
+    (``backend.pd.ca``) and http without."""
+    text = endpoint.strip().rstrip("/")
+    if "://" in text:
+        scheme, _, rest = text.partition("://")
+        if scheme not in ("http", "https") or not rest or "/" in rest:
+            raise ValueError(f"PD endpoint {endpoint!r}: expected 'host:port', 'http://host:port' or 'https://host:port'")
+        Address.parse(rest)
+        return text
+    Address.parse(text)
+    return f"{'https' if tls else 'http'}://{text}"
+
+
+@attrs.frozen
 class BackendConfig:
-    addresses: list[Address] = attrs.field(validator=attrs.validators.min_len(1))
+    # static: the servers (a name is resolved at each connect). dns: names (host:port) whose A
+    # and AAAA records are the servers, each at the name's port. pd: none (PD names them).
+    addresses: list[Address] = attrs.Factory(list)
+    # Where the servers come from: "static" (addresses as written), "dns" (each name of
+    # addresses looked up again every discovery_interval: TiDB Operator's headless Service),
+    # "pd" (the tidb-servers registered in PD, as TiProxy finds them). Servers that appear
+    # are checked and get new sessions; servers that disappear are drained like a draining
+    # one (sessions move between transactions). A failed lookup keeps the last set found.
+    discovery: Literal["static", "dns", "pd"] = "static"
+    discovery_interval: Duration = Duration(5)
+    # Which address a new backend connection (a login, a move, a reconnect) goes to: "order"
+    # (the last that worked, then the next: failover), "connections" (the one with the fewest
+    # of this proxy's connections, and sessions move between transactions to a server that
+    # joins or comes back), "auto": order with static, connections with dns and pd.
+    balance: Literal["auto", "order", "connections"] = "auto"
+    dns: DnsConfig | None = None
+    pd: PdConfig | None = None
     connect_timeout: Duration = Duration(5)
     # Timeout for the proxy's own short exchanges with the backend (login, session restore, replay).
     io_timeout: Duration = Duration(30)
@@ -194,6 +285,15 @@ class BackendConfig:
     )
     status_path: str = "/status"
     status_urls: dict[str, str] = attrs.Factory(dict)
+    # The scheme of the URLs built from status_port (and, with discovery = "pd", from the
+    # status port each server registered): "https" for a cluster with TLS between its
+    # components (checked with [backend.tls]).
+    status_scheme: Literal["http", "https"] = "http"
+
+    @property
+    def balancing(self) -> bool:
+        """New connections go to the address with the fewest of this proxy's connections."""
+        return self.balance == "connections" or (self.balance == "auto" and self.discovery != "static")
 
 
 @attrs.frozen
@@ -481,6 +581,7 @@ def _check_values(config: Config) -> None:
     packet = config.limits.max_allowed_packet
     if not _KIB <= packet <= _GIB:
         problems.append(f"$.limits.max_allowed_packet: {packet} bytes is outside the server's range, 1KiB to 1GiB: set a size in it")
+    problems.extend(_check_discovery(config.backend))
     rec = config.recovery
     if rec.backoff_initial > rec.backoff_max:
         problems.append(
@@ -497,6 +598,33 @@ def _check_values(config: Config) -> None:
                             "export it where the proxy starts, or set admin.token instead")  # fmt: skip
     if problems:
         raise ConfigError("\n".join(problems))
+
+
+def _check_discovery(backend: BackendConfig) -> list[str]:
+    """backend.addresses, discovery and its tables agree."""
+    mode, problems = backend.discovery, []
+    if mode in ("static", "dns") and not backend.addresses:
+        what = "the servers" if mode == "static" else "the names (host:port) whose A/AAAA records are the servers"
+        problems.append(f"$.backend.addresses: required with discovery = {mode!r}: list {what}")
+    if mode == "pd":
+        if backend.addresses:
+            problems.append("$.backend.addresses: with discovery = 'pd' PD names the servers: remove addresses")
+        if backend.pd is None or not backend.pd.endpoints:
+            problems.append("$.backend.pd.endpoints: required with discovery = 'pd': PD's client URLs, e.g. [\"http://pd:2379\"]")
+    if backend.pd is not None and mode != "pd":
+        problems.append(f"$.backend.pd: read only with discovery = 'pd' (it is {mode!r}): remove it, or set discovery")
+    if backend.dns is not None and mode != "dns":
+        problems.append(f"$.backend.dns: read only with discovery = 'dns' (it is {mode!r}): remove it, or set discovery")
+    if mode != "static":
+        if backend.status_urls:
+            problems.append(f"$.backend.status_urls: name fixed addresses, which discovery = {mode!r} does not have: "
+                            "use status_port (and status_scheme)")  # fmt: skip
+        if backend.tls.mode == "verify-identity" and backend.tls.server_name is None:
+            problems.append(f"$.backend.tls.server_name: required with verify-identity and discovery = {mode!r}: the servers "
+                            "found are IP addresses; name the one their certificates carry")  # fmt: skip
+        if backend.discovery_interval < 0.1:
+            problems.append(f"$.backend.discovery_interval: {backend.discovery_interval:g}s is too short: at least 100ms")
+    return problems
 
 
 def load_config(path: str | os.PathLike[str], secrets: bool = True) -> Config:

@@ -11,6 +11,7 @@ import trio
 from proxy.admission import Admission
 from proxy.config import Config
 from proxy.cycle.inflight import SessionClosed
+from proxy.discovery import Discovery
 from proxy.health import HealthChecker
 from proxy.hooks import Hooks
 from proxy.netio import Channel, PeerClosed
@@ -49,6 +50,7 @@ class Proxy:
         self.mirror = None  # --workers N: the link to the supervisor that keeps the clients (proxy.handover.mirror)
         self.recovery = RECOVERY  # what each session's relay asks of recovery (recovery sits above the relay)
         self.stopping = False  # drain() began: a session cancelled from now on is ended on purpose
+        self.discovery: Discovery | None = None  # the task that keeps the backend addresses (serve)
 
     async def drain(self) -> None:
         """Stop accepting; close each session when it is idle between transactions; after
@@ -72,6 +74,8 @@ class Proxy:
         self.config = config
         self.admission.listen = config.listen
         self.target.reload(config, hooks)
+        if self.discovery is not None:
+            self.discovery.wake()
 
     async def listen(self, sockets: list[socket.socket] | None = None) -> None:
         """Open the listening sockets serve() accepts on; ``sockets``: listening sockets handed
@@ -95,15 +99,24 @@ class Proxy:
             await self.listen(sockets)
         listeners = self.listeners
         self.addresses = [lst.socket.getsockname()[:2] for lst in listeners]
-        log.info(
-            "target %s: listening on %s, backend %s",
-            self.target.name,
-            ", ".join(f"{h}:{p}" for h, p in self.addresses),
-            ", ".join(str(a) for a in self.config.backend.addresses),
-        )
+        backend = self.config.backend
+        if backend.discovery == "static":
+            where = ", ".join(str(a) for a in backend.addresses)
+        elif backend.discovery == "dns":
+            where = (
+                "the A/AAAA records of "
+                + ", ".join(str(a) for a in backend.addresses)
+                + f" (discovery dns, every {backend.discovery_interval:g}s)"
+            )
+        else:
+            where = f"the tidb-servers registered in PD at {', '.join(backend.pd.urls() if backend.pd else [])} (discovery pd, every {backend.discovery_interval:g}s)"
+        log.info("target %s: listening on %s, backend %s", self.target.name, ", ".join(f"{h}:{p}" for h, p in self.addresses), where)
         async with trio.open_nursery() as nursery:
             self.target.nursery = nursery
-            await nursery.start(HealthChecker(self.target).run)
+            checker = HealthChecker(self.target)
+            await nursery.start(checker.run)
+            self.discovery = Discovery(self.target, checker)
+            await nursery.start(self.discovery.run)
             with trio.CancelScope() as self._accepting:
                 async with trio.open_nursery() as accepting:
                     for listener in listeners:

@@ -90,12 +90,15 @@ class AddressHealth:
         }
 
 
-def status_url(backend: BackendConfig, address: Address) -> str | None:
-    """The status URL of ``address``: its ``status_urls`` entry, else ``status_port`` on its host."""
+def status_url(backend: BackendConfig, address: Address, registered_port: int | None = None) -> str | None:
+    """The status URL of ``address``: its ``status_urls`` entry, else ``status_port`` on its
+    host, else the status port the server registered (``discovery = "pd"``), with
+    ``status_scheme``."""
     url = backend.status_urls.get(str(address))
-    if url is None and backend.status_port:
+    port = backend.status_port or registered_port
+    if url is None and port:
         host = f"[{address.host}]" if ":" in address.host else address.host
-        url = f"http://{host}:{backend.status_port}{backend.status_path}"
+        url = f"{backend.status_scheme}://{host}:{port}{backend.status_path}"
     return url
 
 
@@ -188,6 +191,16 @@ class CheckedTarget(Protocol):
     def backend_unusable(self, address: Address, state: str) -> None:
         """``address`` became draining or down: its sessions move."""
 
+    def backend_usable(self, address: Address) -> None:
+        """``address`` became up: sessions may move to it (balance by connections)."""
+
+    def rebalance(self) -> None:
+        """After each round of checks: even out the sessions over the addresses that are up
+        (balance by connections)."""
+
+    def status_url(self, address: Address) -> str | None:
+        """The status URL to GET for ``address`` (None: none known)."""
+
     def backend_unreachable(self, address: Address, since: float, why: str) -> None:
         """No check of ``address`` got an answer since ``since``, for ``backend.dead_after``:
         its sessions' connections are cut (recovery)."""
@@ -215,7 +228,7 @@ class HealthChecker:
             await probe.aclose()
 
     def status_url(self, address: Address) -> str | None:
-        return status_url(self.target.config.backend, address)
+        return self.target.status_url(address)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -228,6 +241,7 @@ class HealthChecker:
                 async with trio.open_nursery() as nursery:
                     for address in self.target.addresses:
                         nursery.start_soon(self.check, address)
+                self.target.rebalance()
                 await trio.sleep(interval)
         finally:
             await self.aclose()
@@ -249,6 +263,8 @@ class HealthChecker:
                 log.warning("backend %s is %s (was %s)%s", address, state, previous, f": {error}" if error else "")
             if state in (DRAINING, DOWN):
                 self.target.backend_unusable(address, state)
+            elif state == UP:
+                self.target.backend_usable(address)
         dead_after = self.target.config.backend.dead_after
         if health.silent_since is not None and dead_after > 0 and health.checked_at - health.silent_since >= dead_after:
             # Not a long statement: the server answers no one. Waiting on would last until

@@ -85,10 +85,16 @@ def _seconds(s: float) -> str:
 async def preflight(config: Config, *, opener=open_backend_socket) -> list[Line]:
     """Every line of the check, per backend address in the config's order."""
     lines = _config_lines(config)
+    addresses, ports = list(config.backend.addresses), {}
+    if config.backend.discovery != "static":
+        found, line = await _discover(config)
+        lines.append(line)
+        addresses = list(found)
+        ports = {a: f.status_port for a, f in found.items()}
     probe: StatusProbe | None = None
     try:
-        for address in config.backend.addresses:
-            url = status_url(config.backend, address)
+        for address in addresses:
+            url = status_url(config.backend, address, ports.get(address))
             if url is not None and probe is None:
                 probe = StatusProbe(config.backend.tls)
             lines += await _check_address(config, address, url, probe, opener)
@@ -96,6 +102,28 @@ async def preflight(config: Config, *, opener=open_backend_socket) -> list[Line]
         if probe is not None:
             await probe.aclose()
     return lines
+
+
+async def _discover(config: Config) -> tuple[dict, Line]:
+    """One lookup of ``backend.discovery`` (dns, pd): the servers it finds are the ones checked."""
+    from proxy.discovery import DiscoveryError, make_source
+
+    mode = config.backend.discovery
+    source = None
+    try:
+        source = make_source(config.backend)
+        found = await source.lookup()
+    except (DiscoveryError, OSError, ValueError) as exc:
+        return {}, Line(
+            PROBLEM, "discovery", mode, f"found no server: {exc}; check backend.{'addresses and backend.dns' if mode == 'dns' else 'pd'}"
+        )
+    finally:
+        if source is not None:
+            await source.aclose()
+    text = f"{source.describe()}: found {len(found.servers)}: {', '.join(str(a) for a in found.servers)}"
+    if found.problems:
+        return found.servers, Line(WARN, "discovery", mode, text + "; but " + "; ".join(found.problems))
+    return found.servers, Line(OK, "discovery", mode, text)
 
 
 def _config_lines(config: Config) -> list[Line]:
@@ -428,5 +456,6 @@ async def run(config: Config, path: str, out: TextIO | None = None) -> int:
     """``replay-proxy check``: the lines of ``preflight`` for the target of ``path``; the exit status."""
     out = out or sys.stdout
     n, users = len(config.backend.addresses), len(config.users)
-    print(f"replay-proxy check: target {config.name} ({path}): {n} backend address(es), {users} user(s)", file=out)
+    where = f"{n} backend address(es)" if config.backend.discovery == "static" else f"backend discovery {config.backend.discovery}"
+    print(f"replay-proxy check: target {config.name} ({path}): {where}, {users} user(s)", file=out)
     return report(await preflight(config), out)

@@ -113,6 +113,12 @@ class Stats:
         # (recovered), or closed (an answer begun, or a record that cannot be trusted).
         self.takeover_sessions = {"idle": 0, "in_transaction": 0, "in_flight": 0, "closed": 0}
         self.last_reload_ok = True
+        # backend.discovery: lookups by mode and outcome, when the last one answered (unix time),
+        # addresses that appeared and disappeared.
+        self.discovery_lookups: dict[tuple[str, str], int] = {}
+        self.discovery_last_ok: float | None = None
+        self.discovery_seconds = 0.0
+        self.discovery_changes = {"added": 0, "removed": 0}
         self.config_loaded_at = time.time()  # unix time the config in force was loaded (start or reload)
         self.build = {"version": _package_version(), "python": platform.python_version()}
         self.process = ProcessCollector(registry=None)
@@ -129,6 +135,17 @@ class Stats:
         self.replayed += replayed
         self.held[bisect.bisect_left(HELD_BUCKETS, held)] += 1
         self.held_sum += held
+
+    def discovery_lookup(self, mode: str, ok: bool, seconds: float) -> None:
+        key = (mode, "ok" if ok else "failed")
+        self.discovery_lookups[key] = self.discovery_lookups.get(key, 0) + 1
+        self.discovery_seconds = seconds
+        if ok:
+            self.discovery_last_ok = time.time()
+
+    def discovery_changed(self, added: int, removed: int) -> None:
+        self.discovery_changes["added"] += added
+        self.discovery_changes["removed"] += removed
 
     def upgrade_failed(self) -> None:
         self.upgrades_failed += 1
@@ -269,6 +286,15 @@ class Stats:
                 connections[key] = connections.get(key, 0) + 1
         yield gauge("backend_connections", "Open backend connections of logged-in sessions, by address", 0, ("address",),
                     {(a,): n for a, n in connections.items()})  # fmt: skip
+        yield gauge("backend_addresses", "Backend addresses in the live set (backend.addresses, or what backend.discovery found last)",
+                    len(self.addresses()))  # fmt: skip
+        yield counter("discovery_changes", "Backend addresses that appeared (added) in or disappeared (removed) from the live set",
+                      0, ("change",), {(k,): n for k, n in self.discovery_changes.items()})  # fmt: skip
+        yield counter("discovery_lookups", "Lookups of backend.discovery (dns, pd) by outcome: ok, or failed (the last set found kept)",
+                      0, ("mode", "outcome"), {k: n for k, n in self.discovery_lookups.items()})  # fmt: skip
+        if describe or self.discovery_last_ok is not None:
+            yield gauge("discovery_last_success_timestamp_seconds", "Unix time of the last lookup of backend.discovery that answered",
+                        self.discovery_last_ok or 0)  # fmt: skip
         yield counter("config_reloads", "Config reloads (SIGHUP) by outcome: ok, or rejected (the running config kept)", 0,
                       ("outcome",), {(o,): n for o, n in self.reloads.items()})  # fmt: skip
         yield counter("upgrade_sessions", "Sessions of the process this one took over from (an upgrade), by outcome: moved here with "

@@ -338,7 +338,8 @@ def thaw_session(proxy: Proxy, f: dict[str, Any], client_sock: socket.socket, at
 def thaw_backend(proxy: Proxy, b: dict[str, Any], channel: Channel) -> Backend:
     """The backend connection of ``session_fields``' "backend" on ``channel``."""
     address = Address.parse(b["address"])
-    if address not in proxy.config.backend.addresses:
+    # (With discovery the servers come from DNS or PD: this process may not have found them yet.)
+    if proxy.config.backend.discovery == "static" and address not in proxy.config.backend.addresses:
         raise ValueError(f"backend {address} is not in this config")
     hs = ServerHandshake(**{**b["handshake"], "scramble": bytes.fromhex(b["handshake"]["scramble"])})
     return Backend(channel, address, hs, int(b["capabilities"]), int(b["status"]),

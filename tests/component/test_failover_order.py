@@ -83,7 +83,7 @@ async def test_an_address_whose_server_dropped_a_session_is_tried_after_the_othe
     servers.tried.clear()
     third = await target.connect(LOGIN)
     assert third.address == B  # the last address that worked comes first...
-    target._preferred = 0
+    target._preferred = A
     fourth = await target.connect(LOGIN)
     assert fourth.address == A  # ...and A is no longer held back
     for backend in (first, second, third, fourth):
@@ -97,7 +97,7 @@ async def test_a_failed_login_makes_the_address_suspect(nursery, autojump_clock)
     backend = await target.connect(LOGIN)
     assert backend.address == B and target.health_of(A).suspect
     servers.a_hangs = False
-    target._preferred = 0  # A would be first again by the last-worked rule
+    target._preferred = A  # A would be first again by the last-worked rule
     servers.tried.clear()
     again = await target.connect(LOGIN)
     assert servers.tried[0] == B and again.address == B

@@ -8,6 +8,15 @@ several tidb-servers (``-store tikv -path <pd>``) that share all data.
     cluster.restart_store()             # the whole database away
     cluster.stop()
 
+As TiDB Operator runs it (``hosts``): every tidb-server on one SQL port and one status port, each
+at its own loopback address, like pods behind a headless Service; a pod that comes back on a new
+address, a scale out and a scale in:
+
+    cluster = Cluster(tmp_path / "cluster", servers=2, hosts=True)   # 127.0.0.2, 127.0.0.3
+    cluster.move_server(0, "127.0.0.9")      # SIGTERM, then the same server on a new address
+    cluster.add_server()                     # a third, on the next free address
+    cluster.remove_server(1)                 # SIGTERM, gone
+
 The store is TiDB's own unistore served over TiKV's gRPC API in a process of its own
 (``unistore-server``, syncing its writes), registered with a real PD: a SIGKILLed tidb-server
 loses nothing it acknowledged, so exact data after a crash is provable here, unlike with the
@@ -34,6 +43,9 @@ from tests.lab.server import HOST, ServerProcess, free_port
 from tests.lab.tidb import TiDB, tidb_unavailable_reason
 
 ENV_BIN = "REPLAY_PROXY_CLUSTER_BIN"
+# The loopback addresses the "pods" of a cluster with ``hosts`` take (Linux routes all of
+# 127.0.0.0/8 to lo).
+LAB_HOSTS = tuple(f"127.0.0.{i}" for i in range(2, 12))
 PROGRAMS = ("pd-server", "unistore-server")
 
 
@@ -144,7 +156,9 @@ class Cluster:
 
     flavor = "tidb"
 
-    def __init__(self, basedir: Path, servers: int = 3, graceful_wait: int = 0, max_allowed_packet: str = "64M") -> None:
+    def __init__(
+        self, basedir: Path, servers: int = 3, graceful_wait: int = 0, max_allowed_packet: str = "64M", hosts: bool = False
+    ) -> None:
         self.basedir = Path(basedir).resolve()
         self.basedir.mkdir(parents=True, exist_ok=True)
         self.pd = PD(self.basedir / "pd")
@@ -155,13 +169,30 @@ class Cluster:
         # service the store lacks, for ever; the classic reorganisation works.
         init = self.basedir / "init.sql"
         init.write_text("SET GLOBAL tidb_enable_dist_task = OFF;\nSET GLOBAL tidb_ddl_enable_fast_reorg = OFF;\n")
-        self.servers = [
-            TiDB(self.basedir / f"tidb{i}", graceful_wait=graceful_wait, max_allowed_packet=max_allowed_packet,
-                 pd=self.pd.address, extra_config=security,
-                 # 127.0.0.1 in PD's topology (TiProxy connects to what a server registers there)
-                 extra_args=["-advertise-address", HOST, *(["-initialize-sql-file", str(init)] if i == 0 else [])])
-            for i in range(servers)
-        ]  # fmt: skip
+        self._options = dict(graceful_wait=graceful_wait, max_allowed_packet=max_allowed_packet, pd=self.pd.address, extra_config=security)
+        self.hosts = hosts
+        self.shared_port = self.shared_status_port = None
+        if hosts:  # one SQL port and one status port on every address, as pods have
+            self.shared_port, self.shared_status_port = free_port(*LAB_HOSTS), free_port(*LAB_HOSTS)
+        self._made = 0
+        self.servers = [self._server(init if i == 0 else None) for i in range(servers)]
+
+    def _server(self, init: Path | None = None, host: str | None = None) -> TiDB:
+        i, self._made = self._made, self._made + 1
+        if host is None:
+            host = self.free_host() if self.hosts else HOST
+        # ``host`` in PD's topology (TiProxy and the proxy's discovery connect to what a server registers there)
+        return TiDB(self.basedir / f"tidb{i}", **self._options, host=host, port=self.shared_port, status_port=self.shared_status_port,
+                    extra_args=["-advertise-address", host, *(["-initialize-sql-file", str(init)] if init else [])])  # fmt: skip
+
+    def free_host(self) -> str:
+        """A lab address no server of this cluster uses (nor has used: a pod's new address)."""
+        taken = {s.host for s in getattr(self, "servers", [])} | getattr(self, "_used_hosts", set())
+        for host in LAB_HOSTS:
+            if host not in taken:
+                self._used_hosts = taken | {host}
+                return host
+        raise ClusterError(f"every lab address is taken: {sorted(taken)}")
 
     def __repr__(self) -> str:
         return f"<Cluster pd {self.pd.address} servers {[s.port for s in self.servers]}>"
@@ -197,7 +228,7 @@ class Cluster:
 
     @property
     def addresses(self) -> list[str]:
-        return [f"{HOST}:{s.port}" for s in self.servers]
+        return [f"{s.host}:{s.port}" for s in self.servers]
 
     @property
     def ports(self) -> list[int]:
@@ -216,7 +247,7 @@ class Cluster:
 
     @property
     def host(self) -> str:
-        return HOST
+        return self.up().host
 
     def query(self, sql: str, args=None) -> list[tuple]:
         return self.up().query(sql, args)
@@ -245,6 +276,32 @@ class Cluster:
         server = self.servers[i % len(self.servers)]
         server.restart(sig, down_for=down_for)
         return f"{server.basedir.name} {_signal.Signals(sig).name}"
+
+    def move_server(self, i: int, host: str | None = None, sig: int = _signal.SIGTERM, between=None) -> str:
+        """Server ``i`` stopped with ``sig`` and started again on a new address (``host``, or the
+        next free one): a pod that TiDB Operator deletes and whose replacement gets a new IP.
+        ``between()`` runs while it is down. Serving before this returns."""
+        server = self.servers[i % len(self.servers)]
+        old = server.host
+        server.stop(sig)
+        server.move_to(host or self.free_host())
+        if between is not None:
+            between()
+        server.start()
+        return f"{server.basedir.name} {_signal.Signals(sig).name}: {old} -> {server.host}"
+
+    def add_server(self, host: str | None = None) -> TiDB:
+        """A new tidb-server joining the cluster (a scale out), serving before this returns."""
+        server = self._server(host=host)
+        server.start()
+        self.servers.append(server)
+        return server
+
+    def remove_server(self, i: int, sig: int = _signal.SIGTERM) -> TiDB:
+        """Server ``i`` stopped and gone from the cluster (a scale in)."""
+        server = self.servers.pop(i % len(self.servers))
+        server.stop(sig)
+        return server
 
     def restart_store(self, down_for: float = 0.0) -> None:
         """The whole database away: the store stops (SIGTERM) and comes back on its port. (A

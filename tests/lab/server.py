@@ -52,8 +52,9 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def free_port(host: str = HOST) -> int:
-    """A port that is free now and outside the kernel's ephemeral range.
+def free_port(host: str = HOST, *more_hosts: str) -> int:
+    """A port that is free now (on ``host`` and each of ``more_hosts``) and outside the
+    kernel's ephemeral range.
 
     Outside the ephemeral range because a server that is down during a restart must get its
     port back: with many reconnect attempts, an outgoing connection could otherwise be given
@@ -66,14 +67,20 @@ def free_port(host: str = HOST) -> int:
         port = rng.randint(*candidates)
         if port in _ISSUED_PORTS:
             continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
+        if not all(_bindable(h, port) for h in (host, *more_hosts)):
+            continue
         _ISSUED_PORTS.add(port)
         return port
     raise RuntimeError(f"no free port found in {candidates[0]}-{candidates[1]} on {host}")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 # -- the registry of live servers -----------------------------------------------------------
@@ -214,6 +221,7 @@ class ServerProcess:
         self.basedir = Path(basedir).resolve()
         self.basedir.mkdir(parents=True, exist_ok=True)
         self._port = port if port is not None else free_port()
+        self._host = HOST  # the loopback address it listens on (a subclass may bind another: TiDB's host)
         self._holder: list[subprocess.Popen | None] = [None]
         self._finalizer = weakref.finalize(self, _finalize, self._holder)
         self._log_offset = 0
@@ -229,7 +237,7 @@ class ServerProcess:
     def probe(self) -> None:
         """Return once the server serves; raise one of ``not_serving`` while it does not (by
         default: it accepts a TCP connection on its port)."""
-        socket.create_connection((HOST, self.port), timeout=0.5).close()
+        socket.create_connection((self.host, self.port), timeout=0.5).close()
 
     def after_start(self) -> None:
         """After each start, once the server serves."""
@@ -243,7 +251,7 @@ class ServerProcess:
 
     @property
     def host(self) -> str:
-        return HOST
+        return self._host
 
     @property
     def port(self) -> int:
@@ -401,7 +409,7 @@ class SQLServer(ServerProcess):
     socket_path: Path
 
     def probe(self) -> None:
-        select_1(host=HOST, port=self.port, **self.tls_client_options())
+        select_1(host=self.host, port=self.port, **self.tls_client_options())
 
     def tls_client_options(self) -> dict[str, Any]:
         """PyMySQL's ``ssl`` argument for a TLS connection to this server (empty without TLS)."""
@@ -413,8 +421,8 @@ class SQLServer(ServerProcess):
         return pymysql.connect(**{"unix_socket": str(self.socket_path), "user": "root", "autocommit": True, **_CLIENT_DEFAULTS, **kwargs})
 
     def connect(self, user: str = "root", password: str = "", database: str | None = None, **kwargs: Any) -> pymysql.connections.Connection:
-        """A PyMySQL connection over TCP to 127.0.0.1:port (over TLS when the server has it)."""
-        return pymysql.connect(**{"host": HOST, "port": self.port, "user": user, "password": password, "database": database,
+        """A PyMySQL connection over TCP to host:port (over TLS when the server has it)."""
+        return pymysql.connect(**{"host": self.host, "port": self.port, "user": user, "password": password, "database": database,
                                   **_CLIENT_DEFAULTS, **self.tls_client_options(), **kwargs})  # fmt: skip
 
     def query(self, sql: str, args: Iterable[Any] | None = None, database: str | None = None) -> list[tuple]:

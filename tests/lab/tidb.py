@@ -64,18 +64,21 @@ class TiDB(SQLServer):
 
     def __init__(self, basedir: Path, port: int | None = None, max_allowed_packet: str = "64M",
                  graceful_wait: int = 0, general_log: bool = False, extra_args: Iterable[str] = (),
-                 pd: str | None = None, extra_config: str = "") -> None:  # fmt: skip
+                 pd: str | None = None, extra_config: str = "", host: str = HOST, status_port: int | None = None) -> None:  # fmt: skip
         """``graceful_wait``: TiDB's ``graceful-wait-before-shutdown`` (seconds): after SIGTERM,
         /status answers 500 this long before TiDB closes its listeners. ``general_log``: every
         statement in the log (``[instance] tidb_general_log``, on from each start). ``pd``: one
         server of a cluster (``-store tikv -path <pd>``: the data lives in the cluster's store,
         tests/lab/cluster.py) instead of its own unistore. ``extra_config``: TOML appended to
-        the config file (e.g. a ``[security]`` section)."""
+        the config file (e.g. a ``[security]`` section). ``host``: the loopback address it
+        binds (127.0.0.2, ...: servers of a cluster on one port, each at its own address, as
+        pods are; ``move_to`` gives it another)."""
         super().__init__(basedir, port)
+        self._host = host
         self.general_log = general_log
         self.pd = pd
         self.extra_config = extra_config
-        self.status_port = free_port()
+        self.status_port = status_port if status_port is not None else free_port()
         self.max_allowed_packet = max_allowed_packet
         self.graceful_wait = graceful_wait
         self.extra_args = list(extra_args)
@@ -92,8 +95,8 @@ class TiDB(SQLServer):
             raise TiDBError(tidb_unavailable_reason() or "no tidb-server")
         return [
             program, *(("-store", "tikv", "-path", self.pd) if self.pd else ("-store", "unistore", "-path", str(self.store))),
-            "-host", HOST, "-P", str(self.port),
-            "-status", str(self.status_port), "-status-host", HOST, "-socket", str(self.socket_path),
+            "-host", self.host, "-P", str(self.port),
+            "-status", str(self.status_port), "-status-host", self.host, "-socket", str(self.socket_path),
             "-log-file", str(self.log_path), "-config", str(self.config_path), "-L", "info",
             *self.extra_args,
         ]  # fmt: skip
@@ -115,6 +118,15 @@ class TiDB(SQLServer):
             self.query(f"SET GLOBAL max_allowed_packet = {_size(self.max_allowed_packet)}")
             self._bootstrapped = True
 
+    def move_to(self, host: str) -> None:
+        """Listen on ``host`` from the next start on (a pod that comes back on a new address;
+        the server must be stopped)."""
+        if self.is_running():
+            raise TiDBError(f"{self!r} is running: stop it before it moves to {host}")
+        self._host = host
+        if "-advertise-address" in self.extra_args:  # what it registers in PD
+            self.extra_args[self.extra_args.index("-advertise-address") + 1] = host
+
     def kill(self, timeout: float | None = None) -> None:
         """SIGKILL. unistore loses unsynced writes: check no exact data after it."""
         super().kill(timeout)
@@ -122,7 +134,7 @@ class TiDB(SQLServer):
     def status(self, timeout: float = 2) -> int:
         """HTTP status of GET /status on the status port (500 while shutting down gracefully)."""
         try:
-            with urllib.request.urlopen(f"http://{HOST}:{self.status_port}/status", timeout=timeout) as resp:
+            with urllib.request.urlopen(f"http://{self.host}:{self.status_port}/status", timeout=timeout) as resp:
                 return resp.status
         except urllib.error.HTTPError as e:
             return e.code
