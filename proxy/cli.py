@@ -31,7 +31,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import trio
 
-from proxy import hostloop
+from proxy import corebuild, hostloop
 from proxy.config import Address, Config, ConfigError, load_config
 from proxy.handover.protocol import HandoverError
 from proxy.sessionlog import FIELDS
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
                              "listeners (exit 1 with the reason when it cannot start)")  # fmt: skip
     parser.add_argument("--config", help="TOML file of the target database (configs/<target>.toml)")
     parser.add_argument("--check", action="store_true", help="validate the config and exit (no side effects)")
-    parser.add_argument("--version", action="version", version=f"replay-proxy {_version()}")
+    parser.add_argument("--version", action="version", version=f"replay-proxy {_version()} (sans-IO core: {corebuild.mode()})")
     parser.add_argument("--workers", type=int, metavar="N",
                         help="processes sharing the listen port (default: listen.workers, 1)")  # fmt: skip
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # i/N: started by the supervisor

@@ -8,6 +8,7 @@ import socket
 
 import trio
 
+from proxy import corebuild, hostloop
 from proxy.admission import Admission
 from proxy.config import Config
 from proxy.cycle.inflight import SessionClosed
@@ -111,6 +112,8 @@ class Proxy:
         else:
             where = f"the tidb-servers registered in PD at {', '.join(backend.pd.urls() if backend.pd else [])} (discovery pd, every {backend.discovery_interval:g}s)"
         log.info("target %s: listening on %s, backend %s", self.target.name, ", ".join(f"{h}:{p}" for h, p in self.addresses), where)
+        lanes = "uvloop's callbacks and trio's tasks" if hostloop.current() is not None else "trio's tasks alone"
+        log.info("sessions run on %s; sans-IO core %s", lanes, corebuild.mode())
         async with trio.open_nursery() as nursery:
             self.target.nursery = nursery
             checker = HealthChecker(self.target)
