@@ -35,7 +35,8 @@ LABELS = {"direct": "directly", "haproxy": "HAProxy", "tiproxy": "TiProxy", "pro
 
 def sidecar_overrides(servers: list[TiDB], user: str, password: str, buffer_window: float = 30.0) -> dict[str, Any]:
     """configs/dm-sidecar.toml's settings on the lab's ports: one server's status port watched,
-    or, in front of a cluster, every server's (``[backend] status_urls``); ``buffer_window``:
+    or, in front of a cluster, every server's (``[backend] status_urls``), the sessions balanced
+    by connections over them; ``buffer_window``:
     the sidecar's 30 s, or another."""
     if len(servers) == 1:
         backend: dict[str, Any] = {"status_port": servers[0].status_port, "health_interval": "2s"}
@@ -45,6 +46,9 @@ def sidecar_overrides(servers: list[TiDB], user: str, password: str, buffer_wind
             "addresses": addresses,
             "status_urls": {a: f"http://127.0.0.1:{s.status_port}/status" for a, s in zip(addresses, servers)},
             "health_interval": "2s",
+            # The sidecar config finds the servers by DNS, which balances by connections: so
+            # here, as HAProxy and TiProxy spread the sessions over the servers too.
+            "balance": "connections",
         }
     return {
         "name": "dm-e2e",
