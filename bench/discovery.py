@@ -32,7 +32,7 @@ from pathlib import Path
 import trio
 
 from tests.lab.cluster import Cluster, cluster_unavailable_reason
-from tests.lab.discovery import cluster_steps, discovery_backend, run_with_steps
+from tests.lab.discovery import cluster_steps, discovery_backend, discovery_keys, run_with_steps
 from tests.lab.dns import DOMAIN, DNSServer, dns_unavailable_reason
 from tests.lab.fixtures import prepare_server
 from tests.lab.proxy import ProxyProcess
@@ -41,12 +41,7 @@ NAME = f"basic-tidb-peer.{DOMAIN}"
 
 
 def proxy_for(mode: str, cluster: Cluster, dns: DNSServer | None, workdir: Path) -> ProxyProcess:
-    if mode == "dns":
-        assert dns is not None
-        backend = discovery_backend("dns", addresses=[f"{NAME}:{cluster.shared_port}"], dns={"nameservers": [dns.nameserver]},
-                                    status_port=cluster.shared_status_port)  # fmt: skip
-    else:
-        backend = discovery_backend("pd", pd={"endpoints": [cluster.pd.address]})
+    backend = discovery_backend(mode, **discovery_keys(mode, cluster, dns, NAME))
     return ProxyProcess(workdir, [], backend=backend, log={"level": "info"},
                         recovery={"buffer_window": "40s", "idempotent": "safe-mode"})  # fmt: skip
 

@@ -2,8 +2,8 @@
 
     python -m bench.dm_e2e [--duration 300] [--interval 8] [--restarts N] [--chaos-from start|sync]
                            [--graceful-waits 0,3] [--targets direct,proxy]
-    python -m bench.dm_e2e --cluster [--servers 3] [--faults rolling|kill] [--graceful-wait 3]
-                           [--targets haproxy,tiproxy,proxy] [--restarts N] [--interval 8]
+    python -m bench.dm_e2e --cluster [--servers 3] [--faults rolling|kill|moving] [--graceful-wait 3]
+                           [--targets haproxy,tiproxy,proxy] [--restarts N] [--interval 8] [--discovery dns|pd]
     python -m bench.dm_e2e --cluster --no-faults [--backlog 60]      # DM's replication rate per middle
     python -m bench.dm_e2e --chaos proxy-upgrade|proxy-restart [--chaos-interval 8] [--faults rolling]
     python -m bench.dm_e2e --soak 1800 [--interval 8] [--seed 7]      # every fault, in random order
@@ -29,7 +29,10 @@ A load writes upstream (bench/dm_load.py) from the moment the task starts. The f
   shuts down; the next event once it serves again), each event the next server in turn, an
   event every ``--interval`` seconds start to start (an event takes at least the graceful
   wait: a longer one delays the next); ``--faults kill``: the same with SIGKILL (a crash, the
-  server started again at once);
+  server started again at once); ``--faults moving``: the rolling restart as TiDB Operator
+  does it, each server back on a new address (127.0.0.2, 127.0.0.3, ... sharing one port:
+  bench/dm_discovery.py), the proxy finding the servers as ``--discovery`` says (``dns``: a
+  headless Service's name, served by dnsmasq; ``pd``: PD's list; TiProxy always asks PD);
 - ``--no-faults`` (``--faults none``): no restart; instead, once DM's sync unit runs, the task
   is paused for ``--backlog`` seconds while the load goes on and resumed: how fast DM drains
   the backlog through each middle is its replication rate (upstream transactions and
@@ -103,11 +106,12 @@ from typing import Any
 
 import pymysql
 
-from bench import REPO, dm_load
+from bench import REPO, dm_discovery, dm_load
 from bench.dm_middles import LABELS, MIDDLES, middle_numbers, start_middle
 from bench.hygiene import sigterm_as_interrupt
 from bench.runinfo import run_meta
 from tests.lab.cluster import Cluster, cluster_unavailable_reason
+from tests.lab.discovery import Endpoints
 from tests.lab.dm import DMCluster, dm_unavailable_reason
 from tests.lab.faultshim import FaultShim
 from tests.lab.mariadb import MariaDB
@@ -139,8 +143,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--graceful-waits", default="0,3", help="one server: graceful-wait-before-shutdown values, in turn (default 0,3)")
     p.add_argument("--cluster", action="store_true", help="downstream: a TiDB cluster (PD, the store, --servers tidb-servers)")
     p.add_argument("--servers", type=int, default=3, help="--cluster: tidb-servers (default 3)")
-    p.add_argument("--faults", choices=("rolling", "kill", "none", "off"),
-                   help="rolling: SIGTERM one server at a time (default); kill: SIGKILL one at a time (--cluster); none: no faults, "
+    p.add_argument("--discovery", choices=dm_discovery.MODES, default="static",
+                   help="--cluster: how the proxy finds the tidb-servers (backend.discovery): static (their addresses, "
+                        "default), dns (a headless Service's name), pd (PD's list); the servers then each on an address "
+                        "of their own (bench/dm_discovery.py)")  # fmt: skip
+    p.add_argument("--faults", choices=("rolling", "kill", "moving", "none", "off"),
+                   help="rolling: SIGTERM one server at a time (default); kill: SIGKILL one at a time (--cluster); moving: "
+                        "rolling, each server back on a new address (--cluster); none: no faults, "
                         "DM's replication rate (= --no-faults); off: TiDB is not restarted (the default with --chaos)")  # fmt: skip
     p.add_argument("--chaos", choices=("proxy-upgrade", "proxy-restart", "worker-kill"),
                    help="the proxy's own faults, every --chaos-interval s: proxy-upgrade (SIGUSR2: sessions move to a new "
@@ -199,7 +208,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--faults kill needs --cluster: a single tidb-server's in-process unistore loses acknowledged writes on SIGKILL")
     if args.cluster and args.servers < 2:
         p.error("--servers: a cluster here has at least 2 tidb-servers")
-    if args.cluster and args.faults == "rolling" and args.interval < args.graceful_wait:
+    if dm_discovery.problem(args):
+        p.error(dm_discovery.problem(args))
+    if args.cluster and args.faults in ("rolling", "moving") and args.interval < args.graceful_wait:
         p.error(f"--interval {args.interval:g} is shorter than --graceful-wait {args.graceful_wait}: an event takes at least that")
     if args.faults in ("none", "off"):
         args.restarts = 0
@@ -270,9 +281,10 @@ def single_server_event(tidb: TiDB, waits: list[int]) -> Callable[[int], dict[st
     return event
 
 
-def cluster_event(cluster: Cluster, sig: int) -> Callable[[int], dict[str, Any]]:
+def cluster_event(cluster: Cluster, sig: int, endpoints: Endpoints | None = None) -> Callable[[int], dict[str, Any]]:
     """Event n: tidb-server (n - 1) mod N stopped with ``sig`` and started again, serving before
-    the event ends (one step of a rolling restart, or a crash)."""
+    the event ends (one step of a rolling restart, or a crash); with ``endpoints``, started on a
+    new address (``Endpoints.move``: a pod's replacement)."""
 
     def event(n: int) -> dict[str, Any]:
         index = (n - 1) % len(cluster.servers)
@@ -281,9 +293,15 @@ def cluster_event(cluster: Cluster, sig: int) -> Callable[[int], dict[str, Any]]
                                   "graceful_wait": server.graceful_wait if sig == _signal.SIGTERM else 0,
                                   "stop": time.time(), "down": None, "up": None}  # fmt: skip
         try:
-            server.stop(sig)
-            record["down"] = time.time()
-            server.start()
+            if endpoints is None:
+                server.stop(sig)
+                record["down"] = time.time()
+                server.start()
+            else:
+                moved = endpoints.move(index, sig, between=lambda: record.update(down=time.time()))
+                record["summary"] = (
+                    f"{moved}, down {record['down'] - record['stop']:.1f} s, serving {time.time() - record['down']:.1f} s later"
+                )
             record["up"] = time.time()
         except Exception as exc:  # noqa: BLE001 - said in the record; one more try to bring it back
             record["error"] = f"{type(exc).__name__}: {exc}"
@@ -489,21 +507,21 @@ def subtask_units(answer: Any) -> list[tuple[str, str]]:
     return found
 
 
-def answering(ports: list[int], first: int = 0) -> list[int]:
-    """``ports`` in the order to try them, starting from index ``first``."""
-    return [ports[(first + k) % len(ports)] for k in range(len(ports))]
+def answering(servers: list[Any], first: int = 0) -> list[Any]:
+    """``servers`` in the order to try them, starting from index ``first``."""
+    return [servers[(first + k) % len(servers)] for k in range(len(servers))]
 
 
 class Sampler(threading.Thread):
-    """Every second the heartbeat lag read downstream (on the first of ``ports`` that answers,
+    """Every second the heartbeat lag read downstream (on the first of ``servers`` that answers,
     starting from the last one that did) and the load's counts so far; every ``status_every``
     seconds DM's units (``query-status``), and when the sync unit first ran; with
     ``count_rows``, every ``rows_every`` seconds until then the rows of ``tables`` downstream."""
 
-    def __init__(self, ports: list[int], dm: DMCluster, load: dm_load.ShopLoad | None = None, status_every: float = 2.0,
+    def __init__(self, servers: list[TiDB], dm: DMCluster, load: dm_load.ShopLoad | None = None, status_every: float = 2.0,
                  count_rows: list[str] | None = None, rows_every: float = 3.0) -> None:  # fmt: skip
         super().__init__(daemon=True, name="sampler")
-        self.ports, self.dm, self.load, self.status_every = ports, dm, load, status_every
+        self.servers, self.dm, self.load, self.status_every = servers, dm, load, status_every
         self.count_rows, self.rows_every = count_rows, rows_every
         self.stop_event = threading.Event()
         self.lag: list[tuple[float, float | None]] = []
@@ -524,15 +542,15 @@ class Sampler(threading.Thread):
                 self.poll_status()
             if self.count_rows and self.sync_running_at is None and time.monotonic() - last_rows >= self.rows_every:
                 last_rows = time.monotonic()
-                n = count_rows(answering(self.ports, self._good), self.count_rows)
+                n = count_rows(answering(self.servers, self._good), self.count_rows)
                 if n is not None:
                     self.rows.append((time.time(), n))
 
     def read_lag(self) -> float | None:
-        for k, port in enumerate(answering(self.ports, self._good)):
-            lag = dm_load.heartbeat_lag(port)
+        for k, server in enumerate(answering(self.servers, self._good)):
+            lag = dm_load.heartbeat_lag(server.port, server.host)
             if lag is not None:
-                self._good = (self._good + k) % len(self.ports)
+                self._good = (self._good + k) % len(self.servers)
                 return lag
         return None
 
@@ -551,12 +569,12 @@ class Sampler(threading.Thread):
         return self.sync_running_at is not None
 
 
-def count_rows(ports: list[int], tables: list[str]) -> int | None:
-    """Rows of ``tables`` downstream in all (a table not there yet: 0), on the first port that
-    answers; None if none does."""
-    for port in ports:
+def count_rows(servers: list[TiDB], tables: list[str]) -> int | None:
+    """Rows of ``tables`` downstream in all (a table not there yet: 0), on the first of
+    ``servers`` that answers (where it is now); None if none does."""
+    for server in servers:
         try:
-            conn = pymysql.connect(host="127.0.0.1", port=port, user="root", password="", connect_timeout=2, read_timeout=30)
+            conn = pymysql.connect(host=server.host, port=server.port, user="root", password="", connect_timeout=2, read_timeout=30)
         except pymysql.MySQLError:
             continue
         try:
@@ -630,7 +648,7 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
     up = MariaDB(workdir / "upstream", extra_args=UPSTREAM_ARGS)
     cluster: Cluster | None = None
     tidb: TiDB | None = None
-    middle = None
+    middle = lab = None
     dm: DMCluster | None = None
     restarter = sampler = load = chaos = stop_chaos = shim = None
     try:
@@ -639,29 +657,30 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
         rows = dm_load.create_and_preload(up.port, args.scale)
         log(f"  upstream preloaded in {time.time() - t:.0f} s: {rows}")
         if args.cluster:
-            cluster = Cluster(workdir / "cluster", servers=args.servers, graceful_wait=args.graceful_wait)
+            cluster = Cluster(workdir / "cluster", servers=args.servers, graceful_wait=args.graceful_wait,
+                              hosts=dm_discovery.needs_hosts(args))  # fmt: skip
             for server in cluster.servers:
                 server.general_log = args.general_log  # read when each one writes its config
             t = time.time()
             cluster.start()
-            log(f"  cluster up in {time.time() - t:.0f} s: PD {cluster.pd.address}, tidb-servers on {cluster.ports}")
+            log(f"  cluster up in {time.time() - t:.0f} s: PD {cluster.pd.address}, tidb-servers on {cluster.addresses}")
             cluster.create_user(DM_USER, DM_PASSWORD)
             servers = cluster.servers
-            event = cluster_event(cluster, SIGNALS.get(args.faults, _signal.SIGTERM))
+            lab = dm_discovery.LabDiscovery(args.discovery, cluster, workdir).start()
+            event = cluster_event(cluster, SIGNALS.get(args.faults, _signal.SIGTERM), lab.endpoints if args.faults == "moving" else None)
         else:
             tidb = TiDB(workdir / "tidb", graceful_wait=args.graceful_waits[0], general_log=args.general_log)
             tidb.start()
             tidb.create_user(DM_USER, DM_PASSWORD)
             servers = [tidb]
             event = single_server_event(tidb, args.graceful_waits)
-        ports = [s.port for s in servers]  # where the bench itself reads (never through a fault)
-        faulted: list[Any] = list(servers)
+        faulted: list[Any] = list(servers)  # ``servers``: where the bench itself reads (never through a fault)
         if args.faults == "soak":
             shim = FaultShim(tidb.port).start()
             faulted = [Shimmed(tidb, shim)]
             event = soak_event(tidb, shim, args.seed)
         port, middle = start_middle(target, workdir, faulted, cluster.pd.address if cluster else None, DM_USER, DM_PASSWORD,
-                                    args.buffer_window, args.proxy_workers)  # fmt: skip
+                                    args.buffer_window, args.proxy_workers, lab.backend() if lab else None)  # fmt: skip
         dm = DMCluster(workdir / "dm")
         dm.start()
         dm.create_source(source_yaml(workdir / "source.yaml", up.port))
@@ -669,7 +688,7 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
         check = dm.ctl("check-task", str(task))
         load = dm_load.ShopLoad(up.port, args.rate, ddl_interval=10 if args.faults == "soak" else 20)
         preloaded = list(rows)
-        sampler = Sampler(ports, dm, load, count_rows=preloaded if args.faults == "none" else None)
+        sampler = Sampler(servers, dm, load, count_rows=preloaded if args.faults == "none" else None)
         ready = sampler.in_sync if args.chaos_from == "sync" else None
         restarter = Restarter(event, args.interval, log, args.restarts, ready, start_to_start=args.cluster)
         if args.chaos:  # the proxy's own faults, beside TiDB's (if any)
@@ -716,7 +735,7 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
         stats = load.stop()
         ended = time.time()
         log(f"  load stopped: {stats.transactions} transactions upstream; waiting for DM to catch up")
-        caught_up = wait_caught_up(up, ports, args.catch_up)
+        caught_up = wait_caught_up(up, servers, args.catch_up)
         sampler.stop_event.set()
         sampler.join(10)
         try:
@@ -724,7 +743,7 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
         except Exception as exc:  # noqa: BLE001 - the run's other results stand
             log(f"  reading the middle's numbers failed: {exc}")
             numbers = {"middle_numbers_error": f"{type(exc).__name__}: {exc}"}
-        upstream, downstream = dm_load.checksums(up.port), checksums_on(ports)
+        upstream, downstream = dm_load.checksums(up.port), checksums_on(servers)
         if args.general_log:
             corpus = dm_statements((cluster or tidb).error_log_text())
             with open(workdir / "dm_statements.jsonl", "w") as f:
@@ -735,7 +754,7 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
         return {
             "target": target,
             "downstream": f"cluster of {len(servers)} tidb-servers" if cluster else "tidb-server",
-            "faults": args.faults, "graceful_wait": args.graceful_wait if cluster else None,
+            "faults": args.faults, "graceful_wait": args.graceful_wait if cluster else None, "discovery": args.discovery,
             "check_task": check.get("result"),
             "started": started, "ended": ended, "caught_up_after": caught_up,
             "chaos_from": args.chaos_from, "restarts_planned": args.restarts, "restarts_began": restarter.began,
@@ -769,7 +788,7 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
         if load is not None:
             load.stop()
         for stop in (dm.stop if dm else None, middle.stop if middle else None, (lambda: teardown(cluster)) if cluster else None,
-                     shim.stop if shim else None, tidb.stop if tidb else None, up.stop):  # fmt: skip
+                     shim.stop if shim else None, tidb.stop if tidb else None, lab.stop if lab else None, up.stop):  # fmt: skip
             if stop is not None:
                 try:
                     stop()
@@ -815,8 +834,9 @@ def describe_faults(args: argparse.Namespace) -> str:
 def _tidb_faults(args: argparse.Namespace, when: str) -> str:
     if not args.cluster:
         return f"{args.restarts} TiDB restarts {args.interval:g} s apart from {when}"
-    what = "rolling restart (SIGTERM)" if args.faults == "rolling" else "crashes (SIGKILL)"
-    wait = f", graceful wait {args.graceful_wait} s" if args.faults == "rolling" else ""
+    what = {"rolling": "rolling restart (SIGTERM)", "kill": "crashes (SIGKILL)",
+            "moving": f"rolling restart (SIGTERM) on new addresses (discovery {args.discovery})"}[args.faults]  # fmt: skip
+    wait = f", graceful wait {args.graceful_wait} s" if args.faults != "kill" else ""
     return f"{args.restarts} tidb-server {what}{wait}, one server at a time, every {args.interval:g} s from {when}"
 
 
@@ -914,25 +934,25 @@ def replication_rates(rows: list[tuple[float, int]], events: dict[str, Any], bac
     return out
 
 
-def checksums_on(ports: list[int]) -> dict[str, tuple[int, int]]:
-    """The downstream's checksums on the first server that answers."""
+def checksums_on(servers: list[TiDB]) -> dict[str, tuple[int, int]]:
+    """The downstream's checksums on the first server that answers (where it is now)."""
     error: Exception | None = None
-    for port in ports:
+    for server in servers:
         try:
-            return dm_load.checksums(port)
+            return dm_load.checksums(server.port, host=server.host)
         except pymysql.MySQLError as exc:
             error = exc
     raise RuntimeError(f"no tidb-server answered the checksums: {error}")
 
 
-def wait_caught_up(up: MariaDB, ports: list[int], timeout: float) -> float | None:
+def wait_caught_up(up: MariaDB, servers: list[TiDB], timeout: float) -> float | None:
     """Seconds until every table's checksum downstream (on any server) equals upstream's (None:
     not within timeout)."""
     began = time.monotonic()
     upstream = dm_load.checksums(up.port)
     while time.monotonic() - began < timeout:
         try:
-            if checksums_on(ports) == upstream:
+            if checksums_on(servers) == upstream:
                 return time.monotonic() - began
         except Exception:
             pass
@@ -1206,6 +1226,8 @@ def render(results: dict[str, Any]) -> str:
     for reason in reasons[:6]:
         row(f"  {reason[:46]}", lambda r, k=reason: "-" if not r.get("proxy") else str(r["proxy"].get("refused_by_reason", {}).get(k, 0)))
     row("proxy: sessions moved off a draining server", lambda r: "-" if not r.get("proxy") else str(r["proxy"].get("moved", "-")))
+    row("proxy: servers found / gone (discovery)", lambda r: "-" if not r.get("proxy") or r.get("discovery", "static") == "static"
+        else f"{r['proxy']['servers_found']} / {r['proxy']['servers_gone']}")  # fmt: skip
     row("proxy: replayed statements", lambda r: "-" if not r.get("proxy") else f"{r['proxy']['replayed_statements']:.0f}")
     if has("tiproxy"):
         row("TiProxy: sessions migrated (ok / failed)", _tiproxy(lambda t: f"{t['migrated']:.0f} / {t['migrate_failed']:.0f}"))

@@ -269,10 +269,12 @@ def table_checksum_sql(table: str, columns: list[str]) -> str:
     return f"SELECT COUNT(*), COALESCE(SUM({digest}), 0) FROM `{table}`"
 
 
-def checksums(port: int, user: str = "root", password: str = "", schema: str = SCHEMA) -> dict[str, tuple[int, int]]:
+def checksums(
+    port: int, user: str = "root", password: str = "", schema: str = SCHEMA, host: str = "127.0.0.1"
+) -> dict[str, tuple[int, int]]:
     """(row count, checksum of every row over every column, ``table_checksum_sql``) per table of
     ``schema`` but the heartbeat, computed by the same SQL on MariaDB and TiDB."""
-    conn = pymysql.connect(host="127.0.0.1", port=port, user=user, password=password, database=schema, charset="utf8mb4",
+    conn = pymysql.connect(host=host, port=port, user=user, password=password, database=schema, charset="utf8mb4",
                            connect_timeout=10, read_timeout=300)  # fmt: skip
     out = {}
     try:
@@ -291,10 +293,10 @@ def checksums(port: int, user: str = "root", password: str = "", schema: str = S
     return out
 
 
-def heartbeat_lag(port: int) -> float | None:
+def heartbeat_lag(port: int, host: str = "127.0.0.1") -> float | None:
     """Seconds between now (UTC) and the heartbeat row as TiDB holds it; None if unreadable."""
     try:
-        conn = pymysql.connect(host="127.0.0.1", port=port, user="root", password="", database=SCHEMA,
+        conn = pymysql.connect(host=host, port=port, user="root", password="", database=SCHEMA,
                                connect_timeout=1, read_timeout=2)  # fmt: skip
     except pymysql.MySQLError:
         return None

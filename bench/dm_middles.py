@@ -33,18 +33,21 @@ MIDDLES = ("direct", "haproxy", "tiproxy", "proxy")
 LABELS = {"direct": "directly", "haproxy": "HAProxy", "tiproxy": "TiProxy", "proxy": "through proxy"}
 
 
-def sidecar_overrides(servers: list[TiDB], user: str, password: str, buffer_window: float = 30.0) -> dict[str, Any]:
+def sidecar_overrides(servers: list[TiDB], user: str, password: str, buffer_window: float = 30.0,
+                      discovery: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """configs/dm-sidecar.toml's settings on the lab's ports: one server's status port watched,
     or, in front of a cluster, every server's (``[backend] status_urls``), the sessions balanced
-    by connections over them; ``buffer_window``:
-    the sidecar's 30 s, or another."""
-    if len(servers) == 1:
-        backend: dict[str, Any] = {"status_port": servers[0].status_port, "health_interval": "2s"}
+    by connections over them, or with ``discovery`` (``[backend]`` keys: bench/dm_discovery.py)
+    the servers it finds; ``buffer_window``: the sidecar's 30 s, or another."""
+    if discovery is not None:
+        backend: dict[str, Any] = {**discovery, "health_interval": "2s"}
+    elif len(servers) == 1:
+        backend = {"status_port": servers[0].status_port, "health_interval": "2s"}
     else:
-        addresses = [f"127.0.0.1:{s.port}" for s in servers]
+        addresses = [f"{s.host}:{s.port}" for s in servers]
         backend = {
             "addresses": addresses,
-            "status_urls": {a: f"http://127.0.0.1:{s.status_port}/status" for a, s in zip(addresses, servers)},
+            "status_urls": {a: f"http://{s.host}:{s.status_port}/status" for a, s in zip(addresses, servers)},
             "health_interval": "2s",
             # The sidecar config finds the servers by DNS, which balances by connections: so
             # here, as HAProxy and TiProxy spread the sessions over the servers too.
@@ -61,15 +64,16 @@ def sidecar_overrides(servers: list[TiDB], user: str, password: str, buffer_wind
 
 
 def start_middle(target: str, workdir: Path, servers: list[TiDB], pd_address: str | None, user: str, password: str,
-                 buffer_window: float = 30.0, workers: int = 1):  # fmt: skip
+                 buffer_window: float = 30.0, workers: int = 1, discovery: dict[str, Any] | None = None):  # fmt: skip
     """Start ``target`` in front of ``servers``; (the port DM writes to, the middle or None).
-    ``buffer_window``, ``workers``: the proxy's (``recovery.buffer_window``, ``listen.workers``)."""
+    ``buffer_window``, ``workers``, ``discovery``: the proxy's (``recovery.buffer_window``,
+    ``listen.workers``, ``[backend]``'s discovery keys)."""
     if target == "direct":
         return servers[0].port, None
     if target == "proxy":
-        overrides = sidecar_overrides(servers, user, password, buffer_window)
+        overrides = sidecar_overrides(servers, user, password, buffer_window, discovery)
         overrides["listen"]["workers"] = workers
-        proxy = ProxyProcess(workdir / "proxy", [s.port for s in servers], **overrides)
+        proxy = ProxyProcess(workdir / "proxy", [] if discovery else [s.port for s in servers], **overrides)
         return proxy.start().port, proxy
     if target == "haproxy":
         haproxy = HAProxy(workdir / "haproxy", [s.port for s in servers], status_ports=[s.status_port for s in servers])
@@ -117,6 +121,8 @@ def proxy_numbers_from(metrics: str, log_text: str) -> dict[str, Any]:
             "moved": sum(1 for line in lines if " moved from " in line),
             "move_failed": sum(1 for line in lines if "could not move off draining backend" in line),
             "recovered_lines": sum(1 for line in lines if "recovered on" in line),
+            "servers_found": sum(1 for line in lines if " found (" in line),
+            "servers_gone": sum(1 for line in lines if " gone (" in line),
             "refused_by_reason": refusals_by_reason(lines),
             "tracebacks": log_text.count("Traceback")}  # fmt: skip
 

@@ -21,7 +21,7 @@ import json
 
 import pytest
 
-from tests.lab.discovery import cluster_steps, discovery_backend, run_with_steps
+from tests.lab.discovery import cluster_steps, discovery_backend, discovery_keys, run_with_steps
 from tests.lab.dns import DOMAIN, DNSServer, dns_unavailable_reason
 from tests.lab.fixtures import require, running_cluster
 from tests.lab.proxy import ProxyProcess
@@ -53,8 +53,7 @@ async def test_dns_scale_out_new_addresses_scale_in(tmp_path, goclient):
     try:
         with running_cluster(tmp_path / "cluster", servers=2, hosts=True, graceful_wait=2) as cluster:
             dns.set(NAME, [s.host for s in cluster.servers])
-            backend = discovery_backend("dns", addresses=[f"{NAME}:{cluster.shared_port}"], dns={"nameservers": [dns.nameserver]},
-                                        status_port=cluster.shared_status_port)  # fmt: skip
+            backend = discovery_backend("dns", **discovery_keys("dns", cluster, dns, NAME))
             proxy = ProxyProcess(tmp_path / "proxy", cluster.port, backend=backend, log={"level": "info"},
                                  recovery={"buffer_window": "40s", "idempotent": "safe-mode"})  # fmt: skip
             with proxy:
@@ -69,7 +68,7 @@ async def test_dns_scale_out_new_addresses_scale_in(tmp_path, goclient):
 
 async def test_pd_scale_out_new_addresses_scale_in(tmp_path, goclient):
     with running_cluster(tmp_path / "cluster", servers=2, hosts=True, graceful_wait=2) as cluster:
-        backend = discovery_backend("pd", pd={"endpoints": [cluster.pd.address]})  # the status ports: as registered
+        backend = discovery_backend("pd", **discovery_keys("pd", cluster))  # the status ports: as registered
         proxy = ProxyProcess(tmp_path / "proxy", [], backend=backend, log={"level": "info"},
                              recovery={"buffer_window": "40s", "idempotent": "safe-mode"})  # fmt: skip
         with proxy:

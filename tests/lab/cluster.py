@@ -186,13 +186,17 @@ class Cluster:
                     extra_args=["-advertise-address", host, *(["-initialize-sql-file", str(init)] if init else [])])  # fmt: skip
 
     def free_host(self) -> str:
-        """A lab address no server of this cluster uses (nor has used: a pod's new address)."""
-        taken = {s.host for s in getattr(self, "servers", [])} | getattr(self, "_used_hosts", set())
-        for host in LAB_HOSTS:
-            if host not in taken:
-                self._used_hosts = taken | {host}
-                return host
-        raise ClusterError(f"every lab address is taken: {sorted(taken)}")
+        """A lab address no server of this cluster uses: one never used before while any is
+        left, then the one given up longest ago (a pod's new address; Kubernetes hands a freed
+        pod IP out again too), so a long rolling restart never runs out."""
+        in_use = {s.host for s in getattr(self, "servers", [])}
+        given = getattr(self, "_given_hosts", [])  # every address handed out, the latest last
+        fresh = [h for h in LAB_HOSTS if h not in given and h not in in_use]
+        host = next(iter(fresh or [h for h in given if h not in in_use]), None)
+        if host is None:
+            raise ClusterError(f"every lab address is taken: {sorted(in_use)}")
+        self._given_hosts = [h for h in given if h != host] + [host]
+        return host
 
     def __repr__(self) -> str:
         return f"<Cluster pd {self.pd.address} servers {[s.port for s in self.servers]}>"

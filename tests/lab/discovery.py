@@ -9,8 +9,10 @@ seconds to act; then every row is verified directly on the server.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import signal
 import time
 import urllib.request
 from collections import Counter
@@ -155,44 +157,58 @@ async def run_with_steps(label: str, server: Any, proxy: ProxyProcess, workdir: 
     return DiscoveryRun(label, workload, verify, done, late=max(0.0, round(late, 1)))
 
 
+def discovery_keys(mode: str, cluster: Any, dns: Any = None, name: str = "") -> dict[str, Any]:
+    """``[backend]``'s keys that say where ``cluster``'s servers are found: ``dns``, the name
+    ``name`` (at the servers' shared port) served by the lab's ``dns`` and each server's status
+    on the shared status port; ``pd``, the cluster's PD (the status ports: as registered)."""
+    if mode == "dns":
+        return {"addresses": [f"{name}:{cluster.shared_port}"], "dns": {"nameservers": [dns.nameserver]},
+                "status_port": cluster.shared_status_port}  # fmt: skip
+    return {"pd": {"endpoints": [cluster.pd.address]}}
+
+
+class Endpoints:
+    """What TiDB Operator does to ``cluster``'s tidb-servers (tests/lab/cluster.py with
+    ``hosts``), told to DNS as a headless Service tells it (``dns``, ``name``: its endpoints
+    lose a pod as it starts terminating and list its replacement once it serves) or left to PD
+    (``dns`` None: each server registers itself)."""
+
+    def __init__(self, cluster: Any, dns: Any = None, name: str = "") -> None:
+        self.cluster, self.dns, self.name = cluster, dns, name
+
+    def publish(self, leaving: Any = None) -> None:
+        """The name answers every running server but ``leaving``."""
+        if self.dns is not None:
+            self.dns.set(self.name, [s.host for s in self.cluster.servers if s is not leaving and s.is_running()])
+
+    def move(self, i: int, sig: int = signal.SIGTERM, between: Callable[[], Any] | None = None) -> str:
+        """Server ``i`` stopped (``sig``) and back on a new address (``Cluster.move_server``;
+        ``between()`` while it is down), serving and published before this returns."""
+        self.publish(leaving=self.cluster.servers[i])
+        what = self.cluster.move_server(i, sig=sig, between=between)
+        self.publish()
+        return what
+
+    def scale_out(self) -> str:
+        server = self.cluster.add_server()
+        self.publish()
+        return server.host
+
+    def scale_in(self) -> str:
+        server = self.cluster.servers[-1]
+        self.publish(leaving=server)
+        self.cluster.remove_server(len(self.cluster.servers) - 1)
+        return server.host
+
+
 def cluster_steps(cluster: Any, dns: Any = None, name: str = "", moves: int | None = None, scale: bool = True) -> list[Step]:
-    """What TiDB Operator does to a cluster's tidb-servers (``cluster``: tests/lab/cluster.py
-    with ``hosts``), told to DNS as a headless Service tells it (``dns``, ``name``: its
-    endpoints lose a pod as it starts terminating and list its replacement once it serves) or
-    left to PD (``dns`` None: each server registers itself): a scale out (a server added), a
-    rolling restart where each of the first ``moves`` servers (default: all) comes back on a new
-    address, and a scale in (the last server removed)."""
-
-    def publish() -> None:
-        if dns is not None:
-            dns.set(name, [s.host for s in cluster.servers if s.is_running()])
-
-    def scale_out() -> str:
-        server = cluster.add_server()
-        publish()
-        return server.host
-
-    def move(i: int) -> Callable[[], str]:
-        def act() -> str:
-            server = cluster.servers[i]
-            if dns is not None:  # the terminating pod leaves the endpoints
-                dns.set(name, [s.host for s in cluster.servers if s is not server])
-            what = cluster.move_server(i)
-            publish()
-            return what
-
-        return act
-
-    def scale_in() -> str:
-        server = cluster.servers[-1]
-        if dns is not None:
-            dns.set(name, [s.host for s in cluster.servers if s is not server])
-        cluster.remove_server(len(cluster.servers) - 1)
-        return server.host
-
-    steps = [Step("scale out", scale_out)] if scale else []
+    """``Endpoints``' changes as steps: a scale out (a server added), a rolling restart where
+    each of the first ``moves`` servers (default: all) comes back on a new address, and a scale
+    in (the last server removed)."""
+    endpoints = Endpoints(cluster, dns, name)
+    steps = [Step("scale out", endpoints.scale_out)] if scale else []
     count = len(cluster.servers) + (1 if scale else 0) if moves is None else moves
-    steps += [Step(f"server {i} back on a new address", move(i)) for i in range(count)]
+    steps += [Step(f"server {i} back on a new address", functools.partial(endpoints.move, i)) for i in range(count)]
     if scale:
-        steps.append(Step("scale in", scale_in))
+        steps.append(Step("scale in", endpoints.scale_in))
     return steps
