@@ -7,6 +7,8 @@
     python -m bench.dm_e2e --cluster --no-faults [--backlog 60]      # DM's replication rate per middle
     python -m bench.dm_e2e --chaos proxy-upgrade|proxy-restart [--chaos-interval 8] [--faults rolling]
     python -m bench.dm_e2e --soak 1800 [--interval 8] [--seed 7]      # every fault, in random order
+    python -m bench.dm_e2e --dm-bin v8.5.5=DIR --dm-bin fix=DIR [--safe-mode off,on]
+                           [--targets direct,proxy,fix:haproxy]          # DM builds side by side
 
 For each target a fresh lab: an upstream MariaDB with a row binlog (utf8mb4), a preloaded shop
 schema, the downstream, one dm-master and one dm-worker on loopback, a source and a ``task-mode:
@@ -14,6 +16,14 @@ all`` task (16 DML workers, batches of 100) whose target is the middle (bench/dm
 ``direct`` (DM writes to tidb-server), ``proxy`` (replay-proxy as configs/dm-sidecar.toml
 configures it), ``haproxy`` (TCP, health checks on the status ports, as PingCAP deploys it),
 ``tiproxy`` (TiProxy, which moves sessions off a draining server; --cluster only).
+
+Which DM: ``--dm-bin [LABEL=]DIR`` (repeated, or a comma list), each a folder of dm-master,
+dm-worker and dm-ctl; every target runs with every build in turn, a target written
+``LABEL:target`` with that build only (bench/dm_builds.py). Each run says its DM as the build
+says of itself: the version of ``dm-worker -V`` and ``+#12078`` when its dm-worker carries the
+seed's fix (tiflow PR #12078). ``--safe-mode on`` sets the task's ``syncers.safe-mode: true``
+(``off``: DM's default, safe mode only for a while after a start or resume; ``off,on``: each
+run with both).
 
 The downstream: one tidb-server (unistore), or with ``--cluster`` a TiDB cluster
 (tests/lab/cluster.py: PD, one store process, ``--servers`` tidb-servers sharing the data,
@@ -69,14 +79,16 @@ auto-resumed within a second never shows in ``query-status``; --no-faults' own p
 out), the time paused, resumes, the failed transactions as DM sees them (sync: a batch try that
 failed -- ``execute sql failed by connection error`` / ``by retryable error``, retried in place,
 or ``execute statements failed after retry``, given up; full load: ``execute statement
-failed``, a chunk's statement), the errors the pauses report by kind (``unit process error``),
-and apart from those the raw ERROR lines. Lag: the upstream heartbeat row read downstream
+failed``, a chunk's statement) and of them those whose error is ``Error 1158``, the errors the
+pauses report by kind (``unit process error``), and apart from those the raw ERROR lines. Lag: the upstream heartbeat row read downstream
 every second (on any server that answers). The middles' own numbers (bench/dm_middles.py): the
 proxy's recoveries by outcome and 1158 refusals (/metrics) and sessions moved (its log);
 TiProxy's session migrations (/metrics) and its log's lines about them; HAProxy's servers marked
-down and up. Results in bench/results/<timestamp>-dm_e2e/: table.txt, results.json (with every
-restart: which server, signal, when stopped, down, serving again, graceful wait), lag.png (lag
-over time, restarts marked: SIGTERM shaded, SIGKILL red lines).
+down and up. Results in bench/results/<timestamp>-dm_e2e/: table.txt (a column a run),
+summary.md (a row a run: DM, middle, safe mode, pauses, time paused, failed transactions,
+1158s, max lag, tables identical), results.json (with every run's DM build, and every restart:
+which server, signal, when stopped, down, serving again, graceful wait), lag.png (lag over
+time, restarts marked: SIGTERM shaded, SIGKILL red lines).
 
 Needs the DM and tidb-server binaries (tests/lab/dm.py, tests/lab/tidb.py say where from);
 --cluster also pd-server and unistore-server (tests/lab/cluster.py), tiproxy for its target.
@@ -106,7 +118,7 @@ from typing import Any
 
 import pymysql
 
-from bench import REPO, dm_discovery, dm_load
+from bench import REPO, dm_builds, dm_discovery, dm_load
 from bench.dm_middles import LABELS, MIDDLES, middle_numbers, start_middle
 from bench.hygiene import sigterm_as_interrupt
 from bench.runinfo import run_meta
@@ -172,7 +184,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--graceful-wait", type=int, default=3,
                    help="--cluster: every tidb-server's graceful-wait-before-shutdown, seconds (default 3; e.g. 0, 3, 15)")  # fmt: skip
     p.add_argument("--backlog", type=float, default=60, help="--no-faults: seconds DM's task stays paused once in sync (default 60)")
-    p.add_argument("--targets", help=f"some of {','.join(MIDDLES)} (default direct,proxy; --cluster: haproxy,tiproxy,proxy)")
+    p.add_argument("--targets", help=f"some of {','.join(MIDDLES)} (default direct,proxy; --cluster: haproxy,tiproxy,proxy); "
+                   "LABEL:target runs that target with the --dm-bin build LABEL only, a plain one with every build")  # fmt: skip
+    p.add_argument("--dm-bin", action="append", default=[], metavar="[LABEL=]DIR",
+                   help="a DM build to run: a folder with dm-master, dm-worker and dm-ctl (repeat it, or a comma list, to "
+                        "compare builds in one command; default: tests/lab/dm.py's DM). Each run says the build's version "
+                        "(dm-worker -V) and whether it carries tiflow PR #12078")  # fmt: skip
+    p.add_argument("--safe-mode", default="off", metavar="off|on|off,on",
+                   help="syncers.safe-mode of the task: off (DM's default), on, or both (each its own runs)")  # fmt: skip
     p.add_argument("--scale", type=int, default=60000, help="orders preloaded upstream (default 60000: ~45 MB)")
     p.add_argument("--rate", type=float, default=140, help="upstream transactions per second (default 140)")
     p.add_argument("--catch-up", type=float, default=600, help="seconds DM may take to catch up at the end")
@@ -190,7 +209,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.faults is None:
         args.faults = "off" if args.chaos else "rolling"
     args.chaos_events = int(args.duration // args.chaos_interval) if args.chaos else 0
-    if args.chaos and (args.targets or "proxy") != "proxy":
+    try:
+        args.safe_modes = dm_builds.parse_safe_modes(args.safe_mode)
+        dm_builds.parse_dm_bins(args.dm_bin)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.chaos and any(middle_of(t) != "proxy" for t in (args.targets or "proxy").split(",")):
         p.error("--chaos restarts or upgrades the proxy: --targets proxy only")
     if args.chaos and args.faults == "none":
         p.error("--chaos measures faults: not with --no-faults")
@@ -199,10 +223,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.graceful_waits = [int(x) for x in args.graceful_waits.split(",")]
     default_targets = "proxy" if args.chaos else "haproxy,tiproxy,proxy" if args.cluster else "direct,proxy"
     args.targets = [t.strip() for t in (args.targets or default_targets).split(",") if t.strip()]
-    unknown = [t for t in args.targets if t not in MIDDLES]
+    unknown = [t for t in args.targets if middle_of(t) not in MIDDLES]
     if unknown:
         p.error(f"unknown target(s) {', '.join(unknown)}: one of {', '.join(MIDDLES)}")
-    if "tiproxy" in args.targets and not args.cluster:
+    if "tiproxy" in middles(args) and not args.cluster:
         p.error("the tiproxy target needs --cluster (TiProxy finds the tidb-servers through PD)")
     if args.faults == "kill" and not args.cluster:
         p.error("--faults kill needs --cluster: a single tidb-server's in-process unistore loses acknowledged writes on SIGKILL")
@@ -219,6 +243,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     elif args.restarts is None:
         args.restarts = max(1, int(args.duration // args.interval))
     return args
+
+
+def middle_of(target: str) -> str:
+    """The middle of a --targets entry (``LABEL:target`` or ``target``)."""
+    return target.rpartition(":")[2].strip()
+
+
+def middles(args: argparse.Namespace) -> set[str]:
+    return {middle_of(t) for t in args.targets}
 
 
 class Restarter(threading.Thread):
@@ -594,7 +627,7 @@ def count_rows(servers: list[TiDB], tables: list[str]) -> int | None:
     return None
 
 
-def task_yaml(path: Path, port: int, dump_dir: Path) -> Path:
+def task_yaml(path: Path, port: int, dump_dir: Path, safe_mode: bool = False) -> Path:
     path.write_text(f"""name: "{TASK}"
 task-mode: all
 meta-schema: "dm_meta"
@@ -620,6 +653,7 @@ syncers:
   global:
     worker-count: 16
     batch: 100
+    safe-mode: {"true" if safe_mode else "false"}
 mysql-instances:
   - source-id: "{SOURCE_ID}"
     block-allow-list: "bw"
@@ -643,7 +677,9 @@ from:
     return path
 
 
-def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dict[str, Any]:
+def run_target(spec: dm_builds.RunSpec, args: argparse.Namespace, workdir: Path, log) -> dict[str, Any]:
+    """One run: ``spec``'s DM build writing through its middle (``spec.target``), in a fresh lab."""
+    target = spec.target
     workdir.mkdir(parents=True)
     up = MariaDB(workdir / "upstream", extra_args=UPSTREAM_ARGS)
     cluster: Cluster | None = None
@@ -681,10 +717,10 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
             event = soak_event(tidb, shim, args.seed)
         port, middle = start_middle(target, workdir, faulted, cluster.pd.address if cluster else None, DM_USER, DM_PASSWORD,
                                     args.buffer_window, args.proxy_workers, lab.backend() if lab else None)  # fmt: skip
-        dm = DMCluster(workdir / "dm")
+        dm = DMCluster(workdir / "dm", spec.build.folder)
         dm.start()
         dm.create_source(source_yaml(workdir / "source.yaml", up.port))
-        task = task_yaml(workdir / "task.yaml", port, workdir / "dumped")
+        task = task_yaml(workdir / "task.yaml", port, workdir / "dumped", spec.safe_mode)
         check = dm.ctl("check-task", str(task))
         load = dm_load.ShopLoad(up.port, args.rate, ddl_interval=10 if args.faults == "soak" else 20)
         preloaded = list(rows)
@@ -752,7 +788,7 @@ def run_target(target: str, args: argparse.Namespace, workdir: Path, log) -> dic
         manual = [(backlog["paused_at"], backlog["resumed_at"])] if backlog and "resumed_at" in backlog else []
         events = dm_events(dm, started, sync_running_at=sampler.sync_running_at, manual=manual)
         return {
-            "target": target,
+            "target": target, "dm_build": spec.build.to_json(), "safe_mode": spec.safe_mode,
             "downstream": f"cluster of {len(servers)} tidb-servers" if cluster else "tidb-server",
             "faults": args.faults, "graceful_wait": args.graceful_wait if cluster else None, "discovery": args.discovery,
             "check_task": check.get("result"),
@@ -1039,6 +1075,8 @@ def dm_events(dm: DMCluster, started: float, now: float | None = None, sync_runn
     # gives up on the chunk), since the load has no transaction of its own around it.
     for phase, counts in by_phase.items():
         counts["failed_txns"] = counts["retried_in_place"] + counts["gave_up"] if phase == "sync" else counts["failed_statements"]
+        failed = retried + gave_up if phase == "sync" else statements
+        counts["seen_1158"] = sum(1 for e in failed if phase_at(e.at, sync_started) == phase and "Error 1158" in e.fields)
     kinds = Counter(error_kind(e.fields) for e in failures)
     units = Counter(m.group(1) for e in pauses for m in [re.search(r"\[unit=\"?([^\]\"]+)", e.fields)] if m)
     load_unit_s = switched[-1] - dumped[-1] if switched and dumped and switched[-1] >= dumped[-1] else None
@@ -1047,6 +1085,7 @@ def dm_events(dm: DMCluster, started: float, now: float | None = None, sync_runn
             "pause_spans": spans, "paused_units": dict(units), "resumes": len(resumes), "by_phase": by_phase,
             "failed": dict(kinds.most_common()), "failed_total": sum(kinds.values()), "retried_in_place": len(retried),
             "failed_txns": sum(c["failed_txns"] for c in by_phase.values()),
+            "seen_1158": sum(c["seen_1158"] for c in by_phase.values()),
             "error_lines": len(_ERROR_LINE.findall(dm.worker_log_text()))}  # fmt: skip
 
 
@@ -1143,35 +1182,44 @@ def column_label(r: dict[str, Any]) -> str:
     return LABELS.get(r["target"], r["target"])
 
 
+def lag_max(r: dict[str, Any]) -> str:
+    """The largest lag while the load wrote (after it, the heartbeat row stands still: its "lag" grows)."""
+    values = [v for t, v in r["lag"] if v is not None and t <= r["ended"]]
+    return f"{max(values):.1f}" if values else "-"
+
+
+def phase(r: dict[str, Any], name: str) -> dict[str, Any]:
+    """What dm-worker's log says of phase ``name`` (``load`` or ``sync``) of run ``r``."""
+    return r["dm"].get("by_phase", {}).get(name, {})
+
+
+def restarts_in_phase(r: dict[str, Any], name: str) -> int:
+    return sum(1 for x in r["restarts"] if x.get("phase", phase_at(x["stop"], r["dm"].get("sync_started"))) == name)
+
+
+def build_of(r: dict[str, Any]) -> str:
+    """The run's DM as it says of itself: version, and the fix if it carries it."""
+    return (r.get("dm_build") or {}).get("description", "DM")
+
+
 def render(results: dict[str, Any]) -> str:
     runs = results["runs"]
-    head = f"{'':48}" + "".join(f"{column_label(r):>16}" for r in runs)
-    lines = [head]
+    lines = [f"{'':48}" + "".join(f"{build_of(r):>16}" for r in runs), f"{'':48}" + "".join(f"{column_label(r):>16}" for r in runs)]
 
     def row(label: str, fn) -> None:
         lines.append(f"{label:48}" + "".join(f"{fn(r):>16}" for r in runs))
-
-    def lag_max(r) -> str:  # while the load wrote (after it, the heartbeat row stands still: its "lag" grows)
-        values = [v for t, v in r["lag"] if v is not None and t <= r["ended"]]
-        return f"{max(values):.1f}" if values else "-"
 
     def lag_in_sync(r) -> str:  # the sync phase, while the load wrote: the full load's own lag left out
         at = r["dm"].get("sync_started")
         values = [v for t, v in r["lag"] if v is not None and at is not None and at <= t <= r["ended"]]
         return f"{max(values):.1f} / {statistics.median(values):.1f}" if values else "-"
 
-    def restarts_in(phase: str):
-        return lambda r: str(sum(1 for x in r["restarts"] if x.get("phase", phase_at(x["stop"], r["dm"].get("sync_started"))) == phase))
-
-    def phase(r, name: str) -> dict[str, Any]:
-        return r["dm"].get("by_phase", {}).get(name, {})
+    def restarts_in(name: str):
+        return lambda r: str(restarts_in_phase(r, name))
 
     def sync_reached(r) -> str:
         at = r["dm"].get("sync_started")
         return "no" if at is None else f"at +{at - r['started']:.0f} s"
-
-    def signals(r) -> str:
-        return "/".join(sorted({x.get("signal", "SIGTERM") for x in r["restarts"]})) or "-"
 
     def median_of(key_from: str, key_to: str):
         def fn(r) -> str:
@@ -1184,8 +1232,10 @@ def render(results: dict[str, Any]) -> str:
         return any(r.get(key) for r in runs)
 
     row("downstream", lambda r: "cluster" if str(r.get("downstream", "")).startswith("cluster") else "one server")
+    row("DM (dm-worker -V; +#12078: the seed's fix)", build_of)
+    row("  syncers.safe-mode", lambda r: "on" if r.get("safe_mode") else "off")
     row("run (s) / TiDB restarts", lambda r: f"{r['ended'] - r['started']:.0f} / {len(r['restarts'])}")
-    row("  signal", signals)
+    row("  signal", signals_of)
     row("  restarts planned / from", lambda r: f"{r.get('restarts_planned', '-')} / {r.get('chaos_from', 'start')}")
     row("  restarts during the full load (dump + load)", restarts_in("load"))
     row("  restarts during the sync", restarts_in("sync"))
@@ -1208,6 +1258,7 @@ def render(results: dict[str, Any]) -> str:
         row(f"{label}: DM pauses (dm-worker log)", lambda r, n=name: str(phase(r, n).get("pauses", "-")))
         row(f"{label}: time paused (s)", lambda r, n=name: f"{phase(r, n).get('paused_s', 0):.0f}")
         row(f"{label}: failed transactions as DM sees them*", lambda r, n=name: str(phase(r, n).get("failed_txns", "-")))
+        row(f"{label}: of them 1158 (Error 1158 in DM's log)", lambda r, n=name: str(phase(r, n).get("seen_1158", "-")))
     row("  sync: batch tries retried in place by DM", lambda r: str(phase(r, "sync").get("retried_in_place", "-")))
     row("  sync: batches DM gave up on (-> pause)", lambda r: str(phase(r, "sync").get("gave_up", "-")))
     row("pauses never resumed", lambda r: str(r["dm"].get("never_resumed", 0)))
@@ -1265,6 +1316,41 @@ def render(results: dict[str, Any]) -> str:
             "  upstream before the heartbeat DM had applied (the lag read downstream). Full load: downstream row counts.",
         ]
     return "\n".join(lines)
+
+
+SUMMARY_HEAD = ("DM", "middle", "safe mode", "faults (full load / sync)", "DM pauses (full load / sync)", "time paused (s)",
+                "failed transactions as DM sees them (full load / sync)", "of them 1158", "the proxy's 1158s", "max lag (s)",
+                "tables identical")  # fmt: skip
+
+
+def summary(results: dict[str, Any]) -> str:
+    """A Markdown table, one row a run: which DM (its version, +#12078 if it carries the fix),
+    through what, and what DM went through."""
+
+    def both(r: dict[str, Any], fn) -> str:
+        return f"{fn(r, 'load')} / {fn(r, 'sync')}"
+
+    def cells(r: dict[str, Any]) -> tuple[str, ...]:
+        return (build_of(r), column_label(r), "on" if r.get("safe_mode") else "off",
+                both(r, restarts_in_phase) + f" {describe_signals(r)}",
+                both(r, lambda r, n: phase(r, n).get("pauses", "-")),
+                f"{r['dm']['paused_s']:.0f}" + (f" ({r['dm']['never_resumed']} never resumed)" if r["dm"].get("never_resumed") else ""),
+                both(r, lambda r, n: phase(r, n).get("failed_txns", "-")),
+                str(r["dm"].get("seen_1158", "-")), _outcome(r, "aborted_1158"), lag_max(r),
+                "yes" if r["identical"] else "NO")  # fmt: skip
+
+    rows = [SUMMARY_HEAD, tuple("---" for _ in SUMMARY_HEAD), *(cells(r) for r in results["runs"])]
+    return "\n".join("| " + " | ".join(row) + " |" for row in rows)
+
+
+def signals_of(r: dict[str, Any]) -> str:
+    return "/".join(sorted({x.get("signal", "SIGTERM") for x in r["restarts"]})) or "-"
+
+
+def describe_signals(r: dict[str, Any]) -> str:
+    """``SIGTERM wait 0,3 s`` or ``SIGKILL``: the run's faults."""
+    waits = sorted({x["graceful_wait"] for x in r["restarts"] if x.get("signal", "SIGTERM") == "SIGTERM"})
+    return signals_of(r) + (f" wait {','.join(str(w) for w in waits)} s" if waits else "")
 
 
 def _outcome(r: dict[str, Any], name: str) -> str:
@@ -1338,7 +1424,7 @@ def write_chart(results: dict[str, Any], path: Path) -> str | None:
         ax.axvline(r["ended"] - t0, color="#333333", lw=1, ls=":", label="load stopped (then the heartbeat stands still)")
         ax.set_ylabel("lag (s)")
         loaded = [v for t, v in r["lag"] if v is not None and t <= r["ended"]]
-        title = TITLES.get(r["target"], r["target"])
+        title = TITLES.get(r["target"], r["target"]).replace("DM", f"DM {build_of(r)}", 1) + (" (safe mode)" if r.get("safe_mode") else "")
         if str(r.get("downstream", "")).startswith("cluster"):
             title += f" ({r['downstream']})"
         ax.set_title(f"{title}: {r['dm']['pauses']} pauses, max lag {max(loaded) if loaded else 0:.0f} s while the load ran, "
@@ -1353,12 +1439,12 @@ def write_chart(results: dict[str, Any], path: Path) -> str | None:
 
 def unavailable(args: argparse.Namespace) -> list[str]:
     """Why this run cannot happen here (missing binaries), one line each."""
-    reasons = [tidb_unavailable_reason(), dm_unavailable_reason()]
+    reasons = [tidb_unavailable_reason(), None if args.dm_bin else dm_unavailable_reason()]
     if args.cluster:
         reasons.append(cluster_unavailable_reason())
-    if "tiproxy" in args.targets:
+    if "tiproxy" in middles(args):
         reasons.append(tiproxy_unavailable_reason())
-    if "haproxy" in args.targets:
+    if "haproxy" in middles(args):
         from bench.haproxy import haproxy_unavailable_reason
 
         reasons.append(haproxy_unavailable_reason())
@@ -1379,15 +1465,27 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
-    results: dict[str, Any] = {"meta": run_meta(now, "bench.dm_e2e", argv, settings=vars(args) | {"out": str(out)}), "runs": []}
-    for target in args.targets:
-        log(f"{target}: fresh lab in {out / target}")
-        results["runs"].append(run_target(target, args, out / target, log))
+    try:
+        builds = dm_builds.probe_all(args.dm_bin)
+        runs = dm_builds.plan_runs(builds, args.targets, args.safe_modes)
+    except ValueError as exc:
+        print(f"bench.dm_e2e: {exc}", file=sys.stderr)
+        return 2
+    settings = vars(args) | {"out": str(out), "dm_builds": [b.to_json() for b in builds]}
+    results: dict[str, Any] = {"meta": run_meta(now, "bench.dm_e2e", argv, settings=settings), "runs": []}
+    for build in builds:
+        log(f"DM {build.label}: {build.description} (commit {build.commit[:10]}), {build.folder or 'the lab default'}")
+    for spec in runs:
+        log(f"{spec.name} (DM {spec.build.description}, {spec.target}, safe mode {'on' if spec.safe_mode else 'off'}): "
+            f"fresh lab in {out / spec.name}")  # fmt: skip
+        results["runs"].append(run_target(spec, args, out / spec.name, log))
         (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    table = render(results)
+    table, runs_md = render(results), summary(results)
     (out / "table.txt").write_text(table + "\n")
+    (out / "summary.md").write_text(runs_md + "\n")
     problem = write_chart(results, out / "lag.png")
     print(table)
+    print(f"\n{runs_md}")
     print(f"\nresults: {out}" + (f" ({problem})" if problem else ""))
     return 0 if all(r["identical"] for r in results["runs"]) else 1
 

@@ -43,6 +43,12 @@ def dm_unavailable_reason() -> str | None:
     return binaries.missing_reason(PROGRAMS, ENV_BIN, folder=True)
 
 
+def dm_missing_in(folder: Path) -> str | None:
+    """None when ``folder`` holds every DM program, else the one line that says which not."""
+    missing = [name for name in PROGRAMS if not os.access(Path(folder) / name, os.X_OK)]
+    return f"no {', '.join(missing)} in {folder}" if missing else None
+
+
 class DMError(RuntimeError):
     pass
 
@@ -80,10 +86,12 @@ def _timegm(stamp: time.struct_time) -> float:
 
 
 class DMCluster:
-    """One dm-master and one dm-worker on loopback ports, in ``basedir``."""
+    """One dm-master and one dm-worker on loopback ports, in ``basedir``; their programs from
+    ``bin_dir`` when given (a DM build of its own, e.g. one with a patch), else as above."""
 
-    def __init__(self, basedir: Path) -> None:
-        reason = dm_unavailable_reason()
+    def __init__(self, basedir: Path, bin_dir: Path | None = None) -> None:
+        self.bin_dir = bin_dir
+        reason = dm_unavailable_reason() if bin_dir is None else dm_missing_in(bin_dir)
         if reason is not None:
             raise DMError(reason)
         self.basedir = Path(basedir).resolve()
@@ -115,12 +123,15 @@ class DMCluster:
 
     def _spawn(self, program: str, config: Path, port: int, timeout: float) -> None:
         out = open(self.basedir / f"{program}.out", "ab")
-        proc = subprocess.Popen([dm_program(program), f"--config={config}"], cwd=self.basedir, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen([self.program(program), f"--config={config}"], cwd=self.basedir, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         out.close()
         kill_at_exit(proc)
         self._procs.append(proc)
         wait_listening(proc, port, timeout, program, lambda: read_log(self.basedir / f"{program}.out"))
+
+    def program(self, name: str) -> str | None:
+        return str(self.bin_dir / name) if self.bin_dir is not None else dm_program(name)
 
     def _worker_registered(self) -> bool:
         members = self.ctl("list-member", "--worker")
@@ -141,7 +152,7 @@ class DMCluster:
 
     def ctl(self, *args: str, timeout: float = 120) -> dict[str, Any]:
         """Run ``dmctl --master-addr ... <args>``; its JSON answer."""
-        cmd = [dm_program("dm-ctl"), f"--master-addr={self.master_addr}", *args]
+        cmd = [self.program("dm-ctl"), f"--master-addr={self.master_addr}", *args]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         text = res.stdout.strip()
         start = text.find("{")
