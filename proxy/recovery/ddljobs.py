@@ -5,7 +5,11 @@ TiDB runs a schema change as a job queued in its storage; once queued, the job r
 whatever becomes of the connection and of the tidb-server that sent it. So after a loss with a
 DDL in flight, the proxy reads the list on its new connection (``ADMIN SHOW DDL JOB QUERIES``
 for the jobs' texts, ``ADMIN SHOW DDL JOBS`` for their states and creation times) and finds the
-job by its text and database, created no earlier than the command reached the proxy:
+job by its text and database, created no earlier than the command reached the proxy, and
+queued by the lost connection (the connection id TiDB 7.4 and later keep with each job,
+``trace_info``): another session's job of the same text (two DM workers merging shards send
+the same ALTER TABLE at once, and TiDB runs both jobs: one done, the other cancelled) is not
+the one in doubt:
 
 - done (``done`` / ``synced``): the client gets OK;
 - still running: recovery waits for it, polling, up to ``recovery.ddl_job_wait`` from the
@@ -16,7 +20,9 @@ job by its text and database, created no earlier than the command reached the pr
   that, the list is read again until the window ends, then a connection error.
 
 Only statements TiDB runs as one job are settled so (``job_text``); two jobs of the same text
-since the command arrived leave the outcome unknown (a connection error).
+since the command arrived that the job list cannot tell apart (no owner kept: TiDB before 7.4,
+``mysql.tidb_ddl_*`` unreadable, an old connection unknown) leave the outcome unknown (a
+connection error).
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ if TYPE_CHECKING:
     from proxy.backend import Backend
     from proxy.sqltext import Analysis
 
-__all__ = ["JobState", "Job", "job_text", "same_text", "state_of", "schemas_of", "pick", "find_job", "error_query", "error_of"]
+__all__ = ["JobState", "Job", "job_text", "same_text", "state_of", "schemas_of", "pick", "find_job", "owners_query", "owners_of",
+           "error_query", "error_of"]  # fmt: skip
 
 # CREATE / ALTER / DROP of these are jobs (not CREATE USER, BINDING, STATISTICS, routines...).
 _JOB_OBJECTS = re.compile(
@@ -74,6 +81,7 @@ class Job:
     state: str  # as TiDB says it
     created: float  # seconds since the epoch
     schema: str = ""  # DB_NAME: the database of what it changed
+    connection: int | None = None  # the id of the connection that queued it (None: not known)
 
     @property
     def ended(self) -> JobState:
@@ -117,12 +125,17 @@ def schemas_of(text: str, database: str | None) -> frozenset[str]:
     return frozenset(names | ({database.lower()} if database else set()))
 
 
-def pick(jobs: list[Job], since: float, schemas: frozenset[str], idempotent: bool = False) -> Job | None | str:
+def pick(
+    jobs: list[Job], since: float, schemas: frozenset[str], idempotent: bool = False, connection: int | None = None
+) -> Job | None | str:
     """The job of the statement: one in one of ``schemas``, created no earlier than ``since``
-    (minus the clocks' skew); None when there is none; a reason when there are several. An
+    (minus the clocks' skew), and, with the ``connection`` that sent it, one that connection
+    queued (``ours``); None when there is none; a reason when there are several. An
     ``idempotent`` one may have been sent again (safe mode): of several, one still running,
     else the newest."""
     mine = sorted((j for j in jobs if j.created >= int(since) - _SKEW and j.schema.lower() in schemas), key=lambda j: j.id)
+    if connection is not None:
+        mine = ours(mine, connection)
     if len(mine) > 1 and idempotent:
         return next((j for j in mine if j.ended is JobState.RUNNING), mine[-1])
     if len(mine) > 1:
@@ -130,17 +143,59 @@ def pick(jobs: list[Job], since: float, schemas: frozenset[str], idempotent: boo
     return mine[0] if mine else None
 
 
-async def find_job(backend: Backend, text: str, since: float, database: str | None, idempotent: bool = False) -> Job | None | str:
+def ours(jobs: list[Job], connection: int) -> list[Job]:
+    """Of ``jobs``, the one ``connection`` queued if it is there; else those whose owner is not
+    known (another connection's job is not the one in doubt). The handshake carries a
+    connection id's low 32 bits; TiDB keeps the whole id."""
+    queued = [j for j in jobs if j.connection is not None and j.connection & 0xFFFFFFFF == connection]
+    return queued or [j for j in jobs if j.connection is None]
+
+
+async def find_job(backend: Backend, text: str, since: float, database: str | None, idempotent: bool = False,
+                   connection: int | None = None) -> Job | None | str:  # fmt: skip
     """Read the newest jobs' texts, then the states, databases and creation times of those
-    whose text is ``text``; ``pick`` the statement's (``database``: the session's)."""
+    whose text is ``text``, and who queued them; ``pick`` the statement's (``database``: the
+    session's; ``connection``: the id of the connection that sent it, if known)."""
     rows = await backend.query(f"ADMIN SHOW DDL JOB QUERIES LIMIT {_SEARCHED}")
     ids = [int(r[0]) for r in rows if r[0] is not None and same_text(text, _str(r[1]))]
     if not ids:
         return None
     listed = await backend.query(f"ADMIN SHOW DDL JOBS {_SEARCHED} WHERE JOB_ID IN ({', '.join(map(str, ids))})")
-    jobs = [Job(int(r[_JOB_ID]), _str(r[_STATE]) or "", await _epoch(backend, _str(r[_CREATE_TIME])), _str(r[_DB_NAME]) or "")
+    owners = await _owners(backend, ids) if connection is not None else {}
+    jobs = [Job(int(r[_JOB_ID]), _str(r[_STATE]) or "", await _epoch(backend, _str(r[_CREATE_TIME])), _str(r[_DB_NAME]) or "",
+                owners.get(int(r[_JOB_ID])))
             for r in listed]  # fmt: skip
-    return pick(jobs, since, schemas_of(text, database), idempotent)
+    return pick(jobs, since, schemas_of(text, database), idempotent, connection)
+
+
+def owners_query(job_ids: list[int]) -> str:
+    """What reads the connection that queued each job (``trace_info`` in the job's JSON, TiDB
+    7.4 on): of a job that ended, from its history row; of one queued or running, from the
+    queue's. One statement reads both at one snapshot: a job moving to the history meanwhile is
+    in exactly one of them."""
+    ids = ", ".join(str(int(i)) for i in job_ids)
+    owner = "JSON_EXTRACT(CONVERT(job_meta USING utf8mb4), '$.trace_info.connection_id')"
+    return (
+        f"SELECT job_id, {owner} FROM mysql.tidb_ddl_history WHERE job_id IN ({ids})"
+        f" UNION ALL SELECT job_id, {owner} FROM mysql.tidb_ddl_job WHERE job_id IN ({ids})"
+    )
+
+
+def owners_of(rows: list[list[bytes | None]]) -> dict[int, int]:
+    """{job id: id of the connection that queued it} of what ``owners_query`` read (a job
+    without ``trace_info`` is left out: its owner is not known)."""
+    return {int(r[0]): int(r[1]) for r in rows if r[0] is not None and r[1] is not None and r[1].isdigit()}
+
+
+async def _owners(backend: Backend, job_ids: list[int]) -> dict[int, int]:
+    """``owners_of`` the jobs, or nothing when the tables cannot be read (no privilege on
+    ``mysql``, a TiDB without them)."""
+    from proxy.backend import BackendError  # here: the judgements above stay sans-IO (recovery's facts import them)
+
+    try:
+        return owners_of(await backend.query(owners_query(job_ids)))
+    except BackendError:
+        return {}
 
 
 def error_query(job_id: int) -> str:

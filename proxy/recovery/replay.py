@@ -74,7 +74,9 @@ async def resolve_ddl(loss: Loss, backend: Backend) -> tuple[Job | None, tuple[i
     queued and cannot be any more (its old session is gone, or safe mode may send it again
     anyway). A job still running is waited for (``recovery.ddl_job_wait``); a missing one is
     looked for again while the old session might still queue it, until the command's buffer
-    window ends. Then, or when two jobs match, a connection error."""
+    window ends. Then, or when two jobs match that the job list cannot tell apart, a connection
+    error. The job is the one the old connection queued: another session's of the same text
+    (a second DM worker's ALTER of a merged table) is not."""
     p, inflight = loss.parts, loss.inflight
     assert inflight is not None
     rec, io_timeout = p.config.recovery, p.config.backend.io_timeout
@@ -83,14 +85,15 @@ async def resolve_ddl(loss: Loss, backend: Backend) -> tuple[Job | None, tuple[i
     since = time.time() - (trio.current_time() - inflight.arrived)  # when it arrived, by the wall clock
     resend_anyway = p.tracking.safe_mode and inflight.facts is not None and inflight.facts.idempotent
     database = p.tracking.state.database if p.tracking.state else None
+    sender = loss.old.connection_id if loss.old is not None else None  # its job is the one this connection queued
     gone = False
     while True:
         with trio.fail_after(io_timeout):
-            found = await find_job(backend, text, since, database, resend_anyway)
+            found = await find_job(backend, text, since, database, resend_anyway, sender)
             if found is None and not gone and not resend_anyway and loss.old is not None:
                 gone = await old_session_gone(backend, loss.old, io_timeout, p.log)
                 if gone:  # it may have queued the job between the list's reading and its end
-                    found = await find_job(backend, text, since, database, resend_anyway)
+                    found = await find_job(backend, text, since, database, resend_anyway, sender)
         if isinstance(found, str):
             raise failure(p, f"the DDL in flight cannot be told apart: {found}")
         waited = trio.current_time() - inflight.arrived

@@ -6,6 +6,16 @@
     dm.ctl("start-task", str(task_yaml))         # any dmctl command, its JSON answer
     dm.pauses()                                  # "paused" lines of dm-worker's log so far
 
+    DMCluster(tmp / "dm", workers=2, sidecars=["127.0.0.11", "127.0.0.12"])
+                                                 # two dm-workers, each dialing its own sidecar
+
+Several dm-workers each with a sidecar of its own, as Kubernetes deploys them (each pod dials
+``127.0.0.1:4000``, its own proxy): every worker reaches the task's ``target-database`` host
+``SIDECAR_HOST`` at an address of its own (``sidecars[i]``, a loopback address the worker's proxy
+listens on, all on one port). Each dm-worker runs in a mount namespace of its own
+(``unshare --mount``) whose /etc/hosts names that address; dm-master (``check-task``, the task's
+pre-checks) sees the first one. Needs root; ``sidecar_unavailable_reason`` says when it cannot.
+
 The binaries are not built here (DM needs TiDB's module, which the Go module proxy does not
 serve): ``$REPLAY_PROXY_DM_BIN`` (a folder with dm-master, dm-worker, dm-ctl), then
 ``~/.cache/replay-proxy/bin``, then PATH. README says how to bring them (tiup or a release).
@@ -33,6 +43,7 @@ from tests.lab.procs import kill_at_exit, read_log, terminate, wait_listening
 
 ENV_BIN = "REPLAY_PROXY_DM_BIN"
 PROGRAMS = ("dm-master", "dm-worker", "dm-ctl")
+SIDECAR_HOST = "dm-sidecar"  # what a task's target-database names when each worker has its own proxy
 
 
 def dm_program(name: str) -> str | None:
@@ -47,6 +58,25 @@ def dm_missing_in(folder: Path) -> str | None:
     """None when ``folder`` holds every DM program, else the one line that says which not."""
     missing = [name for name in PROGRAMS if not os.access(Path(folder) / name, os.X_OK)]
     return f"no {', '.join(missing)} in {folder}" if missing else None
+
+
+def sidecar_unavailable_reason() -> str | None:
+    """None when a process can get /etc/hosts of its own (``unshare --mount``, root), else the
+    one line a skipped suite shows."""
+    try:
+        res = subprocess.run(_own_hosts(Path("/etc/hosts"), ["true"]), capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"no mount namespace of its own for each dm-worker (unshare --mount): {exc}"
+    if res.returncode != 0:
+        return f"no mount namespace of its own for each dm-worker (unshare --mount, needs root): {res.stderr.strip()[:200]}"
+    return None
+
+
+def _own_hosts(hosts: Path, command: list[str]) -> list[str]:
+    """``command`` in a mount namespace of its own where ``hosts`` is /etc/hosts (the same pid:
+    unshare and sh exec it)."""
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts),
+            *command]  # fmt: skip
 
 
 class DMError(RuntimeError):
@@ -86,20 +116,31 @@ def _timegm(stamp: time.struct_time) -> float:
 
 
 class DMCluster:
-    """One dm-master and one dm-worker on loopback ports, in ``basedir``; their programs from
-    ``bin_dir`` when given (a DM build of its own, e.g. one with a patch), else as above."""
+    """One dm-master and ``workers`` dm-workers on loopback ports, in ``basedir``; their programs
+    from ``bin_dir`` when given (a DM build of its own, e.g. one with a patch), else as above;
+    with ``sidecars`` (an address per worker), worker i reaches ``SIDECAR_HOST`` at ``sidecars[i]``."""
 
-    def __init__(self, basedir: Path, bin_dir: Path | None = None) -> None:
+    def __init__(self, basedir: Path, bin_dir: Path | None = None, workers: int = 1, sidecars: list[str] | None = None) -> None:
         self.bin_dir = bin_dir
-        reason = dm_unavailable_reason() if bin_dir is None else dm_missing_in(bin_dir)
+        reason = (dm_unavailable_reason() if bin_dir is None else dm_missing_in(bin_dir)) or (
+            sidecar_unavailable_reason() if sidecars else None
+        )
         if reason is not None:
             raise DMError(reason)
+        if sidecars is not None and len(sidecars) != workers:
+            raise ValueError(f"{workers} workers, {len(sidecars)} sidecar addresses: one each")
         self.basedir = Path(basedir).resolve()
         self.basedir.mkdir(parents=True, exist_ok=True)
-        self.master_port, self.peer_port, self.worker_port = free_port(), free_port(), free_port()
+        self.master_port, self.peer_port = free_port(), free_port()
         self.master_addr = f"{HOST}:{self.master_port}"
         self.master_log = self.basedir / "dm-master.log"
-        self.worker_log = self.basedir / "dm-worker.log"
+        self.workers = [f"worker{i + 1}" for i in range(workers)]
+        self.worker_ports = [free_port() for _ in self.workers]
+        self.worker_port = self.worker_ports[0]
+        # worker1's files keep the one-worker names (dm-worker.log, relay/)
+        self.worker_logs = [self.basedir / ("dm-worker.log" if i == 0 else f"dm-{name}.log") for i, name in enumerate(self.workers)]
+        self.worker_log = self.worker_logs[0]
+        self.sidecars = sidecars
         self._procs: list[subprocess.Popen] = []
 
     def start(self, timeout: float = 60) -> None:
@@ -110,32 +151,42 @@ class DMCluster:
             f'initial-cluster = "master=http://{HOST}:{self.peer_port}"\ndata-dir = "{self.basedir / "master-data"}"\n'
             f'log-file = "{self.master_log}"\nlog-level = "info"\nauto-compaction-retention = "3s"\n'
         )  # fmt: skip
-        worker_conf = self.basedir / "dm-worker.toml"
-        worker_conf.write_text(
-            f'name = "worker1"\nworker-addr = "{HOST}:{self.worker_port}"\nadvertise-addr = "{HOST}:{self.worker_port}"\n'
-            f'join = "{self.master_addr}"\nlog-file = "{self.worker_log}"\nlog-level = "info"\n'
-            f'relay-dir = "{self.basedir / "relay"}"\n'
-        )  # fmt: skip
-        self._spawn("dm-master", master_conf, self.master_port, timeout)
+        self._spawn("dm-master", master_conf, self.master_port, timeout, "dm-master", 0)
         self._wait(lambda: self.ctl("list-member", "--master").get("result"), timeout, "dm-master to lead")
-        self._spawn("dm-worker", worker_conf, self.worker_port, timeout)
-        self._wait(self._worker_registered, timeout, "dm-worker to register")
+        for i, (name, port, log) in enumerate(zip(self.workers, self.worker_ports, self.worker_logs)):
+            stem = "dm-worker" if i == 0 else f"dm-{name}"
+            worker_conf = self.basedir / f"{stem}.toml"
+            worker_conf.write_text(
+                f'name = "{name}"\nworker-addr = "{HOST}:{port}"\nadvertise-addr = "{HOST}:{port}"\n'
+                f'join = "{self.master_addr}"\nlog-file = "{log}"\nlog-level = "info"\n'
+                f'relay-dir = "{self.basedir / ("relay" if i == 0 else f"relay-{name}")}"\n'
+            )  # fmt: skip
+            self._spawn("dm-worker", worker_conf, port, timeout, stem, i)
+        self._wait(self._workers_registered, timeout, "the dm-workers to register")
 
-    def _spawn(self, program: str, config: Path, port: int, timeout: float) -> None:
-        out = open(self.basedir / f"{program}.out", "ab")
-        proc = subprocess.Popen([self.program(program), f"--config={config}"], cwd=self.basedir, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    def _spawn(self, program: str, config: Path, port: int, timeout: float, stem: str, sidecar: int) -> None:
+        """Start ``program``, its output in ``<stem>.out``; with sidecars, seeing
+        ``sidecars[sidecar]`` as ``SIDECAR_HOST``."""
+        command = [self.program(program), f"--config={config}"]
+        if self.sidecars:
+            hosts = self.basedir / f"{stem}.hosts"
+            hosts.write_text(Path("/etc/hosts").read_text() + f"\n{self.sidecars[sidecar]} {SIDECAR_HOST}\n")
+            command = _own_hosts(hosts, command)
+        out = open(self.basedir / f"{stem}.out", "ab")
+        proc = subprocess.Popen(command, cwd=self.basedir, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
         out.close()
         kill_at_exit(proc)
         self._procs.append(proc)
-        wait_listening(proc, port, timeout, program, lambda: read_log(self.basedir / f"{program}.out"))
+        wait_listening(proc, port, timeout, program, lambda: read_log(self.basedir / f"{stem}.out"))
 
     def program(self, name: str) -> str | None:
         return str(self.bin_dir / name) if self.bin_dir is not None else dm_program(name)
 
-    def _worker_registered(self) -> bool:
+    def _workers_registered(self) -> bool:
         members = self.ctl("list-member", "--worker")
-        return any(w.get("name") == "worker1" for m in members.get("members", []) for w in m.get("worker", {}).get("workers", []))
+        names = {w.get("name") for m in members.get("members", []) for w in m.get("worker", {}).get("workers", [])}
+        return set(self.workers) <= names
 
     @staticmethod
     def _wait(predicate, timeout: float, what: str) -> None:
@@ -178,8 +229,15 @@ class DMCluster:
             raise DMError(f"operate-source create failed: {json.dumps(answer)[:2000]}")
         return answer
 
+    def start_task(self, task_yaml: Path) -> dict[str, Any]:
+        answer = self.ctl("start-task", str(task_yaml))
+        if not answer.get("result"):
+            raise DMError(f"start-task failed: {json.dumps(answer)[:2000]}")
+        return answer
+
     def worker_log_text(self) -> str:
-        return read_log(self.worker_log)
+        """Every dm-worker's log, one after the other."""
+        return "\n".join(read_log(log) for log in self.worker_logs)
 
     def events(self, *messages: str) -> list[LogEvent]:
         return parse_log(self.worker_log_text(), messages)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from proxy.recovery.ddljobs import Job, JobState, job_text, pick, same_text, schemas_of, state_of
+from proxy.recovery.ddljobs import Job, JobState, job_text, owners_of, owners_query, pick, same_text, schemas_of, state_of
 from proxy.sqltext import analyze
 from proxy.sqltext.dialect import TIDB
 
@@ -107,3 +107,27 @@ def test_of_an_idempotent_ddl_sent_again_the_running_job_else_the_newest() -> No
     assert pick([first, again], arrived, SHOP, idempotent=True) == again
     assert pick([first, attrs.evolve(again, state="synced")], arrived, SHOP, idempotent=True).id == 58
     assert pick([attrs.evolve(first, state="queueing"), attrs.evolve(again, state="synced")], arrived, SHOP, idempotent=True).id == 57
+
+
+def test_the_job_in_doubt_is_the_one_its_connection_queued() -> None:
+    arrived = 1_800_000_000.0
+    theirs, mine = Job(145, "synced", arrived, "shop", 2097160), Job(146, "rollback done", arrived, "shop", 2097158)
+    assert pick([theirs, mine], arrived, SHOP, connection=2097158) == mine
+    assert pick([theirs, mine], arrived, SHOP, connection=2097160) == theirs
+    assert pick([theirs], arrived, SHOP, connection=2097158) is None  # another connection's: not the one in doubt
+    unknown = attrs.evolve(mine, connection=None)
+    assert pick([theirs, unknown], arrived, SHOP, connection=2097158) == unknown  # its owner not kept: it may be
+    two = pick([attrs.evolve(theirs, connection=None), unknown], arrived, SHOP, connection=2097158)
+    assert isinstance(two, str) and "145, 146" in two  # nothing tells them apart
+    internal = attrs.evolve(theirs, connection=0)  # TiDB's own sessions queue with connection id 0
+    assert pick([internal, mine], arrived, SHOP, connection=2097158) == mine
+    assert pick([theirs, mine], arrived, SHOP) == "2 DDL jobs of the same text since the command arrived (145, 146)"
+    wide = attrs.evolve(mine, connection=2097158 | 7 << 40)  # a 64-bit id: the handshake carries its low 32 bits
+    assert pick([theirs, wide], arrived, SHOP, connection=2097158) == wide
+
+
+def test_the_owners_are_read_from_both_job_tables_at_once() -> None:
+    sql = owners_query([145, 146])
+    assert sql.count("WHERE job_id IN (145, 146)") == 2 and "mysql.tidb_ddl_history" in sql and "mysql.tidb_ddl_job" in sql
+    assert " UNION ALL " in sql and "'$.trace_info.connection_id'" in sql
+    assert owners_of([[b"145", b"2097160"], [b"146", b"null"], [b"147", None]]) == {145: 2097160}

@@ -8,6 +8,7 @@ import time
 import pytest
 import trio
 
+from proxy.backend import BackendError
 from proxy.cycle.inflight import ConnectionFailed
 from proxy.hooks import Hooks
 from proxy.recovery.facts import facts_of
@@ -20,11 +21,15 @@ DDL = "ALTER TABLE t ADD COLUMN note INT"
 
 class ScriptedTiDB(FakeBackend):
     """Answers the job list's queries: ``jobs`` (id, state, database) of the statement's text,
-    ``states`` a function of the number of readings so far (a job that ends later)."""
+    ``states`` a function of the number of readings so far (a job that ends later); ``owners``
+    {job id: the connection that queued it} (TiDB's ``trace_info``; None: the tables that keep
+    it cannot be read)."""
 
-    def __init__(self, jobs: list[tuple[int, str, str]], text: str = DDL, address: str = "127.0.0.1:4001") -> None:
+    def __init__(self, jobs: list[tuple[int, str, str]], text: str = DDL, address: str = "127.0.0.1:4001",
+                 owners: dict[int, int] | None = None) -> None:  # fmt: skip
         super().__init__(address)
-        self.jobs, self.text, self.readings = jobs, text, 0
+        self.jobs, self.text, self.readings, self.owners = jobs, text, 0, owners if owners is not None else {}
+        self.unreadable = owners is None
 
     async def query(self, sql: str, columns=None) -> list[list[bytes | None]]:
         if sql.startswith("ADMIN SHOW DDL JOB QUERIES"):
@@ -37,6 +42,12 @@ class ScriptedTiDB(FakeBackend):
                     for j, state, db in self.jobs]  # fmt: skip
         if sql.startswith("SELECT UNIX_TIMESTAMP("):
             return [[str(time.time()).encode()]]
+        if "trace_info" in sql:
+            if self.unreadable:
+                raise BackendError("SELECT command denied to user 'dm'@'%' for table 'tidb_ddl_history'", retryable=False)
+            return [[str(j).encode(), str(self.owners[j]).encode() if j in self.owners else b"null"] for j, _, _ in self.jobs]
+        if "tidb_ddl_history WHERE job_id" in sql:  # the failed job's error
+            return [[b"1060", b"Duplicate column name 'note'"]]
         raise AssertionError(f"unexpected query {sql!r}")
 
 
@@ -71,9 +82,46 @@ async def test_a_missing_idempotent_ddl_is_sent_again_at_once_in_safe_mode(autoj
     assert backend.readings == 1
 
 
-async def test_two_jobs_of_the_text_leave_the_outcome_unknown(autojump_clock):
-    backend = ScriptedTiDB([(57, "synced", "test"), (58, "synced", "test")])
+OURS = 7  # the lost connection's id (FakeBackend's)
+
+
+async def test_two_jobs_of_the_text_whose_owners_are_not_known_leave_the_outcome_unknown(autojump_clock):
+    backend = ScriptedTiDB([(57, "synced", "test"), (58, "synced", "test")], owners=None)  # trace_info unreadable
+    with pytest.raises(ConnectionFailed, match=r"cannot be told apart: 2 DDL jobs of the same text .* \(57, 58\)"):
+        await resolve_ddl(await loss_on(backend), backend)
+    backend = ScriptedTiDB([(57, "synced", "test"), (58, "synced", "test")], owners={})  # TiDB before 7.4: no trace_info
     with pytest.raises(ConnectionFailed, match="cannot be told apart"):
+        await resolve_ddl(await loss_on(backend), backend)
+
+
+# Two DM workers merging shards send the same ALTER TABLE at once: TiDB queues both jobs, runs
+# one, and rolls the other back (1060). Each proxy's session gets its own job's outcome.
+@pytest.mark.parametrize(
+    "jobs, owners, expected",
+    [
+        ([(145, "synced", "test"), (146, "rollback done", "test")], {145: OURS, 146: 2097160}, (145, None)),
+        (
+            [(145, "synced", "test"), (146, "rollback done", "test")],
+            {145: 2097160, 146: OURS},
+            (146, (1060, "Duplicate column name 'note'")),
+        ),
+        ([(145, "synced", "test"), (146, "synced", "test")], {145: 2097160, 146: OURS}, (146, None)),  # two done: ours
+        ([(145, "synced", "test"), (146, "synced", "test")], {145: 2097160}, (146, None)),  # the other's known, ours without an owner
+        ([(145, "synced", "test"), (146, "synced", "test")], {145: OURS | 1 << 40, 146: 2097160}, (145, None)),  # a 64-bit id
+    ],
+    ids=["ours-done-theirs-rolled-back", "ours-rolled-back-theirs-done", "two-done", "one-owner-unknown", "64-bit-connection-id"],
+)
+async def test_of_two_jobs_of_the_text_the_one_the_lost_connection_queued_is_the_one(autojump_clock, jobs, owners, expected):
+    backend = ScriptedTiDB(jobs, owners=owners)
+    job, error = await resolve_ddl(await loss_on(backend), backend)
+    assert (job.id, error) == expected
+
+
+async def test_another_sessions_job_of_the_text_is_not_the_one_in_doubt(autojump_clock):
+    """Only another connection's job of the same text: the DDL in doubt was never queued (it
+    is looked for until the window ends, its old session's end unprovable here)."""
+    backend = ScriptedTiDB([(145, "synced", "test")], owners={145: 2097160})
+    with pytest.raises(ConnectionFailed, match="not in TiDB's DDL job list"):
         await resolve_ddl(await loss_on(backend), backend)
 
 
