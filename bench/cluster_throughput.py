@@ -129,10 +129,11 @@ def main(argv: list[str] | None = None) -> int:
             for _, middle in started.values():
                 if middle is not None:
                     middle.stop()
-    text = table(results)
-    (out / "results.json").write_text(json.dumps({"args": vars(args) | {"out": str(out)}, "results": results}, indent=2))
-    (out / "table.md").write_text(text + "\n")
-    print(text)
+        # Written before the cluster stops: a server slow to stop must not cost the results.
+        text = table(results)
+        (out / "results.json").write_text(json.dumps({"args": vars(args) | {"out": str(out)}, "results": results}, indent=2))
+        (out / "table.md").write_text(text + "\n")
+        print(text, flush=True)
     for failure in failures:
         print(f"FAILED: {failure}")
     return 1 if failures else 0
