@@ -201,16 +201,21 @@ HOSTILE = {
 def test_the_judge_is_linear_on_hostile_nesting(name):
     def judge(n: int) -> float:
         sql = HOSTILE[name](n)
-        started = time.perf_counter()
-        analysis = analyze(sql, dialect=MARIADB)
-        claim(sql, MARIADB, False)
-        changes_no_rows(sql, MARIADB, False)
-        reads_last_results(sql, MARIADB, False)
+        # This process's CPU time, the best of three: other processes on a busy CI machine
+        # (the wall clock) made the ratio fail with linear code.
+        best = float("inf")
+        for _ in range(3):
+            started = time.process_time()
+            analysis = analyze(sql, dialect=MARIADB)
+            claim(sql, MARIADB, False)
+            changes_no_rows(sql, MARIADB, False)
+            reads_last_results(sql, MARIADB, False)
+            best = min(best, time.process_time() - started)
         assert analysis.unknown is not None or analysis.statements
-        return time.perf_counter() - started
+        return best
 
     judge(500)  # warm up
-    small, large = min(judge(2_000) for _ in range(2)), judge(16_000)
+    small, large = judge(2_000), judge(16_000)
     # 8x the text: linear ~8x the time, quadratic ~64x (before the fixes: minutes, or RecursionError)
     assert large < 24 * max(small, 0.005), (small, large)
 
