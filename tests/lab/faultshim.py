@@ -52,6 +52,7 @@ __all__ = ["Command", "Event", "FaultShim", "Rule", "ResponseTracker", "COMMAND_
 MAX_FRAME = 0xFFFFFF
 QUIET = 0.2  # seconds of silence that end the response of a command the tracker does not know
 CLOSE_FLUSH_TIMEOUT = 5.0  # how long a closing connection may take to hand its last bytes to the client
+KEEPALIVE_S = 15  # TCP keepalive idle and interval on the accepted side, as Go sets for tidb-server
 CONNECT_TIMEOUT = 5.0
 BACKPRESSURE = 16 * 1024 * 1024  # stop reading a side while this much waits to be written to the other
 RECV_SIZE = 1 << 20
@@ -1090,6 +1091,14 @@ class FaultShim:
             try:
                 client.setblocking(False)
                 client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                # The keepalive of the server the shim stands in for (Go's for an accepted
+                # connection, as tidb-server's: probes after 15 s idle, every 15 s): a client
+                # whose reset a partition dropped is found gone once a probe gets through, and
+                # the server's session -- its transaction, its locks -- ends with it. Without
+                # it the session lived on with the shim and a replay waited for its locks.
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_S)
+                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_S)
             except OSError:
                 pass  # a client that reset at once: its first recv tells
             with self._cond:
