@@ -59,7 +59,19 @@ import pymysql
 import yaml
 
 from bench import REPO, dm_load
-from bench.dm_e2e import DM_PASSWORD, DM_USER, TASK, UPSTREAM_ARGS, Restarter, Sampler, cluster_event, dm_events, dm_statements, teardown
+from bench.dm_e2e import (
+    DM_PASSWORD,
+    DM_USER,
+    TASK,
+    UPSTREAM_ARGS,
+    Restarter,
+    Sampler,
+    answering,
+    cluster_event,
+    dm_events,
+    dm_statements,
+    teardown,
+)
 from bench.dm_middles import proxy_numbers, sidecar_overrides
 from bench.hygiene import sigterm_as_interrupt
 from bench.runinfo import run_meta
@@ -269,11 +281,11 @@ class ShardLoad:
             return 4
 
 
-def merged_lag(port: int) -> float | None:
+def merged_lag(port: int, host: str = "127.0.0.1") -> float | None:
     """Seconds between now (UTC) and the oldest shard's heartbeat in the merged database; None
     when it cannot be read."""
     try:
-        conn = pymysql.connect(host="127.0.0.1", port=port, user="root", password="", connect_timeout=1, read_timeout=2)
+        conn = pymysql.connect(host=host, port=port, user="root", password="", connect_timeout=1, read_timeout=2)
     except pymysql.MySQLError:
         return None
     try:
@@ -293,9 +305,10 @@ class ShardSampler(Sampler):
     """bench.dm_e2e's sampler, the lag read from the merged heartbeat table."""
 
     def read_lag(self) -> float | None:
-        for port in self.ports:
-            lag = merged_lag(port)
+        for k, server in enumerate(answering(self.servers, self._good)):
+            lag = merged_lag(server.port, server.host)
             if lag is not None:
+                self._good = (self._good + k) % len(self.servers)
                 return lag
         return None
 
@@ -472,7 +485,7 @@ def run_lab(setup: Setup, workdir: Path, log: Callable[[str], None]) -> dict[str
         check = dm.ctl("check-task", str(task))
         statements = [(fraction * setup.duration, what) for fraction, what in setup.statements]
         load = ShardLoad([up.port for up in ups], setup.rate, statements)
-        sampler = ShardSampler(cluster.ports, dm, load)
+        sampler = ShardSampler(cluster.servers, dm, load)
         restarts = 0 if setup.faults == "none" else setup.restarts or max(1, int(setup.duration // setup.interval))
         restarter = Restarter(cluster_event(cluster, SIGNALS.get(setup.faults, _signal.SIGTERM)), setup.interval, log, restarts,
                               start_to_start=True)  # fmt: skip
