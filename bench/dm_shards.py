@@ -564,7 +564,7 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
     return {
         "faults": f"{len(r['restarts'])} {r['faults']}", "pauses": r["dm"]["pauses"], "paused_s": r["dm"]["paused_s"],
         "failed": sum(p["failed_txns"] for p in by.values()),
-        "recoveries": sum(sum(p["recoveries"].values()) for p in r["proxies"]),
+        "recoveries": sum(sum(p["recoveries"].values()) for p in r["proxies"]), "moved": sum(p.get("moved", 0) for p in r["proxies"]),
         "refused_1158": sum(p["refused_1158"] for p in r["proxies"]), "refusals": refusals,
         "locks_resolved": r["locks"]["resolved"], "locks_left": "?" if left is None else len(left),
         "max_lag": max(lag) if lag else None, "sync_lag": (max(in_sync), statistics.median(in_sync)) if in_sync else None,
@@ -586,7 +586,7 @@ ROWS = [
     ("DM pauses (every dm-worker's log)", lambda s: str(s["pauses"])),
     ("  time paused (s)", lambda s: f"{s['paused_s']:.0f}"),
     ("failed batches / statements as DM sees them", lambda s: str(s["failed"])),
-    ("proxy recoveries (all sidecars)", lambda s: f"{s['recoveries']:.0f}"),
+    ("proxy recoveries / sessions moved", lambda s: f"{s['recoveries']:.0f} / {s['moved']:.0f}"),
     ("proxy: refused, 1158", lambda s: f"{s['refused_1158']:.0f}"),
     ("shard DDL locks resolved (dm-master) / left", lambda s: f"{s['locks_resolved']} / {s['locks_left']}"),
     ("max lag while the load ran (s)", lambda s: "-" if s["max_lag"] is None else f"{s['max_lag']:.1f}"),
