@@ -17,8 +17,11 @@ dm-worker, one sidecar (bench/dm_shards.py's lab), a mode of DM's each run.
 - ``compact``: ``syncers.compact`` and ``multiple-rows`` (DM merges a key's changes and writes
   multi-row INSERT / REPLACE / ``INSERT ... ON DUPLICATE KEY UPDATE`` / DELETE ... IN);
 - ``loader-replace``: the full load with ``loaders.on-duplicate-logical: replace`` (the lab's
-  setting in every run) under faults: a preload big enough (``--load-scale``) that the faults
-  meet the load, which DM resumes after a pause from its checkpoint, replacing what is there.
+  setting in every run) under faults, with a bigger preload (``--load-scale``), which DM
+  resumes after a pause from its checkpoint, replacing what is there. Here the default 60,000
+  orders load in ~5 s, before the first fault (``--interval`` after the start): for faults
+  inside the load, ``--paths loader-replace --load-scale 150000 --interval 4`` (~19 s of load,
+  4 restarts in it).
 
 Every run also applies bench/dm_shards.py's ADD COLUMN / ADD INDEX / MODIFY COLUMN (plain DDL,
 one shard). Counted as there: pauses, failed batches, the proxy's recoveries and 1158s, lag,
