@@ -1136,14 +1136,33 @@ def dm_statements(tidb_log: str, user: str = DM_USER, max_rows: int = 3) -> list
         if shape in seen:
             seen[shape]["count"] += 1
             continue
-        seen[shape] = {"sql": _first_rows(sql, tokens, max_rows), "count": 1}
+        seen[shape] = {"sql": _first_rows(sql, tokens, max_rows, literal), "count": 1}
     return list(seen.values())
 
 
+def statement_shape(sql: str) -> tuple[str, str]:
+    """The shape ``dm_statements`` counts ``sql`` under, and the example it keeps of it (lists
+    cut to 3 items), to merge the statements of several runs."""
+    from proxy.sqltext import TokenKind, tokenize
+    from proxy.sqltext.dialect import TIDB
+
+    literal = {TokenKind.STRING, TokenKind.NUMBER, TokenKind.HEX, TokenKind.BIT}
+    tokens = tokenize(sql, dialect=TIDB)
+    return _shape(tokens, literal), _first_rows(sql, tokens, 3, literal)
+
+
 def _shape(tokens: list, literal: set) -> str:
-    """The statement with literals as ``?`` and a VALUES list as ``VALUES ...`` (any rows)."""
-    out, depth, in_values = [], 0, False
-    for tok in tokens:
+    """The statement with literals as ``?``, a VALUES list as ``VALUES ...`` (any rows) and an
+    ``IN`` list of literals as ``IN (...)`` (any length: DM's validator reads rows by key so)."""
+    lists = dict(_in_lists(tokens, literal))
+    out, depth, in_values, i = [], 0, False, 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if i in lists:
+            out.append("(...)")
+            i = lists[i] + 1
+            continue
+        i += 1
         text = "?" if tok.kind in literal else tok.text.upper()
         if text == "VALUES" and depth == 0:
             in_values = True
@@ -1159,10 +1178,42 @@ def _shape(tokens: list, literal: set) -> str:
     return " ".join(out)
 
 
-def _first_rows(sql: str, tokens: list, max_rows: int) -> str:
-    """``sql`` with a VALUES list cut after ``max_rows`` rows."""
-    depth, rows, in_values = 0, 0, False
+def _in_lists(tokens: list, literal: set) -> list[tuple[int, int]]:
+    """(index of "(", index of its ")") of every ``IN (...)`` whose list holds only literals
+    and rows of them (``IN ((1, 2), (3, 4))``), not a subquery nor an expression."""
+    found = []
+    for i, tok in enumerate(tokens[:-1]):
+        if tok.text.upper() != "IN" or tokens[i + 1].text != "(":
+            continue
+        depth = 0
+        for j in range(i + 1, len(tokens)):
+            t = tokens[j]
+            depth += (t.text == "(") - (t.text == ")")
+            if depth == 0:
+                found.append((i + 1, j))
+                break
+            if t.kind not in literal and t.text not in ("(", ")", ","):
+                break
+    return found
+
+
+def _first_rows(sql: str, tokens: list, max_rows: int, literal: set) -> str:
+    """``sql`` with a VALUES list cut after ``max_rows`` rows and an ``IN`` list of literals
+    after ``max_rows`` items (what follows them kept: ``ON DUPLICATE KEY UPDATE ...``)."""
+    cuts = []  # (from, to): spans of sql left out
+    for open_, close in _in_lists(tokens, literal):
+        depth, items = 0, 0
+        for tok in tokens[open_ : close + 1]:
+            depth += (tok.text == "(") - (tok.text == ")")
+            if tok.text == "," and depth == 1:
+                items += 1
+                if items == max_rows:
+                    cuts.append((tok.start, tokens[close].start))
+                    break
+    depth, rows, in_values, cut_from, last_row_end = 0, 0, False, None, None
     for tok in tokens:
+        if in_values and depth == 0 and tok.text not in ("(", ","):
+            break  # the VALUES list ended
         if tok.text.upper() == "VALUES" and depth == 0:
             in_values = True
         elif tok.text == "(":
@@ -1171,8 +1222,13 @@ def _first_rows(sql: str, tokens: list, max_rows: int) -> str:
             depth -= 1
             if in_values and depth == 0:
                 rows += 1
+                last_row_end = tok.end
                 if rows == max_rows:
-                    return sql[: tok.end]
+                    cut_from = tok.end
+    if cut_from is not None and last_row_end != cut_from:
+        cuts.append((cut_from, last_row_end))
+    for start, end in sorted(cuts, reverse=True):
+        sql = sql[:start] + sql[end:]
     return sql
 
 

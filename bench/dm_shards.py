@@ -40,7 +40,9 @@ from __future__ import annotations
 import argparse
 import calendar
 import datetime as _dt
+import functools
 import json
+import random
 import re
 import shutil
 import signal as _signal
@@ -57,7 +59,19 @@ import pymysql
 import yaml
 
 from bench import REPO, dm_load
-from bench.dm_e2e import DM_PASSWORD, DM_USER, TASK, UPSTREAM_ARGS, Restarter, Sampler, cluster_event, dm_events, dm_statements, teardown
+from bench.dm_e2e import (
+    DM_PASSWORD,
+    DM_USER,
+    TASK,
+    UPSTREAM_ARGS,
+    Restarter,
+    Sampler,
+    answering,
+    cluster_event,
+    dm_events,
+    dm_statements,
+    teardown,
+)
 from bench.dm_middles import proxy_numbers, sidecar_overrides
 from bench.hygiene import sigterm_as_interrupt
 from bench.runinfo import run_meta
@@ -100,8 +114,6 @@ def upstream_args(i: int, shards: int) -> list[str]:
 def preload(port: int, schema: str, scale: int, seed: int = 7) -> dict[str, int]:
     """The tables in ``schema``: ``scale`` orders of 1-3 lines, a customer per 5 orders, the
     heartbeat row (id: the shard's own auto-increment offset, so one per shard)."""
-    import random
-
     rng = random.Random(seed)
     conn = dm_load.connect(port, database=None)
     with conn.cursor() as cur:
@@ -131,9 +143,10 @@ def preload(port: int, schema: str, scale: int, seed: int = 7) -> dict[str, int]
 class ShardLoad:
     """Writers on every shard (``rate`` transactions/s each), a heartbeat per shard, and
     ``statements``: (seconds after ``start``, SQL) run on every shard at once (a thread per
-    shard), or a callable run once at that time (pt-online-schema-change, bench/dm_paths.py)."""
+    shard), or a callable run once at that time with the shards' ports (an online schema change
+    with pt-online-schema-change, bench/dm_paths.py; ``str()`` of it is what is reported)."""
 
-    def __init__(self, ports: list[int], rate: float, statements: list[tuple[float, str | Callable[[], str]]] = (),
+    def __init__(self, ports: list[int], rate: float, statements: list[tuple[float, str | Callable[[list[int]], str]]] = (),
                  threads: int = 2, seed: int = 11) -> None:  # fmt: skip
         self.ports, self.rate, self.threads, self.seed = ports, rate, threads, seed
         self.statements = sorted(statements, key=lambda s: s[0])
@@ -186,9 +199,9 @@ class ShardLoad:
             if self._stop.wait(max(0.0, self.started + at - time.time())):
                 return
             began = time.time()
-            if callable(what):
-                result = self._run(what)
-                self.ddl.append({"at": began - self.started, "sql": (what.__doc__ or what.__name__).strip(), "results": [result]})
+            if not isinstance(what, str):
+                result = self._run(functools.partial(what, self.ports))
+                self.ddl.append({"at": began - self.started, "sql": str(what), "results": [result]})
                 continue
             results: list[str] = [""] * len(self.ports)
             runners = [threading.Thread(target=self._one, args=(port, s, what, results), daemon=True) for s, port in enumerate(self.ports)]
@@ -220,8 +233,6 @@ class ShardLoad:
         return f"{outcome} ({time.time() - began:.1f} s)"
 
     def _writer(self, port: int, shard: int, index: int) -> None:
-        import random
-
         rng = random.Random(self.seed * 1000 + shard * 10 + index)
         conn = dm_load.connect(port, database=shard_schema(shard))
         interval, due = self.threads / self.rate, time.monotonic()
@@ -270,11 +281,11 @@ class ShardLoad:
             return 4
 
 
-def merged_lag(port: int) -> float | None:
+def merged_lag(port: int, host: str = "127.0.0.1") -> float | None:
     """Seconds between now (UTC) and the oldest shard's heartbeat in the merged database; None
     when it cannot be read."""
     try:
-        conn = pymysql.connect(host="127.0.0.1", port=port, user="root", password="", connect_timeout=1, read_timeout=2)
+        conn = pymysql.connect(host=host, port=port, user="root", password="", connect_timeout=1, read_timeout=2)
     except pymysql.MySQLError:
         return None
     try:
@@ -294,9 +305,10 @@ class ShardSampler(Sampler):
     """bench.dm_e2e's sampler, the lag read from the merged heartbeat table."""
 
     def read_lag(self) -> float | None:
-        for port in self.ports:
-            lag = merged_lag(port)
+        for k, server in enumerate(answering(self.servers, self._good)):
+            lag = merged_lag(server.port, server.host)
             if lag is not None:
+                self._good = (self._good + k) % len(self.servers)
                 return lag
         return None
 
@@ -349,7 +361,7 @@ class Setup:
     catch_up: float = 300
     buffer_window: float = 30.0
     general_log: bool = False
-    statements: list = field(default_factory=lambda: list(SHARD_DDL))  # (fraction of duration, SQL or a callable)
+    statements: list = field(default_factory=lambda: list(SHARD_DDL))  # (fraction of duration, SQL or a callable: ShardLoad)
     syncer: dict[str, Any] = field(default_factory=dict)  # more syncers.global settings (compact, multiple-rows, safe-mode)
     task: dict[str, Any] = field(default_factory=dict)  # more task settings (online-ddl, validators, ...)
     instance: dict[str, Any] = field(default_factory=dict)  # more mysql-instances[] settings (validator-config-name)
@@ -403,9 +415,41 @@ def locks_left(dm: DMCluster) -> list[dict[str, Any]] | None:
     return list(answer.get("locks") or []) if answer.get("result") else None
 
 
-def run_lab(setup: Setup, workdir: Path, log: Callable[[str], None], before_start: Callable[..., None] | None = None) -> dict[str, Any]:
-    """One run of ``setup`` in ``workdir``; its record. ``before_start(ups, cluster)``: a last
-    word before the task starts (bench/dm_paths.py's)."""
+def _status(dm: DMCluster) -> dict[str, Any] | None:
+    """``query-status`` of the task (the validator's counts among it), None if it cannot say."""
+    try:
+        return dm.ctl("query-status", TASK, timeout=60)
+    except Exception:  # noqa: BLE001 - reported as unknown
+        return None
+
+
+def _validations(status: dict[str, Any] | None) -> list[dict[str, Any]]:
+    return [st["validation"] for src in (status or {}).get("sources", []) for st in src.get("subTaskStatus", []) if st.get("validation")]
+
+
+def status_at_end(dm: DMCluster, validator: bool, timeout: float = 60) -> tuple[dict[str, Any] | None, float | None]:
+    """``query-status`` once DM caught up; with a validator, once it has no row pending (it
+    checks a row again every ``validate-interval``, 10 s, until the row matches downstream),
+    and the seconds that took (None: rows still pending after ``timeout``)."""
+    began = time.monotonic()
+    while True:
+        status = _status(dm)
+        found = _validations(status)
+        if not validator or (found and all(_counts(v.get("pendingRowsStatus")) == [0, 0, 0] for v in found)):
+            return status, time.monotonic() - began
+        if time.monotonic() - began > timeout:
+            return status, None
+        time.sleep(2)
+
+
+def _counts(text: str | None) -> list[int] | None:
+    """``"insert/update/delete: 497/91/0"`` -> [497, 91, 0]."""
+    m = re.search(r": *(\d+(?:/\d+)*)$", text or "")
+    return [int(n) for n in m.group(1).split("/")] if m else None
+
+
+def run_lab(setup: Setup, workdir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """One run of ``setup`` in ``workdir``; its record."""
     workdir.mkdir(parents=True)
     ups = [MariaDB(workdir / f"upstream{i}", extra_args=upstream_args(i, setup.shards)) for i in range(1, setup.shards + 1)]
     cluster: Cluster | None = None
@@ -439,11 +483,9 @@ def run_lab(setup: Setup, workdir: Path, log: Callable[[str], None], before_star
             dm.create_source(source_file(workdir / f"source{i}.yaml", i, up.port, setup.source))
         task = task_file(workdir / "task.yaml", setup, host, port, workdir / "dumped")
         check = dm.ctl("check-task", str(task))
-        if before_start is not None:
-            before_start(ups, cluster)
         statements = [(fraction * setup.duration, what) for fraction, what in setup.statements]
         load = ShardLoad([up.port for up in ups], setup.rate, statements)
-        sampler = ShardSampler(cluster.ports, dm, load)
+        sampler = ShardSampler(cluster.servers, dm, load)
         restarts = 0 if setup.faults == "none" else setup.restarts or max(1, int(setup.duration // setup.interval))
         restarter = Restarter(cluster_event(cluster, SIGNALS.get(setup.faults, _signal.SIGTERM)), setup.interval, log, restarts,
                               start_to_start=True)  # fmt: skip
@@ -468,6 +510,7 @@ def run_lab(setup: Setup, workdir: Path, log: Callable[[str], None], before_star
         sampler.stop_event.set()
         sampler.join(10)
         downstream = merged_checksums(cluster.ports) or {}
+        status, settled = status_at_end(dm, validator="validators" in setup.task)
         corpus = dm_statements(cluster.error_log_text()) if setup.general_log else None
         return {
             "label": setup.label, "target": setup.target, "shard_mode": setup.shard_mode, "faults": setup.faults,
@@ -477,7 +520,7 @@ def run_lab(setup: Setup, workdir: Path, log: Callable[[str], None], before_star
                                                      "errors": len(stats.errors), "error_samples": stats.errors[:5]},
             "ddl": load.ddl, "lag": sampler.lag, "units": sampler.units,
             "dm": dm_events(dm, started, sync_running_at=sampler.sync_running_at),
-            "locks": {**lock_events(dm), "left": locks_left(dm)},
+            "locks": {**lock_events(dm), "left": locks_left(dm)}, "status_at_end": status, "validator_settled_after": settled,
             "proxies": [proxy_numbers(s) for s in sidecars],
             "tables": {name: {"upstream": upstream[name], "downstream": downstream.get(name)} for name in upstream},
             "identical": upstream == downstream, "corpus": corpus,
@@ -521,12 +564,21 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
     return {
         "faults": f"{len(r['restarts'])} {r['faults']}", "pauses": r["dm"]["pauses"], "paused_s": r["dm"]["paused_s"],
         "failed": sum(p["failed_txns"] for p in by.values()),
-        "recoveries": sum(sum(p["recoveries"].values()) for p in r["proxies"]),
+        "recoveries": sum(sum(p["recoveries"].values()) for p in r["proxies"]), "moved": sum(p.get("moved", 0) for p in r["proxies"]),
         "refused_1158": sum(p["refused_1158"] for p in r["proxies"]), "refusals": refusals,
         "locks_resolved": r["locks"]["resolved"], "locks_left": "?" if left is None else len(left),
         "max_lag": max(lag) if lag else None, "sync_lag": (max(in_sync), statistics.median(in_sync)) if in_sync else None,
-        "caught_up_after": r["caught_up_after"], "identical": r["identical"],
+        "caught_up_after": r["caught_up_after"], "identical": r["identical"], "validation": validation_of(r.get("status_at_end")),
     }  # fmt: skip
+
+
+def validation_of(status: dict[str, Any] | None) -> str | None:
+    """The validator's rows (processed, pending, and in error: new / ignored / resolved) at the
+    end of the run, from ``query-status``; None without a validator."""
+    numbers = [{k: str(v.get(k, "")).rsplit(": ", 1)[-1] for k in ("errorRowsStatus", "processedRowsStatus", "pendingRowsStatus")}
+               for v in _validations(status)]  # fmt: skip
+    return "; ".join(f"errors {n['errorRowsStatus']}, processed {n['processedRowsStatus']}, pending {n['pendingRowsStatus']}"
+                     for n in numbers) or None  # fmt: skip
 
 
 ROWS = [
@@ -534,7 +586,7 @@ ROWS = [
     ("DM pauses (every dm-worker's log)", lambda s: str(s["pauses"])),
     ("  time paused (s)", lambda s: f"{s['paused_s']:.0f}"),
     ("failed batches / statements as DM sees them", lambda s: str(s["failed"])),
-    ("proxy recoveries (all sidecars)", lambda s: f"{s['recoveries']:.0f}"),
+    ("proxy recoveries / sessions moved", lambda s: f"{s['recoveries']:.0f} / {s['moved']:.0f}"),
     ("proxy: refused, 1158", lambda s: f"{s['refused_1158']:.0f}"),
     ("shard DDL locks resolved (dm-master) / left", lambda s: f"{s['locks_resolved']} / {s['locks_left']}"),
     ("max lag while the load ran (s)", lambda s: "-" if s["max_lag"] is None else f"{s['max_lag']:.1f}"),
@@ -542,6 +594,15 @@ ROWS = [
     ("caught up after the load (s)", lambda s: "no" if s["caught_up_after"] is None else f"{s['caught_up_after']:.0f}"),
     ("tables identical (count + NULL-safe checksum)", lambda s: "yes" if s["identical"] else "NO"),
 ]
+VALIDATOR_ROWS = [
+    ("validator's rows in error (new/ignored/resolved)", lambda s: _part(s["validation"], "errors")),
+    ("  processed (insert/update/delete)", lambda s: _part(s["validation"], "processed")),
+    ("  pending at the end (insert/update/delete)", lambda s: _part(s["validation"], "pending")),
+]
+
+
+def _part(validation: str | None, name: str) -> str:
+    return "-" if validation is None else re.search(rf"{name} ([^,;]*)", validation).group(1)
 
 
 def render(runs: list[dict[str, Any]]) -> str:
@@ -549,7 +610,7 @@ def render(runs: list[dict[str, Any]]) -> str:
     width = max([22, *(len(h) + 2 for h in heads)])
     lines = [f"{'':46}" + "".join(f"{h:>{width}}" for h in heads)]
     sums = [summary(r) for r in runs]
-    for label, cell in ROWS:
+    for label, cell in ROWS + (VALIDATOR_ROWS if any(s["validation"] for s in sums) else []):
         lines.append(f"{label:46}" + "".join(f"{cell(s):>{width}}" for s in sums))
     reasons = sorted({k for s in sums for k in s["refusals"]})
     for reason in reasons:
