@@ -38,6 +38,7 @@ def test_online_ddl_validator_relay_and_compact_through_the_sidecar_and_rolling_
     assert (s["pauses"], s["refused_1158"]) == (0, 0), (r["dm"]["failed"], s["refusals"])
     assert r["identical"], r["tables"]
     assert all(p["moved"] + sum(p["recoveries"].values()) > 0 for p in r["proxies"]), r["proxies"]  # the sidecar met the restarts
+    assert s["max_lag"] is not None, r["lag"][:5]  # the lag was read downstream
     status = json.dumps(r["status_at_end"])
     assert '"stage": "Running"' in status and '"relayStatus": {' in status, status[:3000]
     # The validator read the rows back through the proxy, found every one as upstream has it.

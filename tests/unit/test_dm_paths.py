@@ -89,3 +89,21 @@ def test_the_table_has_the_validators_rows_when_a_run_had_one():
     table = render([run])
     assert "validator's rows in error (new/ignored/resolved)" in table and "14230/6652/2509" in table
     assert "validator's rows" not in render([{**run, "status_at_end": None}])
+
+
+def test_the_lag_is_read_on_the_first_server_that_answers(monkeypatch):
+    # (It read nothing once bench.dm_e2e's Sampler took the servers instead of their ports.)
+    from types import SimpleNamespace
+
+    import bench.dm_shards as shards
+
+    asked = []
+
+    def lag(port, host="127.0.0.1"):
+        asked.append((host, port))
+        return None if port == 1 else 2.5
+
+    monkeypatch.setattr(shards, "merged_lag", lag)
+    sampler = shards.ShardSampler([SimpleNamespace(host="h1", port=1), SimpleNamespace(host="h2", port=2)], dm=None)
+    assert sampler.read_lag() == 2.5 and sampler.read_lag() == 2.5
+    assert asked == [("h1", 1), ("h2", 2), ("h2", 2)]  # the one that answered is asked first
