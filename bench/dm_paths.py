@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.dm_e2e import statement_shape
-from bench.dm_shards import Setup, main_loop
+from bench.dm_shards import Setup, lab_arguments, main_loop
 
 PT_OSC = "pt-online-schema-change"
 
@@ -136,16 +136,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--paths", default=",".join(PATHS), help=f"some of {','.join(PATHS)} (default all)")
     p.add_argument("--targets", default="proxy", help="proxy (the sidecar), direct (DM to the first tidb-server) (default proxy)")
     p.add_argument("--faults", default="rolling", help="rolling (SIGTERM in turn), kill (SIGKILL in turn), none (default rolling)")
-    p.add_argument("--duration", type=float, default=120, help="seconds of load and faults (default 120)")
-    p.add_argument("--interval", type=float, default=8, help="seconds from one fault to the next, start to start (default 8)")
-    p.add_argument("--servers", type=int, default=2, help="tidb-servers in the cluster (default 2)")
-    p.add_argument("--graceful-wait", type=int, default=3, help="every tidb-server's graceful-wait-before-shutdown (default 3)")
-    p.add_argument("--scale", type=int, default=5000, help="orders preloaded (default 5000)")
+    lab_arguments(p, "dm_paths", duration=120, rate=100)
     p.add_argument("--load-scale", type=int, default=60000, help="orders preloaded for loader-replace (default 60000)")
-    p.add_argument("--rate", type=float, default=100, help="transactions per second (default 100)")
-    p.add_argument("--catch-up", type=float, default=300, help="seconds DM may take to catch up at the end (default 300)")
     p.add_argument("--general-log", action="store_true", help="TiDB's general log on in direct runs: DM's statements, one per shape")
-    p.add_argument("--out", type=Path, help="results folder (default bench/results/<timestamp>-dm_paths)")
     p.add_argument("--corpus", type=Path, nargs="+", metavar="RESULTS_DIR",
                    help="no run: print the DM statements of these results' direct runs, merged (the corpus)")  # fmt: skip
     args = p.parse_args(argv)

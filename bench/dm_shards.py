@@ -673,16 +673,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--targets", default="proxy", help="proxy (a sidecar per worker), direct (default proxy)")
     p.add_argument("--shards", type=int, default=2, help="upstream shards, one dm-worker each (default 2)")
-    p.add_argument("--duration", type=float, default=160, help="seconds of load and faults (default 160)")
+    lab_arguments(p, "dm_shards", duration=160, rate=70, per_shard=" per shard")
+    p.add_argument("--general-log", action="store_true", help="TiDB's general log on: DM's statements, one per shape")
+    return p.parse_args(argv)
+
+
+def lab_arguments(p: argparse.ArgumentParser, bench: str, duration: float, rate: float, per_shard: str = "") -> None:
+    """The lab's options (``Setup``'s fields) that bench.dm_shards and bench.dm_paths share."""
+    p.add_argument("--duration", type=float, default=duration, help=f"seconds of load and faults (default {duration:g})")
     p.add_argument("--interval", type=float, default=8, help="seconds from one fault to the next, start to start (default 8)")
     p.add_argument("--servers", type=int, default=2, help="tidb-servers in the cluster (default 2)")
     p.add_argument("--graceful-wait", type=int, default=3, help="every tidb-server's graceful-wait-before-shutdown (default 3)")
-    p.add_argument("--scale", type=int, default=5000, help="orders preloaded per shard (default 5000)")
-    p.add_argument("--rate", type=float, default=70, help="transactions per second per shard (default 70)")
+    p.add_argument("--scale", type=int, default=5000, help=f"orders preloaded{per_shard} (default 5000)")
+    p.add_argument("--rate", type=float, default=rate, help=f"transactions per second{per_shard} (default {rate:g})")
     p.add_argument("--catch-up", type=float, default=300, help="seconds DM may take to catch up at the end (default 300)")
-    p.add_argument("--general-log", action="store_true", help="TiDB's general log on: DM's statements, one per shape")
-    p.add_argument("--out", type=Path, help="results folder (default bench/results/<timestamp>-dm_shards)")
-    return p.parse_args(argv)
+    p.add_argument("--out", type=Path, help=f"results folder (default bench/results/<timestamp>-{bench})")
 
 
 def main(argv: list[str] | None = None) -> int:
