@@ -200,9 +200,9 @@ class CommandCycle:
     def fast_command(self, cmd: Command, deprecate_eof: bool) -> Inflight | None:
         """The fast lane's way: ``cmd`` (one small command, read whole, nothing owed, the link
         up) as the command in flight, when nothing about it needs the slow lane: a COM_QUERY
-        or COM_STMT_EXECUTE that asks no rewrite (max_allowed_packet, KILL) and no commit
-        marker first. None: the slow lane takes it from the start. Nothing changes until
-        ``take``."""
+        or COM_STMT_EXECUTE that asks no rewrite (max_allowed_packet, KILL). A COMMIT whose
+        commit marker goes first has ``marker`` MARKER_DUE. None: the slow lane takes it from
+        the start. Nothing changes until ``take`` (or the marker's ``dispatch``)."""
         code = cmd.code
         tracking = self.tracking
         if code == C.COM_QUERY:
@@ -220,9 +220,10 @@ class CommandCycle:
         else:
             return None
         commits_writes = self.commits_writes(cmd, statement, analysis)
+        inflight = self.start(cmd, statement, verb, analysis, deprecate_eof, commits_writes)
         if commits_writes and self.markers_on:
-            return None  # its commit marker is written first
-        return self.start(cmd, statement, verb, analysis, deprecate_eof, commits_writes)
+            inflight.marker = _inflight.MARKER_DUE
+        return inflight
 
     def take(self, inflight: Inflight) -> None:
         """The command of ``fast_command`` is in flight: it goes to the server now."""

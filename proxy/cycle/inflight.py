@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Inflight", "SendState", "NOT_SENT", "SENDING", "SENT", "SEND_FAILED", "SessionClosed", "ConnectionFailed",
-    "STATEMENT_COMMANDS", "start", "for_payload",
+    "STATEMENT_COMMANDS", "MARKER_DUE", "start", "for_payload",
 ]  # fmt: skip
 
 C = Commands
@@ -45,6 +45,7 @@ class SendState(enum.Enum):
 
 
 NOT_SENT, SENDING, SENT, SEND_FAILED = SendState.NOT_SENT, SendState.SENDING, SendState.SENT, SendState.SEND_FAILED
+MARKER_DUE = -1  # a COMMIT's ``marker`` until its commit marker is written (the fast lane writes it first)
 _PLAIN_READING = ServerReading()  # (commands built by hand in tests; the relay's always say how the server reads them)
 
 
@@ -69,7 +70,7 @@ class Inflight:
         self.prepare_ok: bytearray | None = None  # a PREPARE's response, held whole: its statement id is rewritten
         self.captured: bytearray | None = None  # the response to one of the proxy's own commands, kept for it
         self.refuse_infile = False  # answering the server's LOCAL INFILE request with "no file"
-        self.marker = 0  # commit-marker number written just before this COMMIT (0: none)
+        self.marker = 0  # commit-marker number written just before this COMMIT (0: none; MARKER_DUE: not yet)
         # A COMMIT of writes, or a write in autocommit: its loss after sending is a 1158 unless
         # proved otherwise, so the connection is looked at before it goes.
         self.look_first = False

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from proxy.relay.fastlane import Job
     from proxy.relay.relay import Relay
 
-__all__ = ["client_task", "send_client", "answer_error", "answer_inflight", "send_inflight", "run_internal", "follow_state"]
+__all__ = ["client_task", "send_client", "answer_error", "answer_inflight", "send_inflight", "run_internal", "follow_state",
+           "commit_after_marker"]  # fmt: skip
 
 log = logging.getLogger("replay_proxy.session")
 
@@ -241,18 +242,35 @@ async def _write_commit_marker(s: Relay, commit: Command) -> bool:
     number, payload = markers.upsert_sql()
     s.record.marker(number)
     tracker = await run_internal(s, payload, commit.seq_end)
-    if tracker is None:
-        return False
-    if tracker.error is not None:
-        # The transaction may be gone (a deadlock victim is rolled back) or stuck: the client's
-        # COMMIT gets this error, and is not sent. An OK now could be a lie.
-        err = tracker.error
-        s.log.warning("commit marker not written (%s); the COMMIT gets this error and is not sent", err,
-                      **outcome("marker_failed", err.code))  # fmt: skip
-        await send_client(s, make_err(err.code, err.sqlstate, err.message), commit.seq_end + 1)
+    if tracker is None or await _marker_refused(s, tracker, commit.seq_end):
         return False
     markers.written = number
     s.cycle.marker_written(number)
+    return True
+
+
+async def commit_after_marker(s: Relay, commit: Inflight, marker: Inflight, number: int) -> None:
+    """The fast lane sent the marker of ``commit`` (``fastlane.FastLane._marker_first``) and
+    left the rest to the client task: once the marker is settled, as ``submit`` goes on."""
+    if marker.answered or await _marker_refused(s, marker.tracker, commit.command.seq_end):
+        return
+    assert s.parts.markers is not None
+    s.parts.markers.written = commit.marker = number
+    if s.cycle.dispatch(commit):
+        await send_inflight(s, commit)
+    else:
+        s.backend_task.command_waits()
+
+
+async def _marker_refused(s: Relay, tracker: ResponseTracker, seq_end: int) -> bool:
+    """The server refused the commit marker: the client's COMMIT gets its error (True)."""
+    err = tracker.error
+    if err is None:
+        return False
+    # The transaction may be gone (a deadlock victim is rolled back) or stuck: the client's
+    # COMMIT gets this error, and is not sent. An OK now could be a lie.
+    s.log.warning("commit marker not written (%s); the COMMIT gets this error and is not sent", err, **outcome("marker_failed", err.code))
+    await send_client(s, make_err(err.code, err.sqlstate, err.message), seq_end + 1)
     return True
 
 

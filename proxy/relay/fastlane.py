@@ -7,8 +7,9 @@ Each of the session's two tasks parks here while it waits (the client task for a
 parked, the host loop watches its socket (``Channel.watch``). When bytes come:
 
 - a command the cycle can take as it is (``CommandCycle.fast_command``: one small COM_QUERY or
-  COM_STMT_EXECUTE whole in one read, nothing owed, no plugin, no commit marker to write, the
-  link up) goes to the server from the callback, both tasks parked;
+  COM_STMT_EXECUTE whole in one read, nothing owed, no plugin, the link up) goes to the server
+  from the callback, both tasks parked; a COMMIT of writes with commit markers on sends its
+  marker first, and the COMMIT itself once the marker's OK comes (``HeldCommit``);
 - the server's answer to it is streamed to the client and completed (``CommandCycle.finish``)
   from the callback, unless completing it waits for something;
 - anything else wakes the task that waits (``run_sync_soon``) with the bytes, as if it had
@@ -28,9 +29,10 @@ import trio
 
 from proxy import hostloop
 from proxy.cycle.cycle import CommandCycle, Phase, runs_ddl
-from proxy.cycle.inflight import SEND_FAILED, SENT, Inflight
+from proxy.cycle.inflight import MARKER_DUE, SEND_FAILED, SENT, Inflight, for_payload
 from proxy.netio import RECV_SIZE, Channel, PeerClosed, PeerFinished
 from proxy.protocol.packets import ProtocolError
+from proxy.relay.commands import commit_after_marker
 from proxy.relay.link import LinkState
 from proxy.relay.responses import SERVER_GOING_AWAY, after_feed, complete_after
 from proxy.session.intake import whole_command
@@ -54,9 +56,24 @@ def lane_for(s: Relay) -> FastLane | None:
     return FastLane(s, host)
 
 
+class HeldCommit:
+    """A COMMIT whose commit marker the lane sent: it goes once the marker's OK comes. Whatever
+    else comes meanwhile wakes the client task, which finishes it as the slow lane does
+    (``commands.commit_after_marker``) before anything else."""
+
+    __slots__ = ("commit", "marker", "number", "settled")
+
+    def __init__(self, commit: Inflight, marker: Inflight, number: int) -> None:
+        self.commit = commit
+        self.marker = marker
+        self.number = number
+        self.settled = trio.Event()  # the marker's answer is complete, or recovery answered it
+        marker.waiter = self.settled.set
+
+
 class FastLane:
     __slots__ = ("s", "cycle", "tracking", "link", "keys", "poller", "token", "spool_threshold", "deprecate_eof", "client",
-                 "backend", "client_waits", "backend_waits", "client_got", "backend_got")  # fmt: skip
+                 "backend", "client_waits", "backend_waits", "client_got", "backend_got", "held")  # fmt: skip
 
     def __init__(self, s: Relay, host: hostloop.Host) -> None:
         self.s = s
@@ -74,6 +91,7 @@ class FastLane:
         self.backend_waits: trio.Event | None = None  # set: the backend task is parked here
         self.client_got: Got | None = None  # what wakes the client task
         self.backend_got: Got | None = None
+        self.held: HeldCommit | None = None  # a COMMIT waiting for its commit marker's OK
 
     # ------------------------------------------------------------------ the tasks' side
 
@@ -155,7 +173,12 @@ class FastLane:
     def _client_gone(self, got: Got) -> None:
         """Wake the client task; also ``Channel.watch``'s ``gone``: its socket closed, or the
         wait was interrupted. From here on it counts as awake (the other callback no longer
-        takes it for parked), though trio runs it a moment later."""
+        takes it for parked), though trio runs it a moment later. A COMMIT waiting for its
+        marker is the task's to finish first."""
+        held = self.held
+        if held is not None:
+            self.held = None
+            got = functools.partial(self._commit_slowly, held, got)
         self.client_got = got
         waits, self.client_waits = self.client_waits, None
         if waits is not None:
@@ -168,6 +191,8 @@ class FastLane:
         self._backend_gone(got)
 
     def _backend_gone(self, got: Got) -> None:
+        if self.held is not None:  # the marker's answer is the backend task's now, the COMMIT the client task's
+            self._give_client(_NOTHING)
         self.backend_got = got
         waits, self.backend_waits = self.backend_waits, None
         if waits is not None:
@@ -221,26 +246,39 @@ class FastLane:
         if inflight.look_first or cycle.idled_out(backend.wait_timeout, inflight.arrived) is not None:
             if channel.data_pending():
                 return False  # the server spoke meanwhile: the slow lane lets the backend task read it first
+        if inflight.marker == MARKER_DUE:
+            self._marker_first(inflight, channel)
+            return True
         cycle.take(inflight)
-        frames = self.tracking.backend_bytes(cmd.payload, cmd.raw, inflight.statement)
+        self._send(inflight, channel, None)
+        return True
+
+    def _send(self, inflight: Inflight, channel: Channel, then: HeldCommit | None) -> None:
+        """Send the command in flight from here. The send is whole or failed before the
+        callback returns, so nobody sees it under way (``BackendLink.sending``) unless the
+        socket took part of it: then the client task sends the rest. ``then``: the COMMIT
+        after this marker, the client task's to finish if it wakes for the send."""
+        frames = self.tracking.backend_bytes(inflight.command.payload, inflight.command.raw, inflight.statement)
         try:
             sent = channel.sock.send(frames)
         except BlockingIOError:
             sent = 0
         except OSError as exc:
             inflight.state = SEND_FAILED  # the backend task recovers: told now, not at the socket's next report
+            self.held = then
             self._give_backend(PeerClosed(f"{channel.name}: {exc.strerror or exc}"))
-            return True
+            return
         if sent < len(frames):
-            cycle.sending(inflight)
-            link.sending()
-            self._give_client(functools.partial(self._send_rest, inflight, channel, memoryview(frames)[sent:]))
-            return True
-        cycle.sent(inflight)
-        return True
+            self.cycle.sending(inflight)
+            self.link.sending()
+            self._give_client(functools.partial(self._send_rest, inflight, channel, memoryview(frames)[sent:], then))
+            return
+        self.cycle.sent(inflight)
+        self.held = then
 
-    async def _send_rest(self, inflight: Inflight, channel: Channel, rest: memoryview) -> None:
-        """The client task finishes a send the socket did not take whole."""
+    async def _send_rest(self, inflight: Inflight, channel: Channel, rest: memoryview, then: HeldCommit | None) -> None:
+        """The client task finishes a send the socket did not take whole (and the COMMIT
+        after it, if it was a commit marker)."""
         try:
             await channel.send(rest)
             self.cycle.sent(inflight)
@@ -248,6 +286,66 @@ class FastLane:
             inflight.state = SEND_FAILED
         finally:
             self.link.sent()
+        if then is not None:
+            await self._commit_slowly(then, _NOTHING)
+
+    def _marker_first(self, commit: Inflight, channel: Channel) -> None:
+        """A COMMIT of writes with commit markers on: the marker goes now (the slow lane's
+        ``commands._write_commit_marker``, without waiting), the COMMIT with its OK
+        (``_marker_answer``)."""
+        s = self.s
+        markers = s.parts.markers
+        assert markers is not None
+        number, payload = markers.upsert_sql()
+        s.record.marker(number)
+        marker = for_payload(payload, self.tracking, self.deprecate_eof, commit.arrived, commit.command.seq_end, internal=True)
+        self.cycle.arrived()  # the COMMIT counts from now, as in the slow lane; the marker does not
+        self.cycle.dispatch(marker)
+        self._send(marker, channel, HeldCommit(commit, marker, number))
+
+    def _marker_answer(self, held: HeldCommit, data: bytes) -> None:
+        """The server's bytes while a COMMIT waits for its marker: a whole OK, and the COMMIT
+        goes; anything else is the tasks' (the backend task the answer, the client task the
+        COMMIT)."""
+        cycle, marker = self.cycle, held.marker
+        try:
+            end = marker.tracker.feed(data)
+        except ProtocolError as exc:
+            failed = self.s.parts.recovery.connection_error(self.s, f"protocol error in backend response: {exc}")
+            self._give_backend(functools.partial(_reraise, failed))
+            return
+        if end != len(data) or marker.tracker.error is not None:
+            self._give_backend(functools.partial(after_feed, self.s, marker, data, end))  # an error, or more to come
+            return
+        captures = cycle.finish(marker)
+        if captures:
+            self._give_backend(functools.partial(complete_after, self.s, marker, data, captures))
+            return
+        cycle.done(marker)
+        self.held = None
+        channel: Channel = self.link.backend.channel
+        commit = held.commit
+        if channel.data_pending():  # the server spoke again: the client task sends the COMMIT when it is heard
+            held.settled.set()
+            self._give_client(functools.partial(self._commit_slowly, held, _NOTHING))
+            return
+        markers = self.s.parts.markers
+        assert markers is not None
+        markers.written = commit.marker = held.number
+        cycle.dispatch(commit)
+        self._send(commit, channel, None)
+
+    async def _commit_slowly(self, held: HeldCommit, then: Got) -> None:
+        """The client task finishes the COMMIT of ``held`` once its marker is settled, then
+        takes what woke it."""
+        await held.settled.wait()
+        await commit_after_marker(self.s, held.commit, held.marker, held.number)
+        if isinstance(then, bytes):
+            self.s.client.decoder.feed(then)
+        elif isinstance(then, BaseException):
+            raise then
+        else:
+            await then()
 
     def _backend_readable(self) -> None:
         channel = self.backend
@@ -275,6 +373,10 @@ class FastLane:
         nothing about it waits. False: nothing happened (the backend task takes them)."""
         cycle = self.cycle
         inflight = cycle.inflight
+        held = self.held
+        if held is not None and inflight is held.marker:
+            self._marker_answer(held, data)
+            return True
         if (
             inflight is None
             or inflight.state is not SENT
@@ -333,3 +435,10 @@ def _kind(got: Got | None) -> str | None:
 
 async def _reraise(exc: BaseException) -> None:
     raise exc
+
+
+async def _nothing() -> None:
+    pass
+
+
+_NOTHING: Job = _nothing

@@ -4,6 +4,7 @@ session passes to the slow lane and back."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from proxy.relay.fastlane import FastLane
@@ -40,24 +41,151 @@ def test_commands_and_their_answers_wake_no_task():
     hosted(body)
 
 
-def test_a_command_that_waits_goes_to_the_slow_lane_and_the_next_ones_come_back():
-    """A COMMIT of writes with commit markers on writes its marker first (the client task runs
-    it); the statements after it are the fast lane's again."""
+MARKERS = make_config(recovery={"commit_marker": True})
+
+
+def intercept_once(match: bytes, action: str):
+    """The fake server's intercept: the first command holding ``match`` gets ``action``."""
+    fired: list[bytes] = []
+
+    async def intercept(conn, payload: bytes) -> str | None:
+        if not fired and match in payload:
+            fired.append(payload)
+            return action
+        return None
+
+    return intercept, fired
+
+
+def test_a_commit_marker_and_its_commit_wake_no_task():
+    """A COMMIT of writes with commit markers on: the lane writes the marker, and sends the
+    COMMIT when the marker's OK comes, from the callbacks."""
 
     async def body(rig: LaneRig) -> None:
         c = await rig.client()
-        await c.must("START TRANSACTION")
-        await c.must("INSERT INTO t VALUES (1, 'a')")
+        await c.must("SELECT COUNT(*) FROM t")
         with Wakes() as wakes:
-            await c.must("COMMIT")
+            for i in range(3):
+                await c.must("START TRANSACTION")
+                await c.must(f"INSERT INTO t VALUES ({i}, 'a')")
+                await c.must("COMMIT")
+        assert sum(wakes.steps.values()) == 0, wakes.steps
+        db = rig.server.db
+        assert db.rows == {0: "a", 1: "a", 2: "a"} and db.commits == 3 and list(db.markers.values()) == [3]
+        assert rig.session().cycle.commands == 10  # the COMMITs counted once each, the markers not
+
+    hosted(body, config=MARKERS)
+
+
+def test_a_command_that_waits_goes_to_the_slow_lane_and_the_next_ones_come_back():
+    """A statement the slow lane rewrites (KILL, here refused by the server) wakes the client
+    task; the statements after it are the fast lane's again."""
+
+    async def body(rig: LaneRig) -> None:
+        c = await rig.client()
+        await c.must("SELECT COUNT(*) FROM t")
+        rig.server.intercept, _ = intercept_once(b"KILL", "error_1095")
+        with Wakes() as wakes:
+            assert (await c.query("KILL 12345")).code == 1095
         assert wakes.steps["client_task"] > 0, wakes.steps
-        assert rig.server.db.markers and rig.server.db.rows == {1: "a"}
         with Wakes() as wakes:
             for i in range(2, 12):
                 await c.must(f"INSERT INTO t VALUES ({i}, 'v')")
         assert sum(wakes.steps.values()) == 0, wakes.steps
 
-    hosted(body, config=make_config(recovery={"commit_marker": True}))
+    hosted(body)
+
+
+def test_a_commit_marker_refused_is_the_commits_answer():
+    """The marker is the deadlock victim: the client's COMMIT gets the 1213 and is never sent,
+    as in the slow lane; the session goes on."""
+
+    async def body(rig: LaneRig) -> None:
+        c = await rig.client()
+        await c.must("START TRANSACTION")
+        await c.must("INSERT INTO t VALUES (1, 'a')")
+        rig.server.intercept, fired = intercept_once(b"commit_markers (slot, txn)", "deadlock")
+        result = await c.query("COMMIT")
+        assert fired and result.code == 1213 and "Deadlock" in result.message
+        db = rig.server.db
+        assert "COMMIT" not in rig.server.queries and db.rows == {} and db.commits == 0
+        await c.must("START TRANSACTION")
+        await c.must("INSERT INTO t VALUES (1, 'a')")
+        await c.must("COMMIT")
+        assert db.rows == {1: "a"} and db.commits == 1
+
+    hosted(body, config=MARKERS)
+
+
+@pytest.mark.parametrize("action", ["drop", "run_then_drop"])
+def test_a_connection_lost_under_a_commit_marker_is_recovered_and_the_commit_goes_once(action):
+    """The server goes away before or after running the marker, its answer unsent: recovery
+    brings the transaction back (the client task finishes the COMMIT), applied exactly once."""
+
+    async def body(rig: LaneRig) -> None:
+        c = await rig.client()
+        await c.must("START TRANSACTION")
+        await c.must("INSERT INTO t VALUES (1, 'a')")
+        await c.must("UPDATE c SET n = n + 1")
+        rig.server.intercept, fired = intercept_once(b"commit_markers (slot, txn)", action)
+        assert (await c.query("COMMIT")).ok
+        db = rig.server.db
+        assert fired and rig.session().recoveries == 1
+        assert db.rows == {1: "a"} and db.counter == 1 and db.commits == 1
+
+    hosted(body, config=MARKERS)
+
+
+def test_a_commit_answer_lost_after_its_marker_is_settled_by_the_marker():
+    async def body(rig: LaneRig) -> None:
+        await trio.sleep(1)  # the server up before the session: its old connection is KILLed
+        c = await rig.client()
+        await c.must("START TRANSACTION")
+        await c.must("INSERT INTO t VALUES (1, 'a')")
+        rig.server.intercept, fired = intercept_once(b"COMMIT", "run_then_drop")
+        assert (await c.query("COMMIT")).ok  # no 1158: the marker says it committed
+        db = rig.server.db
+        assert fired and db.rows == {1: "a"} and db.commits == 1
+
+    hosted(body, config=MARKERS)
+
+
+def test_a_command_pipelined_behind_a_commit_goes_after_it():
+    """The client's next command arrives while the COMMIT waits for its marker: the client
+    task sends the COMMIT first, then the command."""
+
+    async def body(rig: LaneRig) -> None:
+        c = await rig.client()
+        await c.must("START TRANSACTION")
+        await c.must("INSERT INTO t VALUES (1, 'a')")
+        frames = b""
+        for payload in (b"\x03COMMIT", b"\x03SELECT COUNT(*) FROM t"):
+            frames += bytes([len(payload), 0, 0, 0]) + payload
+        await c.stream.send_all(frames)
+        assert (await c.read_result()).ok
+        assert (await c.read_result()).rows == ["1"]
+        assert rig.server.db.commits == 1
+
+    hosted(body, config=MARKERS)
+
+
+def test_a_commit_sent_as_the_client_closes_still_commits():
+    """A client that sends COMMIT and closes at once: the COMMIT goes after its marker, as it
+    would reach a server directly."""
+
+    async def body(rig: LaneRig) -> None:
+        c = await rig.client()
+        await c.must("START TRANSACTION")
+        await c.must("INSERT INTO t VALUES (1, 'a')")
+        await c.stream.send_all(b"\x07\x00\x00\x00\x03COMMIT")
+        await c.stream.aclose()
+        for _ in range(200):
+            if rig.server.db.commits:
+                break
+            await trio.sleep(0.01)
+        assert rig.server.db.rows == {1: "a"} and rig.server.db.commits == 1
+
+    hosted(body, config=MARKERS)
 
 
 def test_a_command_and_an_answer_bigger_than_the_sockets_buffers_are_finished_by_the_tasks():

@@ -10,7 +10,7 @@ import pytest
 
 from proxy.cycle.answers import Failed, LostTransaction
 from proxy.cycle.cycle import TRANSITIONS, CommandCycle, CycleError, Phase
-from proxy.cycle.inflight import NOT_SENT, SENT
+from proxy.cycle.inflight import MARKER_DUE, NOT_SENT, SENT
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.packets import make_err
 from proxy.protocol.resultset import build_text_result
@@ -168,13 +168,21 @@ def test_other_commands_and_unknown_statements_are_the_slow_lanes():
     assert c.fast_command(Command(execute, encode_packet(execute, 0)[0], 0, len(execute)), False) is None
 
 
-def test_a_commit_of_writes_is_the_slow_lanes_when_commit_markers_are_on():
+def test_a_commit_of_writes_says_its_marker_is_due_when_commit_markers_are_on():
     on, off = cycle(markers=True), cycle(markers=False)
     for c in (on, off):
         run(c, query("BEGIN"), OK_BEGIN)
         run(c, query("INSERT INTO t VALUES (1)"), OK_IN_TX)
-    assert on.fast_command(query("COMMIT"), False) is None  # its marker is written first
-    assert off.fast_command(query("COMMIT"), False) is not None
+    commit = on.fast_command(query("COMMIT"), False)
+    assert commit is not None and commit.marker == MARKER_DUE  # its marker is written first
+    assert on.inflight is None and on.phase == P.IDLE  # nothing changed yet
+    commit = off.fast_command(query("COMMIT"), False)
+    assert commit is not None and commit.marker == 0
+    read_only = cycle(markers=True)
+    run(read_only, query("BEGIN"), OK_BEGIN)
+    run(read_only, query("SELECT 1"), OK_IN_TX)
+    commit = read_only.fast_command(query("COMMIT"), False)
+    assert commit is not None and commit.marker == 0  # nothing written: no marker
 
 
 def test_a_command_waits_while_the_link_is_down_and_goes_when_recovery_is_over():
