@@ -72,7 +72,7 @@ class RelayRecovery:
         return await killed_by_operator(s.link, s.parts.target, s.parts.config.backend.io_timeout, s.log, s.cycle.last_activity)
 
     async def move(self, s: Relay) -> bool:
-        return await move(s.parts)
+        return await move(s.parts, s.backend_task)
 
     def markers_for(self, target: Target, session_id: int) -> CommitMarkers:
         return CommitMarkers(target.markers, session_id)

@@ -5,7 +5,7 @@ loss (``reestablish``), or between transactions off a draining server (``move``)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 import trio
@@ -112,15 +112,51 @@ async def send_long_data(tracking: SessionTracker, backend: Backend, piece, stmt
         await backend.channel.send(chunk)
 
 
-async def move(parts: SessionParts) -> bool:
+class Reader(Protocol):
+    """The session's backend task (``proxy.relay.backendtask.BackendTask``), which reads its
+    backend connection: stopped where it waits between answers, and started again."""
+
+    async def stop(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+
+async def move(parts: SessionParts, reader: Reader) -> bool:
     """Replace a draining connection between transactions: a fresh connection (elsewhere when
     another address is usable), the session restored on it, the old one closed politely.
     Nothing is replayed or held; a command that arrives meanwhile waits for the new connection.
     False: the move failed, and the session stays where it was (recovery handles the old
     connection's end)."""
+    old = parts.link.begin_move()  # a command arriving meanwhile runs on the new one
+    stopped = await _insert_id_from(parts, old, reader)
+    try:
+        return await _move_from(parts, old)
+    finally:
+        if stopped:
+            reader.start()  # on the new connection, or the old one if the move failed
+
+
+async def _insert_id_from(parts: SessionParts, old: Backend | None, reader: Reader) -> bool:
+    """Where the session's own record of LAST_INSERT_ID() is unsure (INSERTs whose OK carried
+    an id the statement may have given, more of them than it keeps: DM's), the old connection,
+    alive and idle, says it. Its backend task is stopped meanwhile (True: start it again)."""
+    state = parts.tracking.state
+    if old is None or state is None or not (state.insert_ids or state.insert_id_unknown):
+        return False
+    if not await reader.stop():
+        return False  # busy (the old connection's last words, a loss): the record's own reading
+    try:
+        with trio.fail_after(parts.config.backend.io_timeout):
+            rows = await old.query("SELECT LAST_INSERT_ID()")
+        parts.tracking.insert_id_read(int(rows[0][0] or b"0"))
+    except (BackendError, PeerClosed, ProtocolError, OSError, trio.TooSlowError, ValueError, IndexError) as exc:
+        parts.log.info("could not read LAST_INSERT_ID() on the old connection before the move: %s", exc)
+    return True
+
+
+async def _move_from(parts: SessionParts, old: Backend | None) -> bool:
     link, tracking = parts.link, parts.tracking
     state = tracking.state
-    old = link.begin_move()  # a command arriving meanwhile runs on the new one
     started = trio.current_time()
     backend = None
     ids = tracking.backend_ids()

@@ -579,6 +579,12 @@ class SessionTracker:
         self.changed = True
         self.state.user_variables[name] = literal
 
+    def insert_id_read(self, value: int) -> None:
+        """The session's connection said LAST_INSERT_ID() is ``value`` (idle, before a move)."""
+        assert self.state is not None
+        self.state.known_insert_id(value)
+        self.insert_id_moved = True
+
     # ------------------------------------------------------------------ the session's end
 
     def mark_unrestorable(self, reason: str) -> None:

@@ -177,6 +177,42 @@ def test_planned_restart_moves_idle_sessions_first(db, tmp_path):
             endpoint.close()
 
 
+def test_a_move_carries_last_insert_id_the_session_record_lost_track_of(db, tmp_path):
+    """More INSERTs that give their AUTO_INCREMENT value than the session's record keeps (DM's
+    own writes): the record cannot tell LAST_INSERT_ID() any more, so the move reads it on the
+    old connection before it goes. The client sees the same value after the move, and the log
+    has no "cannot be restored"."""
+    prepare_server(db)
+    endpoint = StatusEndpoint()
+    with FaultShim(db.port) as shim:
+        a, b = f"127.0.0.1:{shim.port}", f"127.0.0.1:{db.port}"
+        proxy = start_proxy(tmp_path / "proxy", [shim.port, db.port],
+                            backend={"health_interval": "0.2s", "status_urls": {a: endpoint.url}})  # fmt: skip
+        try:
+            conn = connect(proxy.port)
+            with conn.cursor() as cur:
+                cur.execute("CREATE TABLE IF NOT EXISTS given_ids (id INT AUTO_INCREMENT PRIMARY KEY, v INT)")
+                cur.execute("DELETE FROM given_ids")
+                cur.execute("INSERT INTO given_ids (id, v) VALUES (1000, 0)")
+                cur.execute("INSERT INTO given_ids (v) VALUES (1)")  # generated: 1001
+                for i in range(80):  # given: LAST_INSERT_ID() stays 1001
+                    cur.execute(f"INSERT INTO given_ids (id, v) VALUES ({2000 + i}, {i})")
+                cur.execute("SELECT LAST_INSERT_ID()")
+                assert cur.fetchone() == (1001,)
+            assert status(proxy)["sessions"][0]["backend"] == a
+            endpoint.code = 500
+            wait_for(lambda: status(proxy)["sessions"][0]["backend"] == b, "the session moved", timeout=15, interval=0.1)
+            with conn.cursor() as cur:
+                cur.execute("SELECT LAST_INSERT_ID()")
+                assert cur.fetchone() == (1001,)
+            assert "moved from" in proxy.log_text()
+            assert "cannot be restored" not in proxy.log_text()
+            conn.close()
+        finally:
+            proxy.stop()
+            endpoint.close()
+
+
 def test_failover_between_two_addresses_under_load(db, tmp_path):
     """The first address dies for good (its shim closed); every session recovers on the second,
     and an autocommit workload sees no error."""
