@@ -262,16 +262,16 @@ class Target:
             health = self.health_of(address)
             health.suspect_until = trio.current_time() + max(2.0, 2 * self.config.backend.health_interval)
 
-    def _rotation(self) -> list[Address]:
+    def _rotation(self, away_from: Address | None = None) -> list[Address]:
         """Addresses to try, the last that worked first; suspect ones after those (a session's
         connection there just dropped), draining and down ones last (they are still tried when
-        nothing else answers)."""
+        nothing else answers). ``away_from`` (a move's old address) after the others as good."""
         addrs = self.addresses
         if self.config.backend.balancing:  # the fewest of this proxy's connections first
-            return sorted(addrs, key=lambda a: (_rank(self.health_of(a), True), self.connections(a)))
+            return sorted(addrs, key=lambda a: (_rank(self.health_of(a), True), a == away_from, self.connections(a)))
         preferred = addrs.index(self._preferred) if self._preferred in addrs else 0
         order = addrs[preferred:] + addrs[:preferred]
-        return sorted(order, key=lambda a: _rank(self.health_of(a)))  # stable: the last that worked stays first
+        return sorted(order, key=lambda a: (_rank(self.health_of(a)), a == away_from))  # stable: the last that worked stays first
 
     async def profile(self) -> BackendProfile:
         """The backend's greeting, learned once (a connection opened, greeted and closed)."""
@@ -300,13 +300,15 @@ class Target:
             log.info("target %s: backend now reports %s (was %s)", self.name, profile, self._profile)
         self._profile = profile
 
-    async def connect(self, login: Login) -> Backend:
+    async def connect(self, login: Login, away_from: Address | None = None) -> Backend:
         """One login attempt per address, starting with the last one that worked. While another
         address is left to try, a login gets ``connect_timeout``, not ``io_timeout``: a server
         shutting down may accept a connection and answer it only when it exits (measured on a
-        TiDB cluster: seconds), and the next server is ready now."""
+        TiDB cluster: seconds), and the next server is ready now. ``away_from``: a move's old
+        address, tried after the others as good (a move balancing by connections went back to
+        where it was when the counts changed meanwhile)."""
         errors: list[BackendError] = []
-        rotation = self._rotation()
+        rotation = self._rotation(away_from)
         backend_config = self.config.backend
         if not rotation:
             raise BackendError(f"no backend address known yet: discovery ({backend_config.discovery}) has found none so far",

@@ -163,7 +163,7 @@ async def _move_from(parts: SessionParts, old: Backend | None) -> bool:
     try:
         login = attrs.evolve(link.login, database=state.database, collation=state.collation)
         with trio.fail_after(parts.config.backend.io_timeout):
-            backend = await parts.target.connect(login)
+            backend = await parts.target.connect(login, old.address if old is not None else None)
             link.replace(backend)
             await restore(parts, backend, state, None)
     except (BackendError, PeerClosed, ProtocolError, OSError, trio.TooSlowError) as exc:

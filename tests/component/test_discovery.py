@@ -278,3 +278,19 @@ async def test_static_addresses_removed_by_a_reload_are_drained_too(nursery, aut
     assert counts(rig) == {B: 4}
     for c in cs.values():
         assert (await c.must("SELECT COUNT(*) FROM t")).ok
+
+
+async def test_a_move_goes_elsewhere_when_another_server_is_as_good(nursery, autojump_clock, caplog):
+    """A move between transactions (a rebalance, here asked directly) while both servers carry
+    as many sessions: the new connection goes to the other one, not back where it was."""
+    caplog.set_level(logging.INFO)
+    rig, _source, _cluster = await started(nursery, [A, B])
+    peers = await clients(rig, 2)
+    assert counts(rig) == {A: 1, B: 1}
+    [session] = [s for s in rig.proxy.target.sessions if s.link.backend.address == A]
+    session.request_move()
+    await trio.sleep(0.5)
+    assert session.link.backend.address == B
+    assert f"moved from {A} to {B}" in caplog.text and f"moved from {A} to {A}" not in caplog.text
+    for client in peers.values():
+        assert (await client.must("SELECT COUNT(*) FROM t")).rows == ["0"]
