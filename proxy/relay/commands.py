@@ -1,8 +1,8 @@
 """The client's side of a session, in the slow lane: the client task reads a command, lets the
 plugins look at it, judges it and sends it (``submit``); and the ways the relay answers the
-client itself. The fast lane (``fastlane``) carries the commands that need none of this; the
-task wakes for the rest, and for everything that waits (a commit marker, a split statement,
-COM_CHANGE_USER, a hand-over). A plain function of the session each: ``Session`` takes
+client itself. The fast lane (``fastlane``) carries the commands that need none of this (a
+COMMIT's commit marker included); the task wakes for the rest, and for everything that waits (a
+split statement, COM_CHANGE_USER, a hand-over, a COMMIT whose marker did not simply succeed). A plain function of the session each: ``Session`` takes
 ``send_client`` and the others as its methods.
 """
 

@@ -155,6 +155,7 @@ class FastLane:
             "backend_watched": self.backend is not None and self.backend.watched(),
             "for_client": _kind(self.client_got),
             "for_backend": _kind(self.backend_got),
+            "commit_waits_for_its_marker": self.held is not None,
         }
 
     def stop(self) -> None:
