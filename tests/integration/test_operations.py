@@ -10,6 +10,7 @@ request and no replay. The tests that reach a backend run on MariaDB and on TiDB
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -21,6 +22,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 
 import pymysql
 import pytest
@@ -131,10 +133,11 @@ def test_sighup_reloads_a_good_file_and_keeps_the_config_on_a_bad_one(db, tmp_pa
         proxy.stop()
 
 
-def test_planned_restart_moves_idle_sessions_first(db, tmp_path):
-    """Address A (through the shim) announces a restart on its status endpoint; its sessions
-    move to B between transactions; then A closes every connection: nothing is held, nothing
-    replayed, the client sees no error."""
+@contextlib.contextmanager
+def planned_restart_lab(db, tmp_path) -> Iterator[tuple]:
+    """The proxy in front of two addresses of ``db``: A through a fault shim, announcing a
+    planned restart when the test sets its status endpoint's code to 500, and B directly.
+    Yields (proxy, endpoint, shim, a, b)."""
     prepare_server(db)
     endpoint = StatusEndpoint()
     with FaultShim(db.port) as shim:
@@ -142,39 +145,45 @@ def test_planned_restart_moves_idle_sessions_first(db, tmp_path):
         proxy = start_proxy(tmp_path / "proxy", [shim.port, db.port],
                             backend={"health_interval": "0.2s", "status_urls": {a: endpoint.url}})  # fmt: skip
         try:
-            conns = [connect(proxy.port) for _ in range(4)]
-            with conns[0].cursor() as cur:
-                cur.execute("CREATE TABLE IF NOT EXISTS planned (id INT PRIMARY KEY, v INT)")
-                cur.execute("DELETE FROM planned")
-            assert all(s["backend"] == a for s in status(proxy)["sessions"])
-            held_before = get(proxy.admin_port, "/metrics")[1]
-            tx = conns[1].cursor()
-            tx.execute("BEGIN")
-            tx.execute("INSERT INTO planned VALUES (1, 1)")  # a transaction open while A starts draining
-            endpoint.code = 500
-            wait_for(
-                lambda: sum(s["backend"] == b for s in status(proxy)["sessions"]) == 3, "idle sessions moved", timeout=15, interval=0.1
-            )
-            tx.execute("INSERT INTO planned VALUES (2, 2)")
-            tx.execute("COMMIT")  # ends the transaction: that session moves too
-            wait_for(lambda: all(s["backend"] == b for s in status(proxy)["sessions"]), "all sessions moved", timeout=15, interval=0.1)
-            shim.close_all()  # A restarts: nothing of ours is there any more
-            for i, conn in enumerate(conns):
-                with conn.cursor() as cur:
-                    cur.execute("INSERT INTO planned VALUES (%s, %s)", (10 + i, i))
-            with conns[0].cursor() as cur:
-                cur.execute("SELECT COUNT(*) FROM planned")
-                assert cur.fetchone() == (6,)
-            totals = status(proxy)["totals"]
-            assert totals["recoveries"] == {"resumed": 0, "aborted_1213": 0, "aborted_1158": 0, "killed_1927": 0}
-            assert totals["replayed_statements"] == 0
-            assert b"replay_proxy_held_seconds_count" in held_before
-            assert "moved from" in proxy.log_text()
-            for conn in conns:
-                conn.close()
+            yield proxy, endpoint, shim, a, b
         finally:
             proxy.stop()
             endpoint.close()
+
+
+def test_planned_restart_moves_idle_sessions_first(db, tmp_path):
+    """Address A (through the shim) announces a restart on its status endpoint; its sessions
+    move to B between transactions; then A closes every connection: nothing is held, nothing
+    replayed, the client sees no error."""
+    with planned_restart_lab(db, tmp_path) as (proxy, endpoint, shim, a, b):
+        conns = [connect(proxy.port) for _ in range(4)]
+        with conns[0].cursor() as cur:
+            cur.execute("CREATE TABLE IF NOT EXISTS planned (id INT PRIMARY KEY, v INT)")
+            cur.execute("DELETE FROM planned")
+        assert all(s["backend"] == a for s in status(proxy)["sessions"])
+        held_before = get(proxy.admin_port, "/metrics")[1]
+        tx = conns[1].cursor()
+        tx.execute("BEGIN")
+        tx.execute("INSERT INTO planned VALUES (1, 1)")  # a transaction open while A starts draining
+        endpoint.code = 500
+        wait_for(lambda: sum(s["backend"] == b for s in status(proxy)["sessions"]) == 3, "idle sessions moved", timeout=15, interval=0.1)
+        tx.execute("INSERT INTO planned VALUES (2, 2)")
+        tx.execute("COMMIT")  # ends the transaction: that session moves too
+        wait_for(lambda: all(s["backend"] == b for s in status(proxy)["sessions"]), "all sessions moved", timeout=15, interval=0.1)
+        shim.close_all()  # A restarts: nothing of ours is there any more
+        for i, conn in enumerate(conns):
+            with conn.cursor() as cur:
+                cur.execute("INSERT INTO planned VALUES (%s, %s)", (10 + i, i))
+        with conns[0].cursor() as cur:
+            cur.execute("SELECT COUNT(*) FROM planned")
+            assert cur.fetchone() == (6,)
+        totals = status(proxy)["totals"]
+        assert totals["recoveries"] == {"resumed": 0, "aborted_1213": 0, "aborted_1158": 0, "killed_1927": 0}
+        assert totals["replayed_statements"] == 0
+        assert b"replay_proxy_held_seconds_count" in held_before
+        assert "moved from" in proxy.log_text()
+        for conn in conns:
+            conn.close()
 
 
 def test_a_move_carries_last_insert_id_the_session_record_lost_track_of(db, tmp_path):
@@ -182,35 +191,26 @@ def test_a_move_carries_last_insert_id_the_session_record_lost_track_of(db, tmp_
     own writes): the record cannot tell LAST_INSERT_ID() any more, so the move reads it on the
     old connection before it goes. The client sees the same value after the move, and the log
     has no "cannot be restored"."""
-    prepare_server(db)
-    endpoint = StatusEndpoint()
-    with FaultShim(db.port) as shim:
-        a, b = f"127.0.0.1:{shim.port}", f"127.0.0.1:{db.port}"
-        proxy = start_proxy(tmp_path / "proxy", [shim.port, db.port],
-                            backend={"health_interval": "0.2s", "status_urls": {a: endpoint.url}})  # fmt: skip
-        try:
-            conn = connect(proxy.port)
-            with conn.cursor() as cur:
-                cur.execute("CREATE TABLE IF NOT EXISTS given_ids (id INT AUTO_INCREMENT PRIMARY KEY, v INT)")
-                cur.execute("DELETE FROM given_ids")
-                cur.execute("INSERT INTO given_ids (id, v) VALUES (1000, 0)")
-                cur.execute("INSERT INTO given_ids (v) VALUES (1)")  # generated: 1001
-                for i in range(80):  # given: LAST_INSERT_ID() stays 1001
-                    cur.execute(f"INSERT INTO given_ids (id, v) VALUES ({2000 + i}, {i})")
-                cur.execute("SELECT LAST_INSERT_ID()")
-                assert cur.fetchone() == (1001,)
-            assert status(proxy)["sessions"][0]["backend"] == a
-            endpoint.code = 500
-            wait_for(lambda: status(proxy)["sessions"][0]["backend"] == b, "the session moved", timeout=15, interval=0.1)
-            with conn.cursor() as cur:
-                cur.execute("SELECT LAST_INSERT_ID()")
-                assert cur.fetchone() == (1001,)
-            assert "moved from" in proxy.log_text()
-            assert "cannot be restored" not in proxy.log_text()
-            conn.close()
-        finally:
-            proxy.stop()
-            endpoint.close()
+    with planned_restart_lab(db, tmp_path) as (proxy, endpoint, _shim, a, b):
+        conn = connect(proxy.port)
+        with conn.cursor() as cur:
+            cur.execute("CREATE TABLE IF NOT EXISTS given_ids (id INT AUTO_INCREMENT PRIMARY KEY, v INT)")
+            cur.execute("DELETE FROM given_ids")
+            cur.execute("INSERT INTO given_ids (id, v) VALUES (1000, 0)")
+            cur.execute("INSERT INTO given_ids (v) VALUES (1)")  # generated: 1001
+            for i in range(80):  # given: LAST_INSERT_ID() stays 1001
+                cur.execute(f"INSERT INTO given_ids (id, v) VALUES ({2000 + i}, {i})")
+            cur.execute("SELECT LAST_INSERT_ID()")
+            assert cur.fetchone() == (1001,)
+        assert status(proxy)["sessions"][0]["backend"] == a
+        endpoint.code = 500
+        wait_for(lambda: status(proxy)["sessions"][0]["backend"] == b, "the session moved", timeout=15, interval=0.1)
+        with conn.cursor() as cur:
+            cur.execute("SELECT LAST_INSERT_ID()")
+            assert cur.fetchone() == (1001,)
+        assert "moved from" in proxy.log_text()
+        assert "cannot be restored" not in proxy.log_text()
+        conn.close()
 
 
 def test_failover_between_two_addresses_under_load(db, tmp_path):
