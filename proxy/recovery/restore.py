@@ -19,6 +19,7 @@ from proxy.protocol.response import Expect
 from proxy.recovery.kills import kill_if_alive
 from proxy.recovery.loss import failure
 from proxy.recovery.proofs import last_insert_id
+from proxy.relay.link import LinkState
 from proxy.session.state import PreparedStatement, SessionState
 from proxy.sessionlog import outcome
 
@@ -132,7 +133,7 @@ async def move(parts: SessionParts, reader: Reader) -> bool:
     try:
         return await _move_from(parts, old)
     finally:
-        if stopped:
+        if stopped and parts.link.state is not LinkState.CLOSED:  # (the session may have ended meanwhile)
             reader.start()  # on the new connection, or the old one if the move failed
 
 

@@ -2,8 +2,9 @@
 plugins look at it, judges it and sends it (``submit``); and the ways the relay answers the
 client itself. The fast lane (``fastlane``) carries the commands that need none of this (a
 COMMIT's commit marker included); the task wakes for the rest, and for everything that waits (a
-split statement, COM_CHANGE_USER, a hand-over, a COMMIT whose marker did not simply succeed). A plain function of the session each: ``Session`` takes
-``send_client`` and the others as its methods.
+split statement, COM_CHANGE_USER, a hand-over, a COMMIT whose marker did not simply succeed). A
+plain function of the session each: ``Session`` takes ``send_client`` and the others as its
+methods.
 """
 
 from __future__ import annotations
