@@ -46,7 +46,7 @@ _PACKAGES = {
     ),  # fmt: skip
     "session": ("completed", "insertid", "intake", "longdata", "prepared", "texts", "tracker", "transaction"),
     "cycle": ("answers", "cycle", "inflight"),
-    "relay": ("fastlane",),  # the fast lane's callbacks
+    "relay": ("fastlane", "heldcommit"),  # the fast lane's callbacks
 }
 COMPILED = tuple(f"proxy.{package}.{module}" for package, modules in _PACKAGES.items() for module in modules)
 MANIFEST = "proxy/.compiled"  # relative to the project (or site-packages)

@@ -9,7 +9,7 @@ parked, the host loop watches its socket (``Channel.watch``). When bytes come:
 - a command the cycle can take as it is (``CommandCycle.fast_command``: one small COM_QUERY or
   COM_STMT_EXECUTE whole in one read, nothing owed, no plugin, the link up) goes to the server
   from the callback, both tasks parked; a COMMIT of writes with commit markers on sends its
-  marker first, and the COMMIT itself once the marker's OK comes (``HeldCommit``);
+  marker first, and the COMMIT itself once the marker's OK comes (``heldcommit``);
 - the server's answer to it is streamed to the client and completed (``CommandCycle.finish``)
   from the callback, unless completing it waits for something;
 - anything else wakes the task that waits (``run_sync_soon``) with the bytes, as if it had
@@ -29,10 +29,10 @@ import trio
 
 from proxy import hostloop
 from proxy.cycle.cycle import CommandCycle, Phase, runs_ddl
-from proxy.cycle.inflight import MARKER_DUE, SEND_FAILED, SENT, Inflight, for_payload
+from proxy.cycle.inflight import MARKER_DUE, SEND_FAILED, SENT, Inflight
 from proxy.netio import RECV_SIZE, Channel, PeerClosed, PeerFinished
 from proxy.protocol.packets import ProtocolError
-from proxy.relay.commands import commit_after_marker
+from proxy.relay.heldcommit import NOTHING, HeldCommit, reraise, send_marker_first
 from proxy.relay.link import LinkState
 from proxy.relay.responses import SERVER_GOING_AWAY, after_feed, complete_after
 from proxy.session.intake import whole_command
@@ -54,21 +54,6 @@ def lane_for(s: Relay) -> FastLane | None:
     if host is None or type(s.client) is not Channel or s.command_hooks or s.result_hooks:
         return None
     return FastLane(s, host)
-
-
-class HeldCommit:
-    """A COMMIT whose commit marker the lane sent: it goes once the marker's OK comes. Whatever
-    else comes meanwhile wakes the client task, which finishes it as the slow lane does
-    (``commands.commit_after_marker``) before anything else."""
-
-    __slots__ = ("commit", "marker", "number", "settled")
-
-    def __init__(self, commit: Inflight, marker: Inflight, number: int) -> None:
-        self.commit = commit
-        self.marker = marker
-        self.number = number
-        self.settled = trio.Event()  # the marker's answer is complete, or recovery answered it
-        marker.waiter = self.settled.set
 
 
 class FastLane:
@@ -166,7 +151,7 @@ class FastLane:
 
     # ------------------------------------------------------------------ waking a task
 
-    def _give_client(self, got: Got) -> None:
+    def give_client(self, got: Got) -> None:
         """Wake the client task with ``got`` (no more callbacks meanwhile)."""
         self.s.client.unwatch()
         self._client_gone(got)
@@ -179,13 +164,13 @@ class FastLane:
         held = self.held
         if held is not None:
             self.held = None
-            got = functools.partial(self._commit_slowly, held, got)
+            got = functools.partial(held.finish_slowly, got)
         self.client_got = got
         waits, self.client_waits = self.client_waits, None
         if waits is not None:
             self.token.run_sync_soon(waits.set)
 
-    def _give_backend(self, got: Got) -> None:
+    def give_backend(self, got: Got) -> None:
         backend = self.backend
         assert backend is not None
         backend.unwatch()
@@ -193,7 +178,7 @@ class FastLane:
 
     def _backend_gone(self, got: Got) -> None:
         if self.held is not None:  # the marker's answer is the backend task's now, the COMMIT the client task's
-            self._give_client(_NOTHING)
+            self.give_client(NOTHING)
         self.backend_got = got
         waits, self.backend_waits = self.backend_waits, None
         if waits is not None:
@@ -209,18 +194,18 @@ class FastLane:
         except BlockingIOError:
             return
         except OSError as exc:
-            self._give_client(PeerClosed(f"client: {exc.strerror or exc}"))
+            self.give_client(PeerClosed(f"client: {exc.strerror or exc}"))
             return
         if not data:
-            self._give_client(PeerFinished("client: connection closed by peer"))
+            self.give_client(PeerFinished("client: connection closed by peer"))
             return
         try:
             if self.backend_waits is not None and self._command(data):
                 return
         except Exception as exc:  # a bug: the task raises it, and the session ends as in the slow lane
-            self._give_client(functools.partial(_reraise, exc))
+            self.give_client(functools.partial(reraise, exc))
             return
-        self._give_client(data)
+        self.give_client(data)
 
     def _command(self, data: bytes) -> bool:
         """Send the client's command from here, if the cycle can take it as it is. False:
@@ -248,13 +233,13 @@ class FastLane:
             if channel.data_pending():
                 return False  # the server spoke meanwhile: the slow lane lets the backend task read it first
         if inflight.marker == MARKER_DUE:
-            self._marker_first(inflight, channel)
+            send_marker_first(self, inflight, channel)
             return True
         cycle.take(inflight)
-        self._send(inflight, channel, None)
+        self.send(inflight, channel, None)
         return True
 
-    def _send(self, inflight: Inflight, channel: Channel, then: HeldCommit | None) -> None:
+    def send(self, inflight: Inflight, channel: Channel, then: HeldCommit | None) -> None:
         """Send the command in flight from here. The send is whole or failed before the
         callback returns, so nobody sees it under way (``BackendLink.sending``) unless the
         socket took part of it: then the client task sends the rest. ``then``: the COMMIT
@@ -267,12 +252,12 @@ class FastLane:
         except OSError as exc:
             inflight.state = SEND_FAILED  # the backend task recovers: told now, not at the socket's next report
             self.held = then
-            self._give_backend(PeerClosed(f"{channel.name}: {exc.strerror or exc}"))
+            self.give_backend(PeerClosed(f"{channel.name}: {exc.strerror or exc}"))
             return
         if sent < len(frames):
             self.cycle.sending(inflight)
             self.link.sending()
-            self._give_client(functools.partial(self._send_rest, inflight, channel, memoryview(frames)[sent:], then))
+            self.give_client(functools.partial(self._send_rest, inflight, channel, memoryview(frames)[sent:], then))
             return
         self.cycle.sent(inflight)
         self.held = then
@@ -288,65 +273,7 @@ class FastLane:
         finally:
             self.link.sent()
         if then is not None:
-            await self._commit_slowly(then, _NOTHING)
-
-    def _marker_first(self, commit: Inflight, channel: Channel) -> None:
-        """A COMMIT of writes with commit markers on: the marker goes now (the slow lane's
-        ``commands._write_commit_marker``, without waiting), the COMMIT with its OK
-        (``_marker_answer``)."""
-        s = self.s
-        markers = s.parts.markers
-        assert markers is not None
-        number, payload = markers.upsert_sql()
-        s.record.marker(number)
-        marker = for_payload(payload, self.tracking, self.deprecate_eof, commit.arrived, commit.command.seq_end, internal=True)
-        self.cycle.arrived()  # the COMMIT counts from now, as in the slow lane; the marker does not
-        self.cycle.dispatch(marker)
-        self._send(marker, channel, HeldCommit(commit, marker, number))
-
-    def _marker_answer(self, held: HeldCommit, data: bytes) -> None:
-        """The server's bytes while a COMMIT waits for its marker: a whole OK, and the COMMIT
-        goes; anything else is the tasks' (the backend task the answer, the client task the
-        COMMIT)."""
-        cycle, marker = self.cycle, held.marker
-        try:
-            end = marker.tracker.feed(data)
-        except ProtocolError as exc:
-            failed = self.s.parts.recovery.connection_error(self.s, f"protocol error in backend response: {exc}")
-            self._give_backend(functools.partial(_reraise, failed))
-            return
-        if end != len(data) or marker.tracker.error is not None:
-            self._give_backend(functools.partial(after_feed, self.s, marker, data, end))  # an error, or more to come
-            return
-        captures = cycle.finish(marker)
-        if captures:
-            self._give_backend(functools.partial(complete_after, self.s, marker, data, captures))
-            return
-        cycle.done(marker)
-        self.held = None
-        channel: Channel = self.link.backend.channel
-        commit = held.commit
-        if channel.data_pending():  # the server spoke again: the client task sends the COMMIT when it is heard
-            held.settled.set()
-            self._give_client(functools.partial(self._commit_slowly, held, _NOTHING))
-            return
-        markers = self.s.parts.markers
-        assert markers is not None
-        markers.written = commit.marker = held.number
-        cycle.dispatch(commit)
-        self._send(commit, channel, None)
-
-    async def _commit_slowly(self, held: HeldCommit, then: Got) -> None:
-        """The client task finishes the COMMIT of ``held`` once its marker is settled, then
-        takes what woke it."""
-        await held.settled.wait()
-        await commit_after_marker(self.s, held.commit, held.marker, held.number)
-        if isinstance(then, bytes):
-            self.s.client.decoder.feed(then)
-        elif isinstance(then, BaseException):
-            raise then
-        else:
-            await then()
+            await then.finish_slowly(NOTHING)
 
     def _backend_readable(self) -> None:
         channel = self.backend
@@ -356,18 +283,18 @@ class FastLane:
         except BlockingIOError:
             return
         except OSError as exc:
-            self._give_backend(PeerClosed(f"{channel.name}: {exc.strerror or exc}"))
+            self.give_backend(PeerClosed(f"{channel.name}: {exc.strerror or exc}"))
             return
         if not data:
-            self._give_backend(PeerFinished(f"{channel.name}: connection closed by peer"))
+            self.give_backend(PeerFinished(f"{channel.name}: connection closed by peer"))
             return
         try:
             if self.client_waits is not None and self._response(data):
                 return
         except Exception as exc:  # a bug: as in _client_readable
-            self._give_backend(functools.partial(_reraise, exc))
+            self.give_backend(functools.partial(reraise, exc))
             return
-        self._give_backend(data)
+        self.give_backend(data)
 
     def _response(self, data: bytes) -> bool:
         """Stream the server's bytes to the client, and complete the answer, from here when
@@ -376,7 +303,7 @@ class FastLane:
         inflight = cycle.inflight
         held = self.held
         if held is not None and inflight is held.marker:
-            self._marker_answer(held, data)
+            held.answer(data)
             return True
         if (
             inflight is None
@@ -392,7 +319,7 @@ class FastLane:
             end = tracker.feed(data)
         except ProtocolError as exc:
             failed = self.s.parts.recovery.connection_error(self.s, f"protocol error in backend response: {exc}")
-            self._give_backend(functools.partial(_reraise, failed))
+            self.give_backend(functools.partial(reraise, failed))
             return True
         if end < 0:
             cycle.forward(inflight)
@@ -400,13 +327,13 @@ class FastLane:
             return True
         error = tracker.error
         if end < len(data) or tracker.local_infile or (error is not None and error.code in SERVER_GOING_AWAY and not inflight.forwarded):
-            self._give_backend(functools.partial(after_feed, self.s, inflight, data, end))
+            self.give_backend(functools.partial(after_feed, self.s, inflight, data, end))
             return True
         captures = cycle.finish(inflight)
         if inflight.analysis is not None and runs_ddl(inflight.analysis):
             self.keys.clear()  # safe mode reads table keys again
         if captures or self.link.move_requested:
-            self._give_backend(functools.partial(complete_after, self.s, inflight, data, captures))
+            self.give_backend(functools.partial(complete_after, self.s, inflight, data, captures))
             return True
         cycle.done(inflight)
         self._to_client(data)
@@ -422,24 +349,13 @@ class FastLane:
         except BlockingIOError:
             sent = 0
         except OSError as exc:
-            self._give_backend(functools.partial(_reraise, PeerClosed(f"client: {exc.strerror or exc}")))
+            self.give_backend(functools.partial(reraise, PeerClosed(f"client: {exc.strerror or exc}")))
             return
         if sent < len(data):
-            self._give_backend(functools.partial(self.s.client.send, memoryview(data)[sent:]))
+            self.give_backend(functools.partial(self.s.client.send, memoryview(data)[sent:]))
 
 
 def _kind(got: Got | None) -> str | None:
     if got is None:
         return None
     return f"{len(got)} bytes" if isinstance(got, bytes) else type(got).__name__
-
-
-async def _reraise(exc: BaseException) -> None:
-    raise exc
-
-
-async def _nothing() -> None:
-    pass
-
-
-_NOTHING: Job = _nothing
