@@ -113,6 +113,9 @@ async def send_long_data(tracking: SessionTracker, backend: Backend, piece, stmt
         await backend.channel.send(chunk)
 
 
+_ASK_OLD_TIMEOUT = 2.0  # seconds: an idle server answers at once, and the move waits meanwhile
+
+
 class Reader(Protocol):
     """The session's backend task (``proxy.relay.backendtask.BackendTask``), which reads its
     backend connection: stopped where it waits between answers, and started again."""
@@ -144,10 +147,13 @@ async def _insert_id_from(parts: SessionParts, old: Backend | None, reader: Read
     state = parts.tracking.state
     if old is None or state is None or not (state.insert_ids or state.insert_id_unknown):
         return False
+    health = parts.target.health_of(old.address)
+    if health.state == "down" or health.silent_since is not None:
+        return False  # it answers no health check (a partition): the move must not wait on it
     if not await reader.stop():
         return False  # busy (the old connection's last words, a loss): the record's own reading
     try:
-        with trio.fail_after(parts.config.backend.io_timeout):
+        with trio.fail_after(min(parts.config.backend.io_timeout, _ASK_OLD_TIMEOUT)):
             rows = await old.query("SELECT LAST_INSERT_ID()")
         parts.tracking.insert_id_read(int(rows[0][0] or b"0"))
     except (BackendError, PeerClosed, ProtocolError, OSError, trio.TooSlowError, ValueError, IndexError) as exc:

@@ -27,6 +27,7 @@ import enum
 import trio
 
 from proxy.backend import Backend, Login
+from proxy.config import Address
 from proxy.protocol.framing import encode_packet
 
 __all__ = ["BackendLink", "LinkState", "LinkStateError", "TRANSITIONS", "effective_limit"]
@@ -92,6 +93,7 @@ class BackendLink:
         self.lost_at = 0.0  # when the connection was last lost
         self.recoveries = 0  # count_recovery
         self.move_requested = False  # its address is draining: move between transactions (want_move)
+        self.move_from: Address | None = None  # the address it was asked to move off
         # (connection id, when): another session's KILL of this connection went through the
         # proxy; a server that counts no KILLs (TiDB) closes it without a word (kill_relayed_now).
         self.kill_relayed: tuple[int, float] | None = None
@@ -143,8 +145,11 @@ class BackendLink:
         self.largest = self.limit if self.tracking.dialect.flavor == "tidb" else self.limit - 1
 
     def ready(self) -> None:
-        """The connection serves the session's commands."""
+        """The connection serves the session's commands. One that recovery opened elsewhere
+        than the address the session was asked to move off is the move done."""
         self._go("ready")
+        if self.move_requested and self.backend is not None and self.backend.address != self.move_from:
+            self.move_requested = False
         self.replaced.set()
 
     def lost(self) -> Backend | None:
@@ -247,6 +252,7 @@ class BackendLink:
     def want_move(self) -> None:
         """Its address is draining: move off it as soon as the session is idle."""
         self.move_requested = True
+        self.move_from = self.backend.address if self.backend is not None else None
 
     def drop_move(self) -> None:
         """The session cannot be moved (its state cannot be restored): it stays where it is."""

@@ -7,6 +7,8 @@ long statement is never taken for a dead server. Memory streams, autojump clock.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import trio
 
@@ -186,3 +188,31 @@ async def test_a_login_that_succeeds_ends_the_silence_its_checks_saw(nursery, pa
     partitioned.cut_off.discard(a)
     assert (await c.must("SELECT @@sql_mode")).rows == ["ANSI"]
     assert session.link.connection_id != first, "the connection to the silent address was never cut"
+
+
+async def test_a_session_recovered_elsewhere_does_not_move_again(nursery, partitioned, autojump, caplog):
+    """In a transaction on A when A goes silent: asked to move off A (after its COMMIT), then
+    cut and recovered on another server. That recovery is the move: after the COMMIT the
+    session stays where recovery put it (a move then went on to a third server, and the
+    next partition found none of the sessions it should have cut)."""
+    caplog.set_level(logging.INFO)
+    C = "10.0.0.3:4000"
+    rig = await checked_rig(nursery, config([A, B, C]), partitioned)
+    c = await rig.client()
+    await c.must("BEGIN")
+    await c.must("INSERT INTO t VALUES (3, 'three')")
+    [session] = rig.proxy.target.sessions
+    assert str(session.link.backend.address) == A
+    await trio.sleep(2 * INTERVAL)
+    partitioned.cut_off.add(Address.parse(A))
+    await trio.sleep(NOTICE)
+    assert session.link.move_requested or session.link.up  # asked while in the transaction
+    with trio.fail_after(NEVER):
+        await c.must("INSERT INTO t VALUES (4, 'four')")
+        await c.must("COMMIT")
+    recovered_on = str(session.link.backend.address)
+    assert recovered_on != A and session.recoveries == 1
+    await trio.sleep(3 * INTERVAL)
+    assert str(session.link.backend.address) == recovered_on and not session.link.move_requested
+    assert "moved from" not in caplog.text
+    assert partitioned.db.rows == {3: "three", 4: "four"}
