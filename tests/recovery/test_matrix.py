@@ -794,6 +794,21 @@ inflight(
     driver="connector",
 )
 
+# The commit marker's own upsert lost (the fast lane sends it from the callback that read the
+# COMMIT): the COMMIT waits for the marker's OK, so it never reached the server and nothing
+# committed. The transaction is replayed on a new connection, marked again and committed once.
+MARKER_UPSERT = "INSERT INTO replay_proxy.commit_markers"
+
+
+def marker_lost(pattern: str, script: list, commit: int, done: dict, **kw: Any) -> None:
+    for kind in (DROP, CLOSE):
+        seen = [*oks(commit), OK(), *oks(len(script) - commit - 2), ONE]
+        add(pattern, "commit_marker", script, fault(kind, commit, match=MARKER_UPSERT), [T], [Alt(seen, done)], sent_max={"COMMIT": 1}, **kw)
+
+
+marker_lost("tx-insert-marker-lost", ["BEGIN", "INSERT INTO t VALUES (1, 'a')", "INSERT INTO t VALUES (2, 'b')", "COMMIT", "SELECT 1"], 3,
+            {QT: [(1, "a"), (2, "b")]})  # fmt: skip
+
 # =============================================================================================
 # 2. Connection lost inside a transaction before COMMIT: replayed transparently
 
@@ -1686,6 +1701,9 @@ inflight(
     idem=False,
     flavors=TIDB,
 )
+# ... and its marker's upsert lost: replayed in optimistic mode (the session's), marked, committed once.
+marker_lost("tidb-optimistic-tx-marker-lost", [OPTIMISTIC, "BEGIN", "INSERT INTO t VALUES (1, 'a')", "COMMIT", "SELECT 1"], 3,
+            {QT: [(1, "a")]}, flavors=TIDB)  # fmt: skip
 # Optimistic mode checks keys at COMMIT: 1062 there, the transaction is over; then the connection
 # is lost before the next one (DM sleeps between retries) or inside it.
 DUP = [
