@@ -94,14 +94,8 @@ class FastLane:
             finally:
                 self.client_waits = None
                 channel.unwatch()
-        return self._take_client()
-
-    def _take_client(self) -> bytes | Job:
         got, self.client_got = self.client_got, None
-        if isinstance(got, BaseException):
-            raise got
-        assert got is not None
-        return got
+        return _taken(got)
 
     async def backend_data(self) -> bytes | Job:
         """Park the backend task likewise, on the current backend connection."""
@@ -118,14 +112,8 @@ class FastLane:
             finally:
                 self.backend_waits = None
                 channel.unwatch()
-        return self._take_backend()
-
-    def _take_backend(self) -> bytes | Job:
         got, self.backend_got = self.backend_got, None
-        if isinstance(got, BaseException):
-            raise got
-        assert got is not None
-        return got
+        return _taken(got)
 
     def pending(self) -> bool:
         """Something came for the client task that it has not taken yet."""
@@ -314,29 +302,42 @@ class FastLane:
             or inflight.waiter is not None
         ):
             return False
-        tracker = inflight.tracker
-        try:
-            end = tracker.feed(data)
-        except ProtocolError as exc:
-            failed = self.s.parts.recovery.connection_error(self.s, f"protocol error in backend response: {exc}")
-            self.give_backend(functools.partial(reraise, failed))
+        end = self.fed(inflight, data)
+        if end is None:
             return True
         if end < 0:
             cycle.forward(inflight)
             self._to_client(data)
             return True
+        tracker = inflight.tracker
         error = tracker.error
         if end < len(data) or tracker.local_infile or (error is not None and error.code in SERVER_GOING_AWAY and not inflight.forwarded):
             self.give_backend(functools.partial(after_feed, self.s, inflight, data, end))
             return True
-        captures = cycle.finish(inflight)
         if inflight.analysis is not None and runs_ddl(inflight.analysis):
             self.keys.clear()  # safe mode reads table keys again
+        if self.completed(inflight, data):
+            self._to_client(data)
+        return True
+
+    def fed(self, inflight: Inflight, data: bytes) -> int | None:
+        """The server's bytes fed to ``inflight``'s answer: where it ended in them (-1: more to
+        come). None: they broke the protocol (the backend task raises it)."""
+        try:
+            return inflight.tracker.feed(data)
+        except ProtocolError as exc:
+            failed = self.s.parts.recovery.connection_error(self.s, f"protocol error in backend response: {exc}")
+            self.give_backend(functools.partial(reraise, failed))
+            return None
+
+    def completed(self, inflight: Inflight, data: bytes) -> bool:
+        """``inflight``'s answer, whole with ``data``, recorded and done. False: completing it
+        waits (variables to read back, a move asked): the backend task's."""
+        captures = self.cycle.finish(inflight)
         if captures or self.link.move_requested:
             self.give_backend(functools.partial(complete_after, self.s, inflight, data, captures))
-            return True
-        cycle.done(inflight)
-        self._to_client(data)
+            return False
+        self.cycle.done(inflight)
         return True
 
     def _to_client(self, data: bytes) -> None:
@@ -353,6 +354,14 @@ class FastLane:
             return
         if sent < len(data):
             self.give_backend(functools.partial(self.s.client.send, memoryview(data)[sent:]))
+
+
+def _taken(got: Got | None) -> bytes | Job:
+    """What wakes a task, for it to take (an exception: raised)."""
+    if isinstance(got, BaseException):
+        raise got
+    assert got is not None
+    return got
 
 
 def _kind(got: Got | None) -> str | None:

@@ -15,9 +15,8 @@ import trio
 
 from proxy.cycle.inflight import Inflight, for_payload
 from proxy.netio import Channel
-from proxy.protocol.packets import ProtocolError
 from proxy.relay.commands import commit_after_marker
-from proxy.relay.responses import after_feed, complete_after
+from proxy.relay.responses import after_feed
 
 if TYPE_CHECKING:
     from proxy.relay.fastlane import FastLane, Got, Job
@@ -57,31 +56,24 @@ class HeldCommit:
         goes; anything else is the tasks' (the backend task the answer, the client task the
         COMMIT: ``FastLane.give_backend`` hands it over)."""
         lane, marker = self.lane, self.marker
-        cycle, s = lane.cycle, lane.s
-        try:
-            end = marker.tracker.feed(data)
-        except ProtocolError as exc:
-            failed = s.parts.recovery.connection_error(s, f"protocol error in backend response: {exc}")
-            lane.give_backend(functools.partial(reraise, failed))
+        end = lane.fed(marker, data)
+        if end is None:
             return
         if end != len(data) or marker.tracker.error is not None:
-            lane.give_backend(functools.partial(after_feed, s, marker, data, end))  # an error, or more to come
+            lane.give_backend(functools.partial(after_feed, lane.s, marker, data, end))  # an error, or more to come
             return
-        captures = cycle.finish(marker)
-        if captures:
-            lane.give_backend(functools.partial(complete_after, s, marker, data, captures))
+        if not lane.completed(marker, data):
             return
-        cycle.done(marker)
         lane.held = None
         channel: Channel = lane.link.backend.channel
         if channel.data_pending():  # the server spoke again: the client task sends the COMMIT when it is heard
             self.settled.set()
             lane.give_client(functools.partial(self.finish_slowly, NOTHING))
             return
-        markers = s.parts.markers
+        markers = lane.s.parts.markers
         assert markers is not None
         markers.written = self.commit.marker = self.number
-        cycle.dispatch(self.commit)
+        lane.cycle.dispatch(self.commit)
         lane.send(self.commit, channel, None)
 
     async def finish_slowly(self, then: Got) -> None:
