@@ -5,6 +5,7 @@
     python -m bench.dm_e2e --cluster [--servers 3] [--faults rolling|kill|moving] [--graceful-wait 3]
                            [--targets haproxy,tiproxy,proxy] [--restarts N] [--interval 8] [--discovery dns|pd]
     python -m bench.dm_e2e --cluster --no-faults [--backlog 60]      # DM's replication rate per middle
+    python -m bench.dm_e2e --no-faults --pin-tidb 0 [--backlog 90]   # the same, tidb-server on its own CPU
     python -m bench.dm_e2e --chaos proxy-upgrade|proxy-restart [--chaos-interval 8] [--faults rolling]
     python -m bench.dm_e2e --soak 1800 [--interval 8] [--seed 7]      # every fault, in random order
     python -m bench.dm_e2e --dm-bin v8.5.5=DIR --dm-bin fix=DIR [--safe-mode off,on]
@@ -49,7 +50,10 @@ A load writes upstream (bench/dm_load.py) from the moment the task starts. The f
   statements applied per second: written upstream before the heartbeat DM has applied, read
   downstream every second); the full load's rate is the downstream row count over time during
   the Load unit (rows/s). Run it with a --duration long enough for the drain (the load stops
-  at --duration; the final catch-up then ends the drain).
+  at --duration; the final catch-up then ends the drain). ``--pin-tidb CPUS`` (one server):
+  tidb-server on those CPUs, every other process on the rest, as in a deployment, where the
+  sidecar shares DM's pod and TiDB has its own nodes; without it, whatever the middle spends
+  is CPU the saturated tidb-server does not get.
 
 The proxy's own faults (``--chaos``, target ``proxy`` only; TiDB is not restarted unless
 ``--faults`` says so, then both run at once): every ``--chaos-interval`` seconds start to start,
@@ -184,6 +188,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--graceful-wait", type=int, default=3,
                    help="--cluster: every tidb-server's graceful-wait-before-shutdown, seconds (default 3; e.g. 0, 3, 15)")  # fmt: skip
     p.add_argument("--backlog", type=float, default=60, help="--no-faults: seconds DM's task stays paused once in sync (default 60)")
+    p.add_argument("--pin-tidb", metavar="CPUS",
+                   help="--no-faults, one server: tidb-server on these CPUs (e.g. 0), everything else (DM, the middle, "
+                        "MariaDB, the load, the bench) on the others, as deployed: the sidecar shares DM's pod, not "
+                        "TiDB's node (default: every process on every CPU)")  # fmt: skip
     p.add_argument("--targets", help=f"some of {','.join(MIDDLES)} (default direct,proxy; --cluster: haproxy,tiproxy,proxy); "
                    "LABEL:target runs that target with the --dm-bin build LABEL only, a plain one with every build")  # fmt: skip
     p.add_argument("--dm-bin", action="append", default=[], metavar="[LABEL=]DIR",
@@ -221,6 +229,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.chaos == "worker-kill" and args.proxy_workers < 2:
         p.error("--chaos worker-kill kills one worker while the others serve: --proxy-workers 2 or more")
     args.graceful_waits = [int(x) for x in args.graceful_waits.split(",")]
+    if args.pin_tidb is not None:
+        if args.cluster or args.faults != "none":
+            p.error("--pin-tidb: with --no-faults on one tidb-server (a restarted server would not be pinned again)")
+        try:
+            args.tidb_cpus = {int(c) for c in args.pin_tidb.split(",")}
+        except ValueError:
+            p.error(f"--pin-tidb {args.pin_tidb!r}: CPU numbers, comma-separated")
+        if not args.tidb_cpus < _os.sched_getaffinity(0):
+            p.error(f"--pin-tidb {args.pin_tidb}: leaves no CPU of {sorted(_os.sched_getaffinity(0))} for the rest, or names one not there")
     default_targets = "proxy" if args.chaos else "haproxy,tiproxy,proxy" if args.cluster else "direct,proxy"
     args.targets = [t.strip() for t in (args.targets or default_targets).split(",") if t.strip()]
     unknown = [t for t in args.targets if middle_of(t) not in MIDDLES]
@@ -677,6 +694,13 @@ from:
     return path
 
 
+def pin_threads(pid: int | None, cpus: set[int]) -> None:
+    """Every thread of ``pid`` on ``cpus`` (the threads it starts later inherit it)."""
+    assert pid is not None, "tidb-server is not running"
+    for task in _os.listdir(f"/proc/{pid}/task"):
+        _os.sched_setaffinity(int(task), cpus)
+
+
 def run_target(spec: dm_builds.RunSpec, args: argparse.Namespace, workdir: Path, log) -> dict[str, Any]:
     """One run: ``spec``'s DM build writing through its middle (``spec.target``), in a fresh lab."""
     target = spec.target
@@ -707,6 +731,9 @@ def run_target(spec: dm_builds.RunSpec, args: argparse.Namespace, workdir: Path,
         else:
             tidb = TiDB(workdir / "tidb", graceful_wait=args.graceful_waits[0], general_log=args.general_log)
             tidb.start()
+            if args.pin_tidb is not None:
+                pin_threads(tidb.pid, args.tidb_cpus)
+                log(f"  tidb-server on CPU {args.pin_tidb}, everything else on CPU {','.join(map(str, sorted(_os.sched_getaffinity(0))))}")
             tidb.create_user(DM_USER, DM_PASSWORD)
             servers = [tidb]
             event = single_server_event(tidb, args.graceful_waits)
@@ -1510,6 +1537,8 @@ def unavailable(args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sigterm_as_interrupt()
+    if args.pin_tidb is not None:  # every process started from here on inherits the rest
+        _os.sched_setaffinity(0, _os.sched_getaffinity(0) - args.tidb_cpus)
     for reason in unavailable(args):
         print(f"bench.dm_e2e: {reason}", file=sys.stderr)
     if unavailable(args):
