@@ -803,7 +803,8 @@ MARKER_UPSERT = "INSERT INTO replay_proxy.commit_markers"
 def marker_lost(pattern: str, script: list, commit: int, done: dict, **kw: Any) -> None:
     for kind in (DROP, CLOSE):
         seen = [*oks(commit), OK(), *oks(len(script) - commit - 2), ONE]
-        add(pattern, "commit_marker", script, fault(kind, commit, match=MARKER_UPSERT), [T], [Alt(seen, done)], sent_max={"COMMIT": 1}, **kw)
+        lost = fault(kind, commit, match=MARKER_UPSERT)
+        add(pattern, "commit_marker", script, lost, [T], [Alt(seen, done)], sent_max={"COMMIT": 1}, **kw)
 
 
 marker_lost("tx-insert-marker-lost", ["BEGIN", "INSERT INTO t VALUES (1, 'a')", "INSERT INTO t VALUES (2, 'b')", "COMMIT", "SELECT 1"], 3,
