@@ -27,7 +27,7 @@ from typing import Final, Protocol
 from proxy.cycle import inflight as _inflight
 from proxy.cycle.answers import FirstAnswer, Reply
 from proxy.cycle.inflight import SENDING, SENT, Inflight
-from proxy.protocol.constants import Commands
+from proxy.protocol.constants import Commands as C
 from proxy.session.intake import Command
 from proxy.session.state import PreparedStatement
 from proxy.session.tracker import SessionTracker
@@ -48,11 +48,11 @@ __all__ = [
     "JUDGE_ASIDE",
 ]
 
-C = Commands
 # Texts at least this long are judged in a thread (about 0.5 s per MB of Python).
-JUDGE_ASIDE = 256 * 1024
-_ASKS_MAX_PACKET = re.compile(rb"\s*SELECT\s+@@(?:session\.)?max_allowed_packet\s*;?\s*$", re.I)
-WRITE_VERBS = frozenset({b"INSERT", b"REPLACE", b"UPDATE", b"DELETE"})  # of the fast path (sqltext.triage)
+JUDGE_ASIDE: Final = 256 * 1024
+_ASKS_MAX_PACKET: Final = re.compile(rb"\s*SELECT\s+@@(?:session\.)?max_allowed_packet\s*;?\s*$", re.I)
+WRITE_VERBS: Final = frozenset({b"INSERT", b"REPLACE", b"UPDATE", b"DELETE"})  # of the fast path (sqltext.triage)
+_perf_counter: Final = time.perf_counter
 
 
 class Phase:
@@ -73,7 +73,7 @@ P = Phase
 # phase -> {event -> next phase}, by phase; anything else is a bug of the caller's, refused
 # before any field changes.
 # fmt: off
-TRANSITIONS: tuple[dict[str, int], ...] = (
+TRANSITIONS: Final[tuple[dict[str, int], ...]] = (
     # IDLE (complete: a command with no answer completes as it goes)
     {"send": P.SENT, "park": P.PARKED, "lose": P.RECOVERING, "hand_over": P.HANDING_OVER, "close": P.CLOSED, "complete": P.IDLE},
     # SENT
@@ -124,7 +124,7 @@ class CommandCycle:
         # which is that clock without a call of Python's per read (read twice per statement).
         self.now = now
         self.clock_offset = clock_offset
-        self.phase: int = P.IDLE  # written by _go only
+        self.phase: int = Phase.IDLE  # written by _go only
         self.inflight: Inflight | None = None  # the command sent (or waiting to be) whose response is not complete
         self.first_answer: FirstAnswer | None = None  # what the next command gets before anything else
         self.commands = 0
@@ -136,7 +136,7 @@ class CommandCycle:
     def time(self) -> float:
         """The run's clock now."""
         offset = self.clock_offset
-        return time.perf_counter() + offset if offset is not None else self.now()
+        return _perf_counter() + offset if offset is not None else self.now()
 
     def count_loss(self) -> int:
         """Recovery judged a loss: the losses since a command last completed, this one included."""
@@ -147,7 +147,7 @@ class CommandCycle:
         allowed = TRANSITIONS[self.phase]
         new = allowed.get(event)
         if new is None:
-            raise CycleError(f"command cycle: {event} is not allowed while {P.NAMES[self.phase]} (allowed: {', '.join(allowed)})")
+            raise CycleError(f"command cycle: {event} is not allowed while {Phase.NAMES[self.phase]} (allowed: {', '.join(allowed)})")
         self.phase = new
         return new
 
@@ -257,7 +257,7 @@ class CommandCycle:
     def forward(self, inflight: Inflight) -> None:
         """Part of the answer goes to the client (from here a loss cannot be hidden)."""
         inflight.forwarded = True
-        if self.phase != P.STREAMING:
+        if self.phase != Phase.STREAMING:
             self._go("forward")
 
     def finish(self, inflight: Inflight) -> list[str]:
@@ -298,7 +298,7 @@ class CommandCycle:
 
     def resume(self) -> None:
         """Recovery is over: what waits goes out (``dispatch``'s ``send``), or nothing is in flight."""
-        if self.phase == P.RECOVERING:
+        if self.phase == Phase.RECOVERING:
             if self.inflight is not None and self.inflight.state is not _inflight.NOT_SENT:
                 self._go("send")
             else:
@@ -308,7 +308,7 @@ class CommandCycle:
 
     def resend(self, inflight: Inflight) -> None:
         """A command that waited goes out now (after recovery or a move)."""
-        if self.phase != P.SENT and self.phase != P.STREAMING:
+        if self.phase != Phase.SENT and self.phase != Phase.STREAMING:
             self._go("send")
 
     def hand_over(self) -> None:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
-from proxy.protocol.constants import Commands
+from proxy.protocol.constants import Commands as C
 from proxy.protocol.framing import encode_packet
 from proxy.protocol.response import ResponseTracker, expect_for
+from proxy.session.completed import Completed
 from proxy.session.intake import Command
 from proxy.session.longdata import Piece
 from proxy.session.state import PreparedStatement
@@ -30,9 +31,8 @@ __all__ = [
     "STATEMENT_COMMANDS", "MARKER_DUE", "start", "for_payload",
 ]  # fmt: skip
 
-C = Commands
 # Commands that name a prepared statement by its id (the client's, mapped to the backend's).
-STATEMENT_COMMANDS = frozenset({C.COM_STMT_EXECUTE, C.COM_STMT_SEND_LONG_DATA, C.COM_STMT_CLOSE, C.COM_STMT_RESET, C.COM_STMT_FETCH})
+STATEMENT_COMMANDS: Final = frozenset({C.COM_STMT_EXECUTE, C.COM_STMT_SEND_LONG_DATA, C.COM_STMT_CLOSE, C.COM_STMT_RESET, C.COM_STMT_FETCH})
 
 
 class SendState(enum.Enum):
@@ -44,27 +44,25 @@ class SendState(enum.Enum):
     SEND_FAILED = "send failed"  # the connection broke on the way: the backend task recovers
 
 
-NOT_SENT, SENDING, SENT, SEND_FAILED = SendState.NOT_SENT, SendState.SENDING, SendState.SENT, SendState.SEND_FAILED
-MARKER_DUE = -1  # a COMMIT's ``marker`` until its commit marker is written (the fast lane writes it first)
+NOT_SENT: Final = SendState.NOT_SENT
+SENDING: Final = SendState.SENDING
+SENT: Final = SendState.SENT
+SEND_FAILED: Final = SendState.SEND_FAILED
+MARKER_DUE: Final = -1  # a COMMIT's ``marker`` until its commit marker is written (the fast lane writes it first)
 _PLAIN_READING = ServerReading()  # (commands built by hand in tests; the relay's always say how the server reads them)
 
 
-class Inflight:
+class Inflight(Completed):
     """A plain slotted class: one is made per statement."""
 
-    __slots__ = ("command", "tracker", "statement", "arrived", "verb", "analysis", "reading", "state", "forwarded", "prepare_ok",
-                 "captured", "refuse_infile", "marker", "look_first", "piece", "internal", "answered", "waiter", "facts")  # fmt: skip
+    __slots__ = ("arrived", "state", "forwarded", "prepare_ok", "captured", "refuse_infile", "marker", "look_first", "piece", "internal",
+                 "answered", "waiter", "facts")  # fmt: skip
 
     def __init__(self, command: Command, tracker: ResponseTracker, statement: PreparedStatement | None, arrived: float,
                  verb: bytes | None = None, analysis: Analysis | None = None, reading: ServerReading = _PLAIN_READING,
                  state: SendState = NOT_SENT, internal: bool = False) -> None:  # fmt: skip
-        self.command = command
-        self.tracker = tracker
-        self.statement = statement
+        super().__init__(command, tracker, statement, verb, analysis, reading)
         self.arrived = arrived
-        self.verb = verb  # COM_QUERY on the fast path: its verb (sqltext.triage)
-        self.analysis = analysis  # COM_QUERY off the fast path: the text judged
-        self.reading = reading  # how the server reads text as it is sent
         self.state = state
         self.forwarded = False  # part of the response already reached the client
         self.prepare_ok: bytearray | None = None  # a PREPARE's response, held whole: its statement id is rewritten

@@ -7,7 +7,7 @@ truncation instead of returning short data.
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 import attrs
 from mysql_mimic.types import uint_len
@@ -42,10 +42,10 @@ __all__ = [
     "parse_prepare_ok",
 ]
 
-OK_HEADER = 0x00
-EOF_HEADER = 0xFE
-ERR_HEADER = 0xFF
-LOCAL_INFILE_HEADER = 0xFB
+OK_HEADER: Final = 0x00
+EOF_HEADER: Final = 0xFE
+ERR_HEADER: Final = 0xFF
+LOCAL_INFILE_HEADER: Final = 0xFB
 AUTH_MORE_DATA = 0x01
 AUTH_SWITCH = 0xFE
 
@@ -160,11 +160,11 @@ class ErrPacket:
         return f"ERROR {self.code} ({self.sqlstate}): {self.message}"
 
 
-_PROTOCOL_41 = int(Capabilities.CLIENT_PROTOCOL_41)
-_OK_SHORT = struct.Struct("<xBBHH")  # header, one-byte affected rows and insert id, status, warnings
-_new_ok = tuple.__new__
-_TRANSACTIONS = int(Capabilities.CLIENT_TRANSACTIONS)
-_SESSION_TRACK = int(Capabilities.CLIENT_SESSION_TRACK)
+_PROTOCOL_41: Final = int(Capabilities.CLIENT_PROTOCOL_41)
+_OK_SHORT: Final = struct.Struct("<xBBHH")  # header, one-byte affected rows and insert id, status, warnings
+_new_ok: Final = tuple.__new__
+_TRANSACTIONS: Final = int(Capabilities.CLIENT_TRANSACTIONS)
+_SESSION_TRACK: Final = int(Capabilities.CLIENT_SESSION_TRACK)
 
 
 def parse_ok(payload: bytes, capabilities: int = _PROTOCOL_41, at: int = 0) -> OkPacket:

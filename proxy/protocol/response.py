@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 import struct
 import zlib
+from typing import Final
 
 from proxy.protocol.constants import MAX_FRAME, Commands, ServerStatus
 from proxy.protocol.packets import (
@@ -66,15 +67,27 @@ def expect_for(command: int) -> Expect:
 
 
 # Tracker states (plain ints: this runs once per packet).
-_FIRST, _COLDEFS, _COLDEFS_EOF, _ROWS, _P_PARAMS, _P_PARAMS_EOF, _P_COLS, _P_COLS_EOF, _SINGLE, _DONE = range(10)
+_FIRST: Final = 0
+_COLDEFS: Final = 1
+_COLDEFS_EOF: Final = 2
+_ROWS: Final = 3
+_P_PARAMS: Final = 4
+_P_PARAMS_EOF: Final = 5
+_P_COLS: Final = 6
+_P_COLS_EOF: Final = 7
+_SINGLE: Final = 8
+_DONE: Final = 9
 # Modes within a frame.
-_HEADER, _SKIP, _PEEK, _COLLECT = range(4)
+_HEADER: Final = 0
+_SKIP: Final = 1
+_PEEK: Final = 2
+_COLLECT: Final = 3
 
 # Plain ints: IntFlag arithmetic is a Python-level call, and this runs per response.
-_MORE = int(ServerStatus.SERVER_MORE_RESULTS_EXISTS)
-_CURSOR = int(ServerStatus.SERVER_STATUS_CURSOR_EXISTS)
-_SUMMARY = struct.Struct("<4Q")
-_CONTROL_MAX = 1 << 20  # OK/ERR/EOF/column-count packets are small; bigger means a confused stream
+_MORE: Final = int(ServerStatus.SERVER_MORE_RESULTS_EXISTS)
+_CURSOR: Final = int(ServerStatus.SERVER_STATUS_CURSOR_EXISTS)
+_SUMMARY: Final = struct.Struct("<4Q")
+_CONTROL_MAX: Final = 1 << 20  # OK/ERR/EOF/column-count packets are small; bigger means a confused stream
 
 
 class ResponseTracker:

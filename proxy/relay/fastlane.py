@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import socket
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
@@ -45,6 +45,10 @@ __all__ = ["FastLane", "Job", "lane_for"]
 
 Job = Callable[[], Awaitable[None]]  # the rest of an event's work, for the task it wakes
 Got = bytes | BaseException | Job  # what wakes a task parked here
+# What the callbacks read of the interpreted relay's modules, read once (the compiled core keeps
+# a Final name as a C static, not a lookup per use).
+_RECV_SIZE: Final = RECV_SIZE
+_UP: Final = LinkState.UP
 
 
 def lane_for(s: Relay) -> FastLane | None:
@@ -178,7 +182,7 @@ class FastLane:
         sock = self.client
         assert sock is not None
         try:
-            data = sock.recv(RECV_SIZE)
+            data = sock.recv(_RECV_SIZE)
         except BlockingIOError:
             return
         except OSError as exc:
@@ -201,13 +205,7 @@ class FastLane:
         callback returns, so nobody sees it under way (``BackendLink.sending``) unless the
         socket took part of it: then the client task sends the rest."""
         cycle, link = self.cycle, self.link
-        if (
-            cycle.phase != Phase.IDLE
-            or cycle.first_answer is not None
-            or link.state is not LinkState.UP
-            or link.owes_results
-            or self.s.mover
-        ):
+        if cycle.phase != Phase.IDLE or cycle.first_answer is not None or link.state is not _UP or link.owes_results or self.s.mover:
             return False
         cmd = whole_command(data, link.largest, self.spool_threshold)
         if cmd is None or cmd.seq_end:
@@ -267,7 +265,7 @@ class FastLane:
         channel = self.backend
         assert channel is not None
         try:
-            data = channel.sock.recv(RECV_SIZE)
+            data = channel.sock.recv(_RECV_SIZE)
         except BlockingIOError:
             return
         except OSError as exc:

@@ -9,9 +9,9 @@ alone says.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Final
 
-from proxy.protocol.constants import Commands
+from proxy.protocol.constants import Commands as C
 from proxy.protocol.response import ResponseTracker
 from proxy.session.intake import Command
 from proxy.session.state import PreparedStatement
@@ -20,25 +20,29 @@ from proxy.sqltext.triage import FAST_VERBS
 
 __all__ = ["Completed", "FAST_STATEMENTS", "SESSION_ONLY_COMMANDS"]
 
-C = Commands
+
+class Completed:
+    """A command whose response is complete: what the session model reads of it. The base of
+    the command in flight (``cycle.inflight.Inflight``), a class rather than a Protocol so that
+    the compiled core reads these as fields, not by name."""
+
+    __slots__ = ("command", "tracker", "statement", "verb", "analysis", "reading")
+
+    def __init__(self, command: Command, tracker: ResponseTracker, statement: PreparedStatement | None, verb: bytes | None,
+                 analysis: Analysis | None, reading: ServerReading) -> None:  # fmt: skip
+        self.command = command
+        self.tracker = tracker
+        self.statement = statement
+        self.verb = verb  # COM_QUERY on the fast path: its verb (sqltext.triage)
+        self.analysis = analysis  # COM_QUERY off the fast path: the text judged
+        self.reading = reading  # how the server reads text as it is sent
 
 
-class Completed(Protocol):
-    """A command whose response is complete (``cycle.inflight.Inflight``)."""
-
-    command: Command
-    tracker: ResponseTracker
-    statement: PreparedStatement | None
-    verb: bytes | None  # fast-path verb, or None
-    analysis: Analysis | None  # the text judged, when the fast path did not apply
-    reading: ServerReading  # how the server read it when it was sent
-
-
-FAST_STATEMENTS = {verb: Statement(Kind[verb.decode()]) for verb in FAST_VERBS}
+FAST_STATEMENTS: Final = {verb: Statement(Kind[verb.decode()]) for verb in FAST_VERBS}
 FAST_STATEMENTS[b"SELECT"] = Statement(Kind.SELECT, read_only=True)
 
 # Commands that change nothing but session-level state (never data).
-SESSION_ONLY_COMMANDS = frozenset(
+SESSION_ONLY_COMMANDS: Final = frozenset(
     {
         C.COM_PING,
         C.COM_INIT_DB,

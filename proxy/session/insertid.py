@@ -9,18 +9,18 @@ id (``recovery.proofs.last_insert_id`` decides at restore which of them the serv
 from __future__ import annotations
 
 import re
+from typing import Final
 
-from proxy.protocol.constants import Commands
+from proxy.protocol.constants import Commands as C
 from proxy.session.completed import FAST_STATEMENTS, Completed
 from proxy.session.state import SessionState
 from proxy.sqltext import Analysis, Kind
 
 __all__ = ["follow_insert_id"]
 
-C = Commands
-_SETS_INSERT_ID = re.compile(rb"LAST_INSERT_ID\s*\(\s*(?!\))", re.I)  # LAST_INSERT_ID(expr)
-_DO_INSERT_ID = re.compile(rb"\s*(?:DO|SELECT)\s+LAST_INSERT_ID\s*\(\s*(\d+)\s*\)\s*;?\s*", re.I)
-_INSERT_TEXT = 64 * 1024  # an INSERT whose OK carried an id is kept up to this size, to tell "generated" later
+_SETS_INSERT_ID: Final = re.compile(rb"LAST_INSERT_ID\s*\(\s*(?!\))", re.I)  # LAST_INSERT_ID(expr)
+_DO_INSERT_ID: Final = re.compile(rb"\s*(?:DO|SELECT)\s+LAST_INSERT_ID\s*\(\s*(\d+)\s*\)\s*;?\s*", re.I)
+_INSERT_TEXT: Final = 64 * 1024  # an INSERT whose OK carried an id is kept up to this size, to tell "generated" later
 
 
 def follow_insert_id(state: SessionState, done: Completed) -> bool:

@@ -3,14 +3,12 @@ read (the previous statement's results stayed on the old one)."""
 
 from __future__ import annotations
 
-from proxy.protocol.constants import Commands
+from proxy.protocol.constants import Commands as C
 from proxy.session.state import PreparedStatement
 from proxy.sqltext import ServerReading
 from proxy.sqltext.expressions import reads_last_results
 
 __all__ = ["text_of", "needs_last_results"]
-
-C = Commands
 
 
 def text_of(payload: bytes, stmt: PreparedStatement | None) -> str | None:

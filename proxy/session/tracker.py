@@ -14,9 +14,12 @@ What recovery needs to know about a statement is read from it by ``proxy.recover
 
 from __future__ import annotations
 
+from typing import Final
+
 import attrs
 
-from proxy.protocol.constants import Commands, ServerStatus
+from proxy.protocol.constants import Commands as C
+from proxy.protocol.constants import ServerStatus
 from proxy.protocol.resultset import Column
 from proxy.session.completed import FAST_STATEMENTS, SESSION_ONLY_COMMANDS, Completed
 from proxy.session.info import SessionInfo
@@ -30,16 +33,15 @@ from proxy.sqltext.triage import fast_verb, may_pin_session
 
 __all__ = ["SessionTracker", "IN_TRANS", "AUTOCOMMIT", "SESSION_ONLY_COMMANDS", "CONNECTION_FATAL"]
 
-C = Commands
 # Plain ints, not IntFlag: flag arithmetic on enums is slow and this is the hot path.
-IN_TRANS = int(ServerStatus.SERVER_STATUS_IN_TRANS)
-AUTOCOMMIT = int(ServerStatus.SERVER_STATUS_AUTOCOMMIT)
-NO_BACKSLASH_ESCAPES = int(ServerStatus.SERVER_STATUS_NO_BACKSLASH_ESCAPES)
+IN_TRANS: Final = int(ServerStatus.SERVER_STATUS_IN_TRANS)
+AUTOCOMMIT: Final = int(ServerStatus.SERVER_STATUS_AUTOCOMMIT)
+NO_BACKSLASH_ESCAPES: Final = int(ServerStatus.SERVER_STATUS_NO_BACKSLASH_ESCAPES)
 
-_JUDGED_TEXTS = 64  # short texts whose judgement a session keeps (its BEGIN, COMMIT, SET...)
-_JUDGED_TEXT = 256  # bytes, at most
+_JUDGED_TEXTS: Final = 64  # short texts whose judgement a session keeps (its BEGIN, COMMIT, SET...)
+_JUDGED_TEXT: Final = 256  # bytes, at most
 
-_NO_TRANSACTION_EFFECT = frozenset({Kind.INSERT, Kind.REPLACE, Kind.UPDATE, Kind.DELETE, Kind.SELECT})
+_NO_TRANSACTION_EFFECT: Final = frozenset({Kind.INSERT, Kind.REPLACE, Kind.UPDATE, Kind.DELETE, Kind.SELECT})
 
 
 @attrs.frozen

@@ -14,7 +14,7 @@ connection and checked to have produced the same results.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import cattrs
 
@@ -27,19 +27,19 @@ from proxy.sqltext import Analysis, ServerReading
 __all__ = ["JournalEntry", "judged", "Transaction", "CONNECTION_FATAL", "ROLLS_BACK", "STATEMENT_ERRORS", "PARSE_ERRORS"]
 
 # Errors after which the server closes the connection (1153: packet too large; going away).
-CONNECTION_FATAL = frozenset({1153, 1053, 1927})
+CONNECTION_FATAL: Final = frozenset({1153, 1053, 1927})
 # Errors that roll the whole transaction back: deadlock, XA branch rolled back.
-ROLLS_BACK = frozenset({1213, 1402, 1614})
+ROLLS_BACK: Final = frozenset({1213, 1402, 1614})
 # Errors of a statement that failed without touching the transaction (parsing, names, data,
 # privileges, a feature the server lacks -- 1235, TiDB's for READ ONLY, SQL_CALC_FOUND_ROWS...):
 # the open transaction goes on. Any other error may have ended it.
-STATEMENT_ERRORS = frozenset(
+STATEMENT_ERRORS: Final = frozenset(
     {
         1044, 1045, 1046, 1048, 1049, 1051, 1054, 1062, 1064, 1065, 1091, 1110, 1136, 1142, 1143, 1146,
         1166, 1235, 1264, 1265, 1292, 1305, 1364, 1365, 1366, 1406, 1451, 1452, 1644, 1690, 3140, 4025,
     }
 )  # fmt: skip
-PARSE_ERRORS = frozenset({1064, 1065})  # nothing of the statement ran
+PARSE_ERRORS: Final = frozenset({1064, 1065})  # nothing of the statement ran
 
 
 class JournalEntry:

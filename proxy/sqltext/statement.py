@@ -4,6 +4,7 @@ statement) and ``Analysis`` (a whole COM_QUERY text)."""
 from __future__ import annotations
 
 import enum
+from typing import Final
 
 import attrs
 
@@ -44,9 +45,9 @@ class Kind(enum.Enum):
     EMPTY = "empty"
 
 
-TRANSACTION_KINDS = frozenset({Kind.BEGIN, Kind.COMMIT, Kind.ROLLBACK, Kind.SAVEPOINT,
+TRANSACTION_KINDS: Final = frozenset({Kind.BEGIN, Kind.COMMIT, Kind.ROLLBACK, Kind.SAVEPOINT,
                                Kind.ROLLBACK_TO_SAVEPOINT, Kind.RELEASE_SAVEPOINT})  # fmt: skip
-_ENDS = frozenset({Kind.COMMIT, Kind.ROLLBACK})
+_ENDS: Final = frozenset({Kind.COMMIT, Kind.ROLLBACK})
 
 
 @attrs.frozen

@@ -17,22 +17,23 @@ disagree: the fast path only answers when the answer is certain.
 from __future__ import annotations
 
 import re
+from typing import Final
 
 __all__ = ["fast_verb", "FAST_VERBS", "may_pin_session"]
 
-FAST_VERBS = frozenset({b"INSERT", b"REPLACE", b"UPDATE", b"DELETE", b"SELECT"})
+FAST_VERBS: Final = frozenset({b"INSERT", b"REPLACE", b"UPDATE", b"DELETE", b"SELECT"})
 # What keeps a SELECT off the fast path (see above), by the first byte that can begin it: one
 # of "(@;#" (1), "/*" (2), "--" (3), the words INTO, FOR, LOCK, NEXT[VAL] in any case, also
 # inside a longer word (4: a SELECT that only looks doubtful is simply analyzed). One walk of
 # the text: compiled, about ten instructions a byte; one regex for it all walked a point
 # select at ~400 (callgrind), ten memchr scans cost ~1.5k instructions a call each.
-_DOUBT_START = bytes(
+_DOUBT_START: Final = bytes(
     1 if chr(c) in "(@;#" else 2 if chr(c) == "/" else 3 if chr(c) == "-" else 4 if chr(c) in "IFLNifln" else 0 for c in range(256)
 )
-_DOUBT_WORDS = (b"INTO", b"LOCK", b"NEXT")  # and FOR
+_DOUBT_WORDS: Final = (b"INTO", b"LOCK", b"NEXT")  # and FOR
 # A verb of six or seven letters right after the command byte, then whitespace (FAST_VERBS'
 # lengths); one C-level match.
-_VERB = re.compile(rb"([A-Za-z]{6,7})[ \t\n\r\f\v]")
+_VERB: Final = re.compile(rb"([A-Za-z]{6,7})[ \t\n\r\f\v]")
 
 
 def fast_verb(payload: bytes, multi: bool) -> bytes | None:
@@ -74,7 +75,7 @@ def _select_doubt(payload: bytes, start: int) -> bool:
 # scans, then a regex only from the first "_": one regex for both (its first byte a class)
 # walked a 100-row REPLACE at ~10 instructions a byte (callgrind). A two-byte needle (":=") is
 # not a memchr scan: it is looked for only where an "@" is.
-_LOCK = re.compile(rb"_[Ll][Oo][Cc][Kk]")
+_LOCK: Final = re.compile(rb"_[Ll][Oo][Cc][Kk]")
 
 
 def may_pin_session(payload: bytes) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import struct
 
-import attrs
 import pytest
 
 from proxy.protocol.framing import encode_packet
@@ -13,6 +12,7 @@ from proxy.protocol.packets import make_err, make_ok
 from proxy.protocol.response import ResponseTracker, expect_for
 from proxy.protocol.resultset import Column
 from proxy.recovery.facts import statement_facts
+from proxy.session.completed import Completed
 from proxy.session.info import SessionInfo
 from proxy.session.intake import Command
 from proxy.session.state import user_variable_literal
@@ -23,19 +23,6 @@ MARIADB_VERSION = "10.11.19-MariaDB-0+deb12u1"
 OK = "ok"
 
 
-@attrs.define
-class Done:
-    """What the relay hands the tracker (cycle.inflight.Inflight's fields)."""
-
-    command: Command
-    tracker: ResponseTracker
-    statement: object = None
-    verb: bytes | None = None
-    analysis: object = None
-    reading: ServerReading = ServerReading()
-    captures: list[str] = attrs.Factory(list)  # what the tracker asked to read back
-
-
 def tracker(autocommit: bool = True, multi: bool = True, safe_mode: bool = False) -> SessionTracker:
     t = SessionTracker(SessionInfo(1, "test", "app", "127.0.0.1:1", reading=ServerReading(multi=multi)), 1 << 20, 1000, safe_mode)
     t.logged_in("app", "test", 45, AUTOCOMMIT if autocommit else 0)
@@ -43,10 +30,10 @@ def tracker(autocommit: bool = True, multi: bool = True, safe_mode: bool = False
     return t
 
 
-def run(t: SessionTracker, sql: str, *answers, in_trans: bool | None = None, insert_id: int = 0) -> Done:
+def run(t: SessionTracker, sql: str, *answers, in_trans: bool | None = None, insert_id: int = 0) -> list[str]:
     """Complete ``sql`` with ``answers`` ("ok" or an error code per statement, in order); the
     status word of OKs: IN_TRANS as given (default: what the tracker believes), autocommit as
-    the tracker believes; ``insert_id`` in every OK."""
+    the tracker believes; ``insert_id`` in every OK. Returns what the tracker asked to read back."""
     payload = b"\x03" + sql.encode()
     verb, analysis = t.triage(payload)
     in_trans = t.tx.active if in_trans is None else in_trans
@@ -59,9 +46,7 @@ def run(t: SessionTracker, sql: str, *answers, in_trans: bool | None = None, ins
         raw += encode_packet(payload_, 1)[0]
     rt = ResponseTracker(expect_for(3), False, t.wants_fingerprint(analysis))
     assert rt.feed(raw) == len(raw)
-    done = Done(Command(payload, encode_packet(payload, 0)[0], 0, len(payload)), rt, None, verb, analysis, t.reading)
-    done.captures = t.completed(done)
-    return done
+    return t.completed(Completed(Command(payload, encode_packet(payload, 0)[0], 0, len(payload)), rt, None, verb, analysis, t.reading))
 
 
 def test_in_transaction_is_what_plugins_see_after_every_command():
@@ -359,14 +344,14 @@ def test_prepared_statements_change_only_through_the_tracker():
     assert (a.backend_id, t.generation) == (1, ids[0])
 
 
-def complete(t: SessionTracker, payload: bytes, answer: bytes | None, statement=None) -> Done:
+def complete(t: SessionTracker, payload: bytes, answer: bytes | None, statement=None) -> Completed:
     """Complete a command of ``payload`` with the one packet ``answer`` (None: no response)."""
     rt = ResponseTracker(expect_for(payload[0]), False, False)
     if answer is not None:
         raw = encode_packet(answer, 1)[0]
         assert rt.feed(raw) == len(raw)
-    done = Done(Command(payload, encode_packet(payload, 0)[0], 0, len(payload)), rt, statement, None, None, t.reading)
-    done.captures = t.completed(done)
+    done = Completed(Command(payload, encode_packet(payload, 0)[0], 0, len(payload)), rt, statement, None, None, t.reading)
+    t.completed(done)
     return done
 
 
@@ -409,8 +394,8 @@ def test_a_statement_the_server_does_not_support_leaves_the_transaction_as_it_wa
 
 def test_a_user_variable_set_from_an_expression_is_read_back_and_restored_as_a_constant():
     t = tracker()
-    done = run(t, "SET @a = 1, @n = NOW(), @@session.sql_mode = CONCAT(@@sql_mode, ',ANSI')")
-    assert done.captures == ["@n", "sql_mode"]
+    captures = run(t, "SET @a = 1, @n = NOW(), @@session.sql_mode = CONCAT(@@sql_mode, ',ANSI')")
+    assert captures == ["@n", "sql_mode"]
     t.captured_user(
         "n", Column(253, False, 0), b"2026-12-01 10:00:00", b"323032362D31322D30312031303A30303A3030", "latin1", "latin1_swedish_ci"
     )
