@@ -7,7 +7,6 @@ limit -- is read by ``proxy.relay.reading`` (spooled, or read to its end and dro
 from __future__ import annotations
 
 import typing
-from typing import Final
 
 import attrs
 
@@ -21,7 +20,7 @@ HEAD_SIZE = 64 * 1024  # what classification and plugins see of a spooled comman
 # held three times over (the decoder's buffer, its frames, its payload).
 LONG_DATA_SPOOL = 256 * 1024
 COM_STMT_SEND_LONG_DATA = 0x18
-COPY_CHUNK: Final = 1 << 20
+COPY_CHUNK: typing.Final = 1 << 20
 
 
 class Command:

@@ -46,7 +46,7 @@ class Kind(enum.Enum):
 
 
 TRANSACTION_KINDS: Final = frozenset({Kind.BEGIN, Kind.COMMIT, Kind.ROLLBACK, Kind.SAVEPOINT,
-                               Kind.ROLLBACK_TO_SAVEPOINT, Kind.RELEASE_SAVEPOINT})  # fmt: skip
+                                      Kind.ROLLBACK_TO_SAVEPOINT, Kind.RELEASE_SAVEPOINT})  # fmt: skip
 _ENDS: Final = frozenset({Kind.COMMIT, Kind.ROLLBACK})
 
 
