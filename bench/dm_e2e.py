@@ -53,7 +53,8 @@ A load writes upstream (bench/dm_load.py) from the moment the task starts. The f
   at --duration; the final catch-up then ends the drain). ``--pin-tidb CPUS`` (one server):
   tidb-server on those CPUs, every other process on the rest, as in a deployment, where the
   sidecar shares DM's pod and TiDB has its own nodes; without it, whatever the middle spends
-  is CPU the saturated tidb-server does not get.
+  is CPU the saturated tidb-server does not get. While DM drains, /proc says where the CPU
+  went: the machine's busy cores and each command's (tidb-server, dm-worker, the middle).
 
 The proxy's own faults (``--chaos``, target ``proxy`` only; TiDB is not restarted unless
 ``--faults`` says so, then both run at once): every ``--chaos-interval`` seconds start to start,
@@ -122,7 +123,7 @@ from typing import Any
 
 import pymysql
 
-from bench import REPO, dm_builds, dm_discovery, dm_load
+from bench import REPO, dm_builds, dm_discovery, dm_load, procstat
 from bench.dm_middles import LABELS, MIDDLES, middle_numbers, start_middle
 from bench.hygiene import sigterm_as_interrupt
 from bench.runinfo import run_meta
@@ -770,7 +771,8 @@ def run_target(spec: dm_builds.RunSpec, args: argparse.Namespace, workdir: Path,
         log(f"  task started; load at {args.rate:g} txn/s for at least {args.duration:g} s; {faults}")
         backlog = None
         if args.faults == "none":
-            backlog = measure_backlog(dm, sampler, load, args, started + args.duration, log)
+            labels = {middle.proc.pid: "middle"} if middle is not None else {}
+            backlog = measure_backlog(dm, sampler, load, args, started + args.duration, log, labels)
         time.sleep(max(0.0, started + args.duration - time.time()))
         if args.faults == "soak":  # faults for --soak seconds: the one under way ends, no other begins
             restarter.stop_event.set()
@@ -904,13 +906,14 @@ def _tidb_faults(args: argparse.Namespace, when: str) -> str:
 
 
 def measure_backlog(dm: DMCluster, sampler: Sampler, load: dm_load.ShopLoad, args: argparse.Namespace, stop_by: float,
-                    log) -> dict[str, Any]:  # fmt: skip
+                    log, labels: dict[int, str]) -> dict[str, Any]:  # fmt: skip
     """Once DM's sync unit runs (and 15 s more), pause the task for ``args.backlog`` seconds
     while the load goes on, then resume it: a backlog DM drains at its own pace through the
     middle (``replication_rates`` reads the pace off the lag). Caught up: the first lag sample
     after the resume within 1 s of the lag before the pause (at least 2 s); DM may also never
     get there before the load is due to stop (``stop_by``; a machine too busy for the offered
-    rate): then the run's final catch-up ends it."""
+    rate): then the run's final catch-up ends it. ``cpu``: the cores each command (the pids in
+    ``labels`` by their label) used while DM drained, and the machine's."""
     deadline = time.time() + args.sync_timeout
     while not sampler.in_sync() and time.time() < deadline:
         time.sleep(1)
@@ -928,6 +931,7 @@ def measure_backlog(dm: DMCluster, sampler: Sampler, load: dm_load.ShopLoad, arg
     log(f"  task paused for {args.backlog:g} s (lag before: {baseline:.1f} s)")
     time.sleep(args.backlog)
     resumed_at = time.time()
+    share = procstat.CpuShare(labels).start()
     answer = dm.ctl("resume-task", TASK)
     out: dict[str, Any] = {"paused_at": paused_at, "resumed_at": resumed_at, "lag_before": baseline, "threshold": threshold,
                            "behind_txns": load.stats.transactions - txns0, "caught_up_at": None}  # fmt: skip
@@ -941,6 +945,9 @@ def measure_backlog(dm: DMCluster, sampler: Sampler, load: dm_load.ShopLoad, arg
             out["caught_up_at"] = recent[-1][0]
             break
         time.sleep(1)
+    out["cpu"] = share.stop()
+    cores = ", ".join(f"{name} {n:.2f}" for name, n in list(out["cpu"]["cores_by_command"].items())[:6])
+    log(f"  CPU while draining: {out['cpu']['machine_busy_cores']:.2f} of {out['cpu']['machine_cores']:.2f} cores busy ({cores})")
     if out["caught_up_at"] is None:
         log("  the backlog was not drained while the load ran: the final catch-up ends it")
     else:
@@ -1379,6 +1386,9 @@ def render(results: dict[str, Any]) -> str:
         row("backlog: drained in (s)", _rate(lambda x: x.get("catch_up_s"), "{:.0f}"))
         row("sync rate draining it: txn/s", _rate(lambda x: x.get("txn_per_s"), "{:.0f}"))
         row("sync rate draining it: statements/s", _rate(lambda x: x.get("statements_per_s"), "{:.0f}"))
+        row("CPU draining it: machine busy (cores)", _rate(lambda x: _drain_cpu(x, None), "{:.2f}"))
+        for name in ("tidb-server", "dm-worker", "middle"):
+            row(f"  of which {name} (cores)", _rate(lambda x, name=name: _drain_cpu(x, name), "{:.2f}"))
     row("caught up after the load (s)", lambda r: "no" if r["caught_up_after"] is None else f"{r['caught_up_after']:.0f}")
     row("tables identical (count + checksum)", lambda r: "yes" if r["identical"] else "NO")
     row("rows compared (this run, upstream)", lambda r: str(sum(v["upstream"][0] for v in r["tables"].values())))
@@ -1452,6 +1462,14 @@ def _rate(fn, fmt: str):
         return "-" if value is None else fmt.format(value)
 
     return cell
+
+
+def _drain_cpu(rates: dict[str, Any], name: str | None) -> float | None:
+    """Cores used while DM drained the backlog: the machine's (``name`` None) or one command's."""
+    cpu = (rates.get("backlog") or {}).get("cpu")
+    if not cpu:
+        return None
+    return cpu["machine_busy_cores"] if name is None else cpu["cores_by_command"].get(name)
 
 
 COLORS = {"direct": "#555555", "proxy": "#dd8452", "haproxy": "#4c72b0", "tiproxy": "#55a868"}

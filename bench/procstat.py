@@ -199,3 +199,54 @@ def wait_rss_settled(pid: int, timeout: float = 5.0, interval: float = 0.25) -> 
             return now
         last = now
     return last
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, all) CPU seconds of the whole machine since boot, summed over its CPUs (/proc/stat:
+    idle and iowait are not busy)."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]
+    return (sum(ticks[:8]) - idle) / CLK_TCK, sum(ticks[:8]) / CLK_TCK
+
+
+def cpu_by_process(labels: dict[int, str]) -> dict[int, tuple[str, float]]:
+    """(name, CPU seconds) of every process alive now, by pid: its command name, or the label of
+    the pid in ``labels`` whose tree it belongs to (a python middle is not the bench's python)."""
+    labelled = {p: label for pid, label in labels.items() if Path(f"/proc/{pid}").exists() for p in process_tree(pid)}
+    out: dict[int, tuple[str, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            data = (entry / "stat").read_text()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        fields = data[data.rindex(")") + 2 :].split()
+        name = labelled.get(pid) or data[data.index("(") + 1 : data.rindex(")")].split("/")[0]
+        out[pid] = (name, (int(fields[11]) + int(fields[12])) / CLK_TCK)
+    return out
+
+
+class CpuShare:
+    """Where a machine's CPU went between start() and stop(): cores used by each command
+    (``cpu_by_process``, summed by name; a process that exits in between is not counted) and by
+    the whole machine, over the wall time between the two."""
+
+    def __init__(self, labels: dict[int, str]) -> None:
+        self.labels = labels
+
+    def start(self) -> CpuShare:
+        self.t0, self.machine0, self.before = time.time(), machine_cpu(), cpu_by_process(self.labels)
+        return self
+
+    def stop(self) -> dict[str, object]:
+        wall = time.time() - self.t0
+        busy1, all1 = machine_cpu()
+        used: dict[str, float] = {}
+        for pid, (name, seconds) in cpu_by_process(self.labels).items():
+            used[name] = used.get(name, 0.0) + seconds - self.before.get(pid, (name, 0.0))[1]
+        cores = {name: s / wall for name, s in used.items() if s > 0.005 * wall}
+        return {"wall_s": wall, "machine_busy_cores": (busy1 - self.machine0[0]) / wall,
+                "machine_cores": (all1 - self.machine0[1]) / wall,
+                "cores_by_command": dict(sorted(cores.items(), key=lambda kv: -kv[1]))}  # fmt: skip
