@@ -123,7 +123,7 @@ from typing import Any
 
 import pymysql
 
-from bench import REPO, dm_builds, dm_discovery, dm_load, procstat
+from bench import REPO, dm_builds, dm_discovery, dm_load, hops, procstat
 from bench.dm_middles import LABELS, MIDDLES, middle_numbers, start_middle
 from bench.hygiene import sigterm_as_interrupt
 from bench.runinfo import run_meta
@@ -189,6 +189,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--graceful-wait", type=int, default=3,
                    help="--cluster: every tidb-server's graceful-wait-before-shutdown, seconds (default 3; e.g. 0, 3, 15)")  # fmt: skip
     p.add_argument("--backlog", type=float, default=60, help="--no-faults: seconds DM's task stays paused once in sync (default 60)")
+    p.add_argument("--capture-hops", type=float, metavar="SECONDS",
+                   help="--no-faults, one server: capture lo this long from 6 s after the resume, for each "
+                        "round trip's hops through the middle (bench/hops.py; needs root)")  # fmt: skip
     p.add_argument("--pin-tidb", metavar="CPUS",
                    help="--no-faults, one server: tidb-server on these CPUs (e.g. 0), everything else (DM, the middle, "
                         "MariaDB, the load, the bench) on the others, as deployed: the sidecar shares DM's pod, not "
@@ -230,6 +233,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.chaos == "worker-kill" and args.proxy_workers < 2:
         p.error("--chaos worker-kill kills one worker while the others serve: --proxy-workers 2 or more")
     args.graceful_waits = [int(x) for x in args.graceful_waits.split(",")]
+    if args.capture_hops is not None and (args.cluster or args.faults != "none"):
+        p.error("--capture-hops: with --no-faults on one tidb-server")
     if args.pin_tidb is not None:
         if args.cluster or args.faults != "none":
             p.error("--pin-tidb: with --no-faults on one tidb-server (a restarted server would not be pinned again)")
@@ -772,7 +777,7 @@ def run_target(spec: dm_builds.RunSpec, args: argparse.Namespace, workdir: Path,
         backlog = None
         if args.faults == "none":
             labels = {middle.proc.pid: "middle"} if middle is not None else {}
-            backlog = measure_backlog(dm, sampler, load, args, started + args.duration, log, labels)
+            backlog = measure_backlog(dm, sampler, load, args, started + args.duration, log, labels, (port, servers[0].port))
         time.sleep(max(0.0, started + args.duration - time.time()))
         if args.faults == "soak":  # faults for --soak seconds: the one under way ends, no other begins
             restarter.stop_event.set()
@@ -906,14 +911,15 @@ def _tidb_faults(args: argparse.Namespace, when: str) -> str:
 
 
 def measure_backlog(dm: DMCluster, sampler: Sampler, load: dm_load.ShopLoad, args: argparse.Namespace, stop_by: float,
-                    log, labels: dict[int, str]) -> dict[str, Any]:  # fmt: skip
+                    log, labels: dict[int, str], ports: tuple[int, int]) -> dict[str, Any]:  # fmt: skip
     """Once DM's sync unit runs (and 15 s more), pause the task for ``args.backlog`` seconds
     while the load goes on, then resume it: a backlog DM drains at its own pace through the
     middle (``replication_rates`` reads the pace off the lag). Caught up: the first lag sample
     after the resume within 1 s of the lag before the pause (at least 2 s); DM may also never
     get there before the load is due to stop (``stop_by``; a machine too busy for the offered
     rate): then the run's final catch-up ends it. ``cpu``: the cores each command (the pids in
-    ``labels`` by their label) used while DM drained, and the machine's."""
+    ``labels`` by their label) used while DM drained, and the machine's. ``hops``
+    (``--capture-hops``): the round trips on ``ports`` (DM's, the server's) while it drained."""
     deadline = time.time() + args.sync_timeout
     while not sampler.in_sync() and time.time() < deadline:
         time.sleep(1)
@@ -932,6 +938,9 @@ def measure_backlog(dm: DMCluster, sampler: Sampler, load: dm_load.ShopLoad, arg
     time.sleep(args.backlog)
     resumed_at = time.time()
     share = procstat.CpuShare(labels).start()
+    capture = hops.LoCapture(args.capture_hops, delay=6.0) if args.capture_hops else None
+    if capture is not None:
+        capture.start()
     answer = dm.ctl("resume-task", TASK)
     out: dict[str, Any] = {"paused_at": paused_at, "resumed_at": resumed_at, "lag_before": baseline, "threshold": threshold,
                            "behind_txns": load.stats.transactions - txns0, "caught_up_at": None}  # fmt: skip
@@ -946,12 +955,28 @@ def measure_backlog(dm: DMCluster, sampler: Sampler, load: dm_load.ShopLoad, arg
             break
         time.sleep(1)
     out["cpu"] = share.stop()
+    if capture is not None:
+        out["hops"] = hop_figures(capture, *ports)
+        log(f"  round trips while draining: {json.dumps(out['hops'])[:600]}")
     cores = ", ".join(f"{name} {n:.2f}" for name, n in list(out["cpu"]["cores_by_command"].items())[:6])
     log(f"  CPU while draining: {out['cpu']['machine_busy_cores']:.2f} of {out['cpu']['machine_cores']:.2f} cores busy ({cores})")
     if out["caught_up_at"] is None:
         log("  the backlog was not drained while the load ran: the final catch-up ends it")
     else:
         log(f"  backlog of {out['behind_txns']} transactions drained in {out['caught_up_at'] - resumed_at:.0f} s")
+    return out
+
+
+def hop_figures(capture: hops.LoCapture, front: int, back: int) -> dict[str, Any]:
+    """What ``capture`` saw (it is joined): the round trips DM's connections make to ``front``
+    and, through a middle (``front`` is not ``back``), each one's hops (bench/hops.py)."""
+    capture.join(capture.delay + capture.seconds + 30)
+    if capture.error:
+        return {"error": capture.error}
+    trips = hops.round_trips(capture.packets, front)
+    out: dict[str, Any] = {"packets": len(capture.packets), "dm_round_trip": hops.summary([b - a for a, b, *_ in trips])}
+    if front != back:
+        out.update({name: hops.summary(values) for name, values in hops.hops(capture.packets, front, back).items()})
     return out
 
 
@@ -1389,6 +1414,9 @@ def render(results: dict[str, Any]) -> str:
         row("CPU draining it: machine busy (cores)", _rate(lambda x: _drain_cpu(x, None), "{:.2f}"))
         for name in ("tidb-server", "dm-worker", "middle"):
             row(f"  of which {name} (cores)", _rate(lambda x, name=name: _drain_cpu(x, name), "{:.2f}"))
+        if any(((r.get("rates") or {}).get("backlog") or {}).get("hops") for r in runs):
+            for key, label in HOPS:
+                row(f"drain: {label} (ms, mean / p50)", _rate(lambda x, key=key: _hop(x, key), "{}"))
     row("caught up after the load (s)", lambda r: "no" if r["caught_up_after"] is None else f"{r['caught_up_after']:.0f}")
     row("tables identical (count + checksum)", lambda r: "yes" if r["identical"] else "NO")
     row("rows compared (this run, upstream)", lambda r: str(sum(v["upstream"][0] for v in r["tables"].values())))
@@ -1462,6 +1490,16 @@ def _rate(fn, fmt: str):
         return "-" if value is None else fmt.format(value)
 
     return cell
+
+
+HOPS = (("dm_round_trip", "DM's round trip"), ("inbound", "middle, inbound"), ("server", "TiDB's round trip"),
+        ("outbound", "middle, outbound"))  # fmt: skip
+
+
+def _hop(rates: dict[str, Any], key: str) -> str | None:
+    """One figure of the drain's packet capture (``--capture-hops``), or None."""
+    figures = ((rates.get("backlog") or {}).get("hops") or {}).get(key)
+    return None if not figures else f"{figures['mean']:.2f} / {figures['p50']:.2f}"
 
 
 def _drain_cpu(rates: dict[str, Any], name: str | None) -> float | None:
