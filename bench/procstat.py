@@ -13,16 +13,22 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_times(pid: int) -> tuple[float, float]:
-    """(utime, stime) of the whole process (all threads), in seconds: user space and kernel."""
+def stat(pid: int | str) -> tuple[str, list[str]]:
+    """A process's command name and the fields of /proc/<pid>/stat after it: [0] is field 3
+    (state), [1] the parent pid, [11] utime and [12] stime (in clock ticks)."""
     data = Path(f"/proc/{pid}/stat").read_text()
     # comm (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = data[data.rindex(")") + 2 :].split()
-    # fields[0] is field 3 (state); utime is field 14, stime field 15.
+    return data[data.index("(") + 1 : data.rindex(")")], data[data.rindex(")") + 2 :].split()
+
+
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(utime, stime) of the whole process (all threads), in seconds: user space and kernel."""
+    fields = stat(pid)[1]
     return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
 
 
@@ -48,10 +54,10 @@ def children(pid: int) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            data = (entry / "stat").read_text()
+            parent = int(stat(entry.name)[1][1])
         except OSError:
             continue
-        if int(data[data.rindex(")") + 2 :].split()[1]) == pid:  # field 4: ppid
+        if parent == pid:
             found.append(int(entry.name))
     return found
 
@@ -218,12 +224,11 @@ def cpu_by_process(labels: dict[int, str]) -> dict[int, tuple[str, float]]:
         if not entry.name.isdigit():
             continue
         try:
-            data = (entry / "stat").read_text()
+            command, fields = stat(entry.name)
         except OSError:
             continue
         pid = int(entry.name)
-        fields = data[data.rindex(")") + 2 :].split()
-        name = labelled.get(pid) or data[data.index("(") + 1 : data.rindex(")")].split("/")[0]
+        name = labelled.get(pid) or command.split("/")[0]  # kworker/1:1 -> kworker
         out[pid] = (name, (int(fields[11]) + int(fields[12])) / CLK_TCK)
     return out
 
@@ -240,7 +245,7 @@ class CpuShare:
         self.t0, self.machine0, self.before = time.time(), machine_cpu(), cpu_by_process(self.labels)
         return self
 
-    def stop(self) -> dict[str, object]:
+    def stop(self) -> dict[str, Any]:
         wall = time.time() - self.t0
         busy1, all1 = machine_cpu()
         used: dict[str, float] = {}
