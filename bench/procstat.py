@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,16 @@ def stat(pid: int | str) -> tuple[str, list[str]]:
     data = Path(f"/proc/{pid}/stat").read_text()
     # comm (field 2) may contain spaces and parentheses: split after the last ')'.
     return data[data.index("(") + 1 : data.rindex(")")], data[data.rindex(")") + 2 :].split()
+
+
+def every_stat() -> Iterator[tuple[int, str, list[str]]]:
+    """(pid, ``stat``) of every process alive now (those that end while read skipped)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                yield int(entry.name), *stat(entry.name)
+            except OSError:
+                continue
 
 
 def cpu_times(pid: int) -> tuple[float, float]:
@@ -50,15 +61,7 @@ def children(pid: int) -> list[int]:
         pass  # no CONFIG_PROC_CHILDREN (or pid gone): scan
     except OSError:
         return found
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            parent = int(stat(entry.name)[1][1])
-        except OSError:
-            continue
-        if parent == pid:
-            found.append(int(entry.name))
+    found.extend(child for child, _command, fields in every_stat() if int(fields[1]) == pid)
     return found
 
 
@@ -220,14 +223,7 @@ def cpu_by_process(labels: dict[int, str]) -> dict[int, tuple[str, float]]:
     the pid in ``labels`` whose tree it belongs to (a python middle is not the bench's python)."""
     labelled = {p: label for pid, label in labels.items() if Path(f"/proc/{pid}").exists() for p in process_tree(pid)}
     out: dict[int, tuple[str, float]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            command, fields = stat(entry.name)
-        except OSError:
-            continue
-        pid = int(entry.name)
+    for pid, command, fields in every_stat():
         name = labelled.get(pid) or command.split("/")[0]  # kworker/1:1 -> kworker
         out[pid] = (name, (int(fields[11]) + int(fields[12])) / CLK_TCK)
     return out
