@@ -58,6 +58,9 @@ async def unproven(backend: Backend, commands: list[JournalEntry | Inflight], tr
     fk_checks = state is None or state.variables.get("foreign_key_checks", "1").upper() not in _FK_CHECKS_OFF
     before = tracking.tx.session_before if tracking.tx.active else None
     session_changed = before is not None and state is not None and before.database != state.database
+    # 0 into an AUTO_INCREMENT column is a value only with NO_AUTO_VALUE_ON_ZERO, in the session
+    # as it is now and as it was when the transaction began (DM sets it on its connections).
+    zero_is_value = all(_zero_is_value(s) for s in (state, before) if s is not None) and state is not None
     for command in commands:
         payload = command.payload
         if text_of(payload, command.statement) is None:
@@ -76,14 +79,19 @@ async def unproven(backend: Backend, commands: list[JournalEntry | Inflight], tr
             found = claim(part, analysis.dialect, analysis.nbe, nulls)
             if found is None:
                 return f"not a keyed write of constants: {analysis.statements[0].kind.value}"
-            why = await _disproof(keys, backend, found, state.database if state else None, session_changed, fk_checks)
+            why = await _disproof(keys, backend, found, state.database if state else None, session_changed, fk_checks,
+                                  zero_is_value)  # fmt: skip
             if why is not None:
                 return why
     return None
 
 
+def _zero_is_value(state: SessionState) -> bool:
+    return "NO_AUTO_VALUE_ON_ZERO" in state.variables.get("sql_mode", "").upper()
+
+
 async def _disproof(keys: KeyCache, backend: Backend, c: Claim, current_db: str | None, session_changed: bool,
-                    fk_checks: bool) -> str | None:  # fmt: skip
+                    fk_checks: bool, zero_is_value: bool) -> str | None:  # fmt: skip
     database, table = c.table
     if database is None:
         if session_changed:
@@ -94,8 +102,9 @@ async def _disproof(keys: KeyCache, backend: Backend, c: Claim, current_db: str 
     table_keys = await keys.get(backend, database, table)
     if table_keys is None:
         return f"the keys of {database}.{table} are unknown"
-    if not proves(c, table_keys, fk_checks):
-        return f"{database}.{table}: the statement does not pin a unique key with constants (or the table has triggers / is referenced by foreign keys)"
+    if not proves(c, table_keys, fk_checks, zero_is_value):
+        return (f"{database}.{table}: the statement does not pin a unique key with constants (or gives its AUTO_INCREMENT "
+                "column a value that may be 0, or the table has triggers / is referenced by foreign keys)")  # fmt: skip
     return None
 
 
@@ -193,7 +202,7 @@ async def last_insert_id(backend: Backend, state: SessionState, keys: KeyCache) 
     known. An INSERT's OK carries an id both when the AUTO_INCREMENT column was generated (the
     new LAST_INSERT_ID()) and when the statement gave it (LAST_INSERT_ID() unchanged): the
     table's AUTO_INCREMENT column and the statement's values tell which, newest first."""
-    zero_is_value = "NO_AUTO_VALUE_ON_ZERO" in state.variables.get("sql_mode", "").upper()
+    zero_is_value = _zero_is_value(state)
     for value, text, reading in reversed(state.insert_ids):
         generated = await _generated(keys, backend, text, reading, state.database, zero_is_value) if text is not None else None
         if generated is None:

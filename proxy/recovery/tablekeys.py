@@ -9,7 +9,7 @@ import logging
 import trio
 
 from proxy.backend import Backend, BackendError
-from proxy.sqltext import quote_string
+from proxy.sqltext import Dialect, quote_string
 from proxy.sqltext.idempotence import TableKeys
 
 __all__ = ["KeyCache", "lower_text"]
@@ -65,6 +65,11 @@ async def _read_keys(backend: Backend, database: str, table: str) -> TableKeys |
             "SELECT COUNT(*) FROM information_schema.REFERENTIAL_CONSTRAINTS WHERE UNIQUE_CONSTRAINT_SCHEMA = "
             f"{quote_string(database)} AND REFERENCED_TABLE_NAME = {quote_string(table)}"
         )
+        # TiDB's AUTO_RANDOM primary key generates its value as AUTO_INCREMENT does (for NULL,
+        # and for 0 without NO_AUTO_VALUE_ON_ZERO), yet COLUMNS.EXTRA does not say so.
+        sharding = []
+        if Dialect.from_server_version(backend.handshake.server_version).flavor == "tidb":
+            sharding = await backend.query(f"SELECT TIDB_ROW_ID_SHARDING_INFO FROM information_schema.TABLES WHERE {where}")
     except BackendError as exc:
         log.warning("safe mode: cannot read the keys of %s.%s: %s", database, table, exc)
         return None
@@ -76,13 +81,17 @@ async def _read_keys(backend: Backend, database: str, table: str) -> TableKeys |
     for index, column in index_rows:
         indexes.setdefault(lower_text(index), []).append(lower_text(column))
     unique = tuple(frozenset(cols) for cols in indexes.values() if not set(cols) & nullable)
+    auto_increment = next((lower_text(row[0]) for row in columns if "auto_increment" in lower_text(row[2])), None)
+    primary = indexes.get("primary", [])
+    if sharding and lower_text(sharding[0][0]).startswith("pk_auto_random_bits") and len(primary) == 1:
+        auto_increment = primary[0]
     return TableKeys(
         unique_keys=unique,
         key_columns=frozenset(c for cols in indexes.values() for c in cols),
         columns=visible,
         has_triggers=_count(triggers) > 0,
         referenced=_count(referenced) > 0,
-        auto_increment=next((lower_text(row[0]) for row in columns if "auto_increment" in lower_text(row[2])), None),
+        auto_increment=auto_increment,
     )
 
 

@@ -13,9 +13,9 @@ then decide (``proves``):
   keeps that only when every row inserts that same constant into c: after a first run that
   inserted the row, a second one finds it and applies the UPDATE part (``VALUES (1, 1) ON
   DUPLICATE KEY UPDATE n = 5`` leaves n = 1, then 5). Without it (an
-  AUTO_INCREMENT id left out or NULL, a nullable unique key), a second run adds a row. A
-  REPLACE deletes the row it conflicts with and inserts a new one: it must also give the
-  AUTO_INCREMENT column, or the row comes back with a new id.
+  AUTO_INCREMENT id left out, NULL, or 0 without NO_AUTO_VALUE_ON_ZERO in sql_mode; a nullable
+  unique key), a second run adds a row. A REPLACE deletes the row it conflicts with and inserts
+  a new one: it must also give the AUTO_INCREMENT column, or the row comes back with a new id.
 - DELETE: the WHERE is a conjunction of ``column = constant`` covering such a key (or an
   OR / IN list of such conjunctions): it removes at most that row; LIMIT does not matter.
 - UPDATE: the same WHERE, and SET assigns constants to columns that are in no unique key and
@@ -71,6 +71,9 @@ class Claim:
     same_as_inserted: tuple[tuple[str, str], ...] = ()
     columns: tuple[str, ...] | None = None
     rows: tuple[tuple[str, ...], ...] = ()
+    # Columns some row gives a value that may be stored as 0 (``_maybe_zero``): in an
+    # AUTO_INCREMENT column that generates a new id, unless sql_mode has NO_AUTO_VALUE_ON_ZERO.
+    maybe_zero: frozenset[str | int] = frozenset()
 
 
 @attrs.frozen
@@ -82,15 +85,19 @@ class TableKeys:
     columns: tuple[str, ...]  # the visible ones, in table order: what an INSERT without a column list fills
     has_triggers: bool = False
     referenced: bool = False  # a foreign key of another table refers to it
-    auto_increment: str | None = None  # the AUTO_INCREMENT column
+    auto_increment: str | None = None  # the AUTO_INCREMENT column (on TiDB, or the AUTO_RANDOM key)
 
 
-def proves(c: Claim, keys: TableKeys, foreign_key_checks: bool = True) -> bool:
-    """Do the table's keys make the claimed statement idempotent (module docstring)?"""
+def proves(c: Claim, keys: TableKeys, foreign_key_checks: bool = True, zero_is_value: bool = False) -> bool:
+    """Do the table's keys make the claimed statement idempotent (module docstring)?
+    ``zero_is_value``: the session's sql_mode has NO_AUTO_VALUE_ON_ZERO."""
     if keys.has_triggers or (keys.referenced and foreign_key_checks) or not keys.unique_keys:
         return False
+    generated = None  # the AUTO_INCREMENT column when some row may have it generate an id
+    if keys.auto_increment is not None and not zero_is_value and keys.auto_increment in _names(c.maybe_zero, keys):
+        generated = keys.auto_increment
     for fixed in c.fixed:
-        names = {keys.columns[i] if isinstance(i, int) and i < len(keys.columns) else i for i in fixed}
+        names = _names(fixed, keys) - {generated}
         if not any(key <= names for key in keys.unique_keys):
             return False
         if c.replaces and keys.auto_increment is not None and keys.auto_increment not in names:
@@ -102,6 +109,11 @@ def proves(c: Claim, keys: TableKeys, foreign_key_checks: bool = True) -> bool:
             if i < 0 or any(i >= len(row) or row[i] != literal for row in c.rows):
                 return False  # a second run would update the row the first one inserted
     return not (c.assigned & keys.key_columns) and not (c.assigned & c.where)
+
+
+def _names(columns: frozenset[str | int], keys: TableKeys) -> set[str | int]:
+    """Columns by name (a position without a column list: the table's column there)."""
+    return {keys.columns[i] if isinstance(i, int) and i < len(keys.columns) else i for i in columns}
 
 
 def is_idempotent(sql: str, *, dialect: Dialect = UNKNOWN, no_backslash_escapes: bool = False) -> bool:
@@ -241,27 +253,46 @@ def _insert_claim(sql: str, dialect: Dialect, nbe: bool, null_params: list[bool]
         assigned, same = updated
     params = iter(null_params) if null_params is not None else None
     literal_rows = _row_literals(sql, head.rows_start, rows.end(), nbe)
-    if not same:
-        fixed = tuple({_fixed_columns(row, columns, params) for row in literal_rows})
-        return Claim(table, fixed, assigned, replaces=head.verb == "REPLACE")
-    kept = [tuple(row) for row in literal_rows]  # kept only when a constant must be compared
-    fixed = tuple({_fixed_columns(list(row), columns, params) for row in kept})
+    kept = [tuple(row) for row in literal_rows] if same else None  # kept only when a constant must be compared
+    per_row = {_fixed_columns(row, columns, params) for row in (kept if kept is not None else literal_rows)}
+    fixed = tuple({f for f, _ in per_row})
+    maybe_zero = frozenset().union(*(z for _, z in per_row))
+    if kept is None:
+        return Claim(table, fixed, assigned, replaces=head.verb == "REPLACE", maybe_zero=maybe_zero)
     return Claim(table, fixed, assigned, same_as_inserted=same, columns=tuple(columns) if columns is not None else None,
-                 rows=tuple(kept))  # fmt: skip
+                 rows=tuple(kept), maybe_zero=maybe_zero)  # fmt: skip
 
 
-def _fixed_columns(row: list[str], columns: list[str] | None, null_params) -> frozenset[str | int]:
-    """The columns a row gives a non-NULL constant (by name, or position without a list).
-    ``null_params``: an iterator over "is the next placeholder NULL" (None: unknown)."""
+def _fixed_columns(row, columns: list[str] | None, null_params) -> tuple[frozenset[str | int], frozenset[str | int]]:
+    """The columns a row gives a non-NULL constant (by name, or position without a list), and
+    those of them whose value may be stored as 0. ``null_params``: an iterator over "is the next
+    placeholder NULL" (None: unknown)."""
     fixed: set[str | int] = set()
+    zero: set[str | int] = set()
     for i, value in enumerate(row):
         if value == "?":
             if null_params is None or next(null_params, True):
                 continue  # may be bound to NULL
         elif value.upper() == "NULL":
             continue  # NULL: an AUTO_INCREMENT id generated anew, or a nullable key
-        fixed.add(columns[i] if columns is not None and i < len(columns) else i)
-    return frozenset(fixed)
+        column = columns[i] if columns is not None and i < len(columns) else i
+        fixed.add(column)
+        if _maybe_zero(value):
+            zero.add(column)
+    return frozenset(fixed), frozenset(zero)
+
+
+_NUMBER = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
+def _maybe_zero(value: str) -> bool:
+    """May the server store this literal as 0 in an integer column? Only a number of magnitude 1
+    or more (or TRUE), bare or quoted, surely is not: 0, '0', '', 0.4, FALSE, a hex or bit value,
+    a string may be (converted), and a ``?`` may be bound to 0."""
+    if value.upper() == "TRUE":
+        return False
+    text = value[1:-1] if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"" else value
+    return _NUMBER.fullmatch(text.strip()) is None or abs(float(text)) < 1
 
 
 def _on_duplicate_assigned(

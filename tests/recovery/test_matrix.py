@@ -470,6 +470,29 @@ inflight(
     faults=(DROP,),
 )
 inflight(
+    # 0 for the AUTO_INCREMENT id generates one (sql_mode without NO_AUTO_VALUE_ON_ZERO): a
+    # second run would add row 42 (safe mode once claimed the 0 pinned the key).
+    "autocommit-replace-zero-id",
+    ["REPLACE INTO a (id, v) VALUES (0, 'z')", "SELECT 1"],
+    0,
+    setup=[A],
+    before={"SELECT id, v FROM a ORDER BY id": []},
+    after={"SELECT id, v FROM a ORDER BY id": [(41, "z")]},
+    idem=False,
+    faults=(DROP,),
+)
+inflight(
+    # With NO_AUTO_VALUE_ON_ZERO (as DM sets it) the 0 is the row's id: replayed, still one row.
+    "autocommit-replace-zero-id-no-auto-value",
+    ["SET SESSION sql_mode = 'NO_AUTO_VALUE_ON_ZERO'", "REPLACE INTO a (id, v) VALUES (0, 'z')", "SELECT 1"],
+    1,
+    setup=[A],
+    before={"SELECT id, v FROM a ORDER BY id": []},
+    after={"SELECT id, v FROM a ORDER BY id": [(0, "z")]},
+    idem=True,
+    faults=(DROP,),
+)
+inflight(
     # c = a constant other than the one inserted: the first run inserts row 5 with 'new', a
     # second would find it and make it 'dup' (safe mode claimed it idempotent: the row ended 'dup').
     "autocommit-odku-const-other",

@@ -865,6 +865,18 @@ KEYS = TableKeys(unique_keys=(frozenset({"id"}),), key_columns=frozenset({"id", 
         ("REPLACE INTO t VALUES (1, 'a', 'x@y')", True),  # by position
         ("REPLACE INTO t (v) VALUES ('x')", False),  # the AUTO_INCREMENT id is generated anew
         ("REPLACE INTO t (id, v) VALUES (NULL, 'x')", False),
+        # 0 into an AUTO_INCREMENT column generates an id (without NO_AUTO_VALUE_ON_ZERO), and so
+        # does anything the server may store as 0: a second run adds a row.
+        ("REPLACE INTO t (id, v) VALUES (0, 'x')", False),
+        ("REPLACE INTO t VALUES (0, 'a', 'x@y')", False),  # by position
+        ("REPLACE INTO t (id, v) VALUES ('0', 'x')", False),
+        ("REPLACE INTO t (id, v) VALUES (0.4, 'x')", False),
+        ("REPLACE INTO t (id, v) VALUES (FALSE, 'x')", False),
+        ("REPLACE INTO t (id, v) VALUES (X'00', 'x')", False),
+        ("REPLACE INTO t (id, v) VALUES ('', 'x')", False),
+        ("REPLACE INTO t (id, v) VALUES (1, 'a'), (0, 'b')", False),
+        ("INSERT INTO t (id, v) VALUES (0, 'a') ON DUPLICATE KEY UPDATE v = VALUES(v)", False),
+        ("REPLACE INTO t (id, v) VALUES ('7', 'x'), (-3, 'y'), (1e3, 'z'), (TRUE, 'w')", True),
         ("INSERT INTO t (id, v) VALUES (1, 'a') ON DUPLICATE KEY UPDATE v = VALUES(v)", True),
         ("INSERT INTO t (id, v) VALUES (1, 'a') ON DUPLICATE KEY UPDATE email = 'z'", False),  # changes a unique column
         # ODKU c = constant: a first run that inserts the row, a second that updates it, must
@@ -892,9 +904,32 @@ def test_keys_prove_idempotence(sql, proven):
 
 def test_placeholders_prove_only_when_bound_to_values():
     sql = "REPLACE INTO t (id, v) VALUES (?, ?)"
-    assert not proves(claim(sql, MARIADB), KEYS)  # a ? may be NULL
-    assert proves(claim(sql, MARIADB, null_params=[False, True]), KEYS)  # id bound, v NULL
-    assert not proves(claim(sql, MARIADB, null_params=[True, False]), KEYS)
+    assert not proves(claim(sql, MARIADB), KEYS, zero_is_value=True)  # a ? may be NULL
+    assert proves(claim(sql, MARIADB, null_params=[False, True]), KEYS, zero_is_value=True)  # id bound, v NULL
+    assert not proves(claim(sql, MARIADB, null_params=[False, True]), KEYS)  # id may be bound to 0
+    assert not proves(claim(sql, MARIADB, null_params=[True, False]), KEYS, zero_is_value=True)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "REPLACE INTO t (id, v) VALUES (0, 'x')",
+        "REPLACE INTO t VALUES ('0', 'a', 'x@y')",
+        "INSERT INTO t (id, v) VALUES (0, 'a'), (2, 'b') ON DUPLICATE KEY UPDATE v = VALUES(v)",
+    ],
+)
+def test_zero_is_an_id_with_no_auto_value_on_zero(sql):
+    """DM sets sql_mode NO_AUTO_VALUE_ON_ZERO on its connections: there a 0 is the row's id."""
+    assert not proves(claim(sql, MARIADB), KEYS)
+    assert proves(claim(sql, MARIADB), KEYS, zero_is_value=True)
+
+
+def test_zero_id_with_another_unique_key():
+    """A 0 id generates one, but the row is still pinned by another unique key: an ODKU finds
+    it again by that key; a REPLACE deletes it and inserts it with a new id each time."""
+    keys = attrs.evolve(KEYS, unique_keys=(frozenset({"id"}), frozenset({"email"})))
+    assert proves(claim("INSERT INTO t VALUES (0, 'a', 'x@y') ON DUPLICATE KEY UPDATE v = VALUES(v)", MARIADB), keys)
+    assert not proves(claim("REPLACE INTO t VALUES (0, 'a', 'x@y')", MARIADB), keys)
 
 
 def test_triggers_and_foreign_keys_forbid_the_proof():
