@@ -23,7 +23,7 @@ from proxy.recovery.tablekeys import KeyCache, lower_text
 from proxy.session.state import PreparedStatement, SessionState
 from proxy.session.texts import text_of
 from proxy.sqltext import Dialect, ServerReading, SqlParseError, Token, TokenKind, analyze, iter_tokens, quote_string
-from proxy.sqltext.idempotence import Claim, claim, proves, repeatable
+from proxy.sqltext.idempotence import Claim, TableKeys, claim, proves, proves_together, repeatable
 from proxy.sqltext.inserts import InsertHead, insert_head, insert_rows, insert_target
 from proxy.sqltext.tokens import name
 
@@ -61,6 +61,7 @@ async def unproven(backend: Backend, commands: list[JournalEntry | Inflight], tr
     # 0 into an AUTO_INCREMENT column is a value only with NO_AUTO_VALUE_ON_ZERO, in the session
     # as it is now and as it was when the transaction began (DM sets it on its connections).
     zero_is_value = all(_zero_is_value(s) for s in (state, before) if s is not None) and state is not None
+    proven: list[tuple[object, Claim, TableKeys]] = []  # each statement's table, claim and keys
     for command in commands:
         payload = command.payload
         if text_of(payload, command.statement) is None:
@@ -80,10 +81,10 @@ async def unproven(backend: Backend, commands: list[JournalEntry | Inflight], tr
             if found is None:
                 return f"not a keyed write of constants: {analysis.statements[0].kind.value}"
             why = await _disproof(keys, backend, found, state.database if state else None, session_changed, fk_checks,
-                                  zero_is_value)  # fmt: skip
+                                  zero_is_value, proven)  # fmt: skip
             if why is not None:
                 return why
-    return None
+    return proves_together(proven)
 
 
 def _zero_is_value(state: SessionState) -> bool:
@@ -91,7 +92,8 @@ def _zero_is_value(state: SessionState) -> bool:
 
 
 async def _disproof(keys: KeyCache, backend: Backend, c: Claim, current_db: str | None, session_changed: bool,
-                    fk_checks: bool, zero_is_value: bool) -> str | None:  # fmt: skip
+                    fk_checks: bool, zero_is_value: bool, proven: list[tuple[object, Claim, TableKeys]]) -> str | None:  # fmt: skip
+    """Why the table's keys do not prove ``c``; None when they do (``proven`` gets it then)."""
     database, table = c.table
     if database is None:
         if session_changed:
@@ -105,6 +107,7 @@ async def _disproof(keys: KeyCache, backend: Backend, c: Claim, current_db: str 
     if not proves(c, table_keys, fk_checks, zero_is_value):
         return (f"{database}.{table}: the statement does not pin a unique key with constants (or gives its AUTO_INCREMENT "
                 "column a value that may be 0, or the table has triggers / is referenced by foreign keys)")  # fmt: skip
+    proven.append(((database, table), c, table_keys))
     return None
 
 

@@ -16,6 +16,11 @@ then decide (``proves``):
   AUTO_INCREMENT id left out, NULL, or 0 without NO_AUTO_VALUE_ON_ZERO in sql_mode; a nullable
   unique key), a second run adds a row. A REPLACE deletes the row it conflicts with and inserts
   a new one: it must also give the AUTO_INCREMENT column, or the row comes back with a new id.
+  An ODKU also needs the table to have one unique index only: with two, a row updates the first
+  row it conflicts with by either, and which one that is depends on what the rows before it
+  did (``VALUES (1, u=1, 1), (4, 1, 1), (2, 1, 2), (2, 4, 2) ... UPDATE v = VALUES(v)`` on an
+  empty table leaves row 1 with v = 2, run again v = 1). A REPLACE deletes every row it
+  conflicts with, so it stays "the row with these keys", whatever the number of keys.
 - DELETE: the WHERE is a conjunction of ``column = constant`` covering such a key (or an
   OR / IN list of such conjunctions): it removes at most that row; LIMIT does not matter.
 - UPDATE: the same WHERE, and SET assigns constants to columns that are in no unique key and
@@ -25,7 +30,9 @@ then decide (``proves``):
 
 A sequence of such statements is idempotent too: each sets "the row with key K" to fixed
 values or removes it, and an UPDATE only applies to a row that exists, so running the sequence
-again from its own end state gives the same end state.
+again from its own end state gives the same end state. (Checked by brute force over random
+tables with one and two unique keys, random start states and sequences of up to four such
+statements: no divergence, but for the ODKU with two keys, which is excluded.)
 
 Transaction control, SET of session/user variables to constants and read-only statements
 change no rows: they are idempotent without a claim.
@@ -46,7 +53,7 @@ from proxy.sqltext.lexer import IDC, NAME_KINDS, WS, SqlParseError, Token, Token
 from proxy.sqltext.setstmt import SetScope, parse_set
 from proxy.sqltext.statement import TRANSACTION_KINDS, Kind
 
-__all__ = ["Claim", "TableKeys", "claim", "proves", "is_idempotent", "repeatable"]
+__all__ = ["Claim", "TableKeys", "claim", "proves", "proves_together", "is_idempotent", "repeatable"]
 
 
 @attrs.frozen
@@ -66,8 +73,13 @@ class Claim:
     assigned: frozenset[str] = frozenset()
     where: frozenset[str] = frozenset()
     replaces: bool = False  # REPLACE: deletes the conflicting row and inserts a new one
+    upsert: bool = False  # INSERT ... ON DUPLICATE KEY UPDATE: updates the first row it conflicts with
+    # Columns whose value in a row already there it may change: an UPDATE's SET (but a key set to
+    # its own WHERE value), every column of an upsert's UPDATE part (``c = VALUES(c)`` too).
+    updates: frozenset[str] = frozenset()
     # ODKU ``c = literal``: (c, the literal's text), which every row must insert into c as well;
-    # then the insert's column list (None: the table's order) and each row's literal texts.
+    # then the insert's column list (an upsert's, None: the table's order) and each row's literal
+    # texts.
     same_as_inserted: tuple[tuple[str, str], ...] = ()
     columns: tuple[str, ...] | None = None
     rows: tuple[tuple[str, ...], ...] = ()
@@ -93,6 +105,8 @@ def proves(c: Claim, keys: TableKeys, foreign_key_checks: bool = True, zero_is_v
     ``zero_is_value``: the session's sql_mode has NO_AUTO_VALUE_ON_ZERO."""
     if keys.has_triggers or (keys.referenced and foreign_key_checks) or not keys.unique_keys:
         return False
+    if c.upsert and not (len(set(keys.unique_keys)) == 1 and keys.key_columns == keys.unique_keys[0]):
+        return False  # more than one unique index (a nullable one counts): which row it updates varies
     generated = None  # the AUTO_INCREMENT column when some row may have it generate an id
     if keys.auto_increment is not None and not zero_is_value and keys.auto_increment in _names(c.maybe_zero, keys):
         generated = keys.auto_increment
@@ -109,6 +123,43 @@ def proves(c: Claim, keys: TableKeys, foreign_key_checks: bool = True, zero_is_v
             if i < 0 or any(i >= len(row) or row[i] != literal for row in c.rows):
                 return False  # a second run would update the row the first one inserted
     return not (c.assigned & keys.key_columns) and not (c.assigned & c.where)
+
+
+def proves_together(proven: list[tuple[object, Claim, TableKeys]]) -> str | None:
+    """Statements each proven alone, with their tables (any key that tells tables apart) and
+    keys: why the sequence is not idempotent, or None. Run again from its own end, the sequence
+    meets its rows in another state; that matters where a statement's effect depends on a column
+    outside the unique keys that another statement changes, but for a REPLACE, which makes its
+    row anew each time:
+
+    - a DELETE or UPDATE that selects by such a column (``WHERE id = 1 AND v = 5``), and an
+      UPDATE or upsert writes it: ``DELETE ... WHERE id = 1 AND v = 5; UPDATE ... SET v = 5 WHERE
+      id = 1`` on (1, 6) leaves (1, 5) once and no row twice;
+    - an upsert that inserts such a column without updating it (a row inserted the first time
+      has the statement's value, a row found the second time keeps its own), and an UPDATE sets it.
+
+    Found by brute force against a model of the server (tests/fuzz/test_idempotence_model.py)."""
+    written: dict[object, set[str]] = {}  # by an UPDATE's SET or an upsert (inserted or updated)
+    set_by_update: dict[object, set[str]] = {}
+    for table, c, keys in proven:
+        if c.upsert:
+            written.setdefault(table, set()).update(_inserted(c, keys) | c.updates)
+        elif not c.replaces:
+            written.setdefault(table, set()).update(c.updates)
+            set_by_update.setdefault(table, set()).update(c.updates)
+    for table, c, keys in proven:
+        if c.upsert:
+            depends = (_inserted(c, keys) - c.updates - keys.key_columns) & set_by_update.get(table, set())
+        else:
+            depends = set(c.where - keys.key_columns) & written.get(table, set())
+        if depends:
+            return f"a statement's effect depends on {', '.join(sorted(depends))}, which the transaction also changes"
+    return None
+
+
+def _inserted(c: Claim, keys: TableKeys) -> set[str]:
+    """The columns an upsert inserts: its column list, else the table's."""
+    return set(c.columns) if c.columns is not None else set(keys.columns)
 
 
 def _names(columns: frozenset[str | int], keys: TableKeys) -> set[str | int]:
@@ -250,7 +301,7 @@ def _insert_claim(sql: str, dialect: Dialect, nbe: bool, null_params: list[bool]
         updated = _on_duplicate_assigned(tail, columns, nbe)
         if updated is None:
             return None
-        assigned, same = updated
+        assigned, same, updates = updated
     params = iter(null_params) if null_params is not None else None
     literal_rows = _row_literals(sql, head.rows_start, rows.end(), nbe)
     kept = [tuple(row) for row in literal_rows] if same else None  # kept only when a constant must be compared
@@ -258,9 +309,11 @@ def _insert_claim(sql: str, dialect: Dialect, nbe: bool, null_params: list[bool]
     fixed = tuple({f for f, _ in per_row})
     maybe_zero = frozenset().union(*(z for _, z in per_row))
     if kept is None:
-        return Claim(table, fixed, assigned, replaces=head.verb == "REPLACE", maybe_zero=maybe_zero)
+        upsert = head.verb == "INSERT"
+        return Claim(table, fixed, assigned, replaces=not upsert, upsert=upsert, updates=updates if upsert else frozenset(),
+                     columns=tuple(columns) if upsert and columns is not None else None, maybe_zero=maybe_zero)  # fmt: skip
     return Claim(table, fixed, assigned, same_as_inserted=same, columns=tuple(columns) if columns is not None else None,
-                 rows=tuple(kept), maybe_zero=maybe_zero)  # fmt: skip
+                 rows=tuple(kept), upsert=True, updates=updates, maybe_zero=maybe_zero)  # fmt: skip
 
 
 def _fixed_columns(row, columns: list[str] | None, null_params) -> tuple[frozenset[str | int], frozenset[str | int]]:
@@ -286,23 +339,24 @@ _NUMBER = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?
 
 
 def _maybe_zero(value: str) -> bool:
-    """May the server store this literal as 0 in an integer column? Only a number of magnitude 1
-    or more (or TRUE), bare or quoted, surely is not: 0, '0', '', 0.4, FALSE, a hex or bit value,
-    a string may be (converted), and a ``?`` may be bound to 0."""
+    """May the server store this literal as 0 in an integer column? Only a number of 1 or more
+    (or TRUE), bare or quoted, surely is not: 0, '0', '', 0.4, FALSE, a hex or bit value, a
+    string may be (converted); a negative number is 0 in an UNSIGNED column without strict
+    mode; and a ``?`` may be bound to 0."""
     if value.upper() == "TRUE":
         return False
     text = value[1:-1] if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"" else value
-    return _NUMBER.fullmatch(text.strip()) is None or abs(float(text)) < 1
+    return _NUMBER.fullmatch(text.strip()) is None or float(text) < 1
 
 
 def _on_duplicate_assigned(
     tokens: list[Token], columns: list[str] | None, nbe: bool
-) -> tuple[frozenset[str], tuple[tuple[str, str], ...]] | None:
+) -> tuple[frozenset[str], tuple[tuple[str, str], ...], frozenset[str]] | None:
     """``[AS alias [(cols)]] ON DUPLICATE KEY UPDATE`` whose right sides use only the new row's
     values or literals, never the existing row (``c = c + 1`` is not idempotent): the columns
     it sets to something else than their own new value (``c = VALUES(c)`` makes the row what
     the statement inserts, as REPLACE does), with (column, literal) for each ``c = literal``
-    (the rows must insert that literal into c), or None."""
+    (the rows must insert that literal into c), and every column it sets; or None."""
     i, alias, alias_columns = 0, None, []
     if tk.word(tokens, 0) == "AS":
         if len(tokens) < 2 or tokens[1].kind not in NAME_KINDS:
@@ -319,12 +373,14 @@ def _on_duplicate_assigned(
     items = tk.split_top_level(tokens[i + 4 :])
     assigned: set[str] = set()
     same: list[tuple[str, str]] = []
+    updates: set[str] = set()
     for item in items:
         column_end = _column_ref_end(item, 0)
         if column_end < 0 or not tk.is_punct(item, column_end, "="):
             return None
         rhs = item[column_end + 1 :]
         column = _column_key(item[:column_end])
+        updates.add(column)
         source = _new_row_column(rhs, alias, alias_columns, columns, nbe)
         if source == column:
             continue  # the column gets its own inserted value: the row becomes what is inserted
@@ -334,7 +390,7 @@ def _on_duplicate_assigned(
             return None
         assigned.add(column)
         same.append((column, rhs[0].text))
-    return (frozenset(assigned), tuple(same)) if items else None
+    return (frozenset(assigned), tuple(same), frozenset(updates)) if items else None
 
 
 def _new_row_column(rhs: list[Token], alias: str | None, alias_columns: list[str], columns: list[str] | None, nbe: bool) -> str | None:
@@ -533,4 +589,4 @@ def _update_claim(tokens: list[Token], nbe: bool) -> Claim | None:
         if column in keys:
             return None  # moves the row out of its own WHERE
         assigned.add(column)
-    return Claim(table_name(tokens[start:i], nbe), (frozenset(keys),), frozenset(assigned), frozenset(keys))
+    return Claim(table_name(tokens[start:i], nbe), (frozenset(keys),), frozenset(assigned), frozenset(keys), updates=frozenset(assigned))

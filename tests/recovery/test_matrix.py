@@ -482,6 +482,19 @@ inflight(
     faults=(DROP,),
 )
 inflight(
+    # TiDB's AUTO_RANDOM key makes its value for 0 as AUTO_INCREMENT does, though
+    # information_schema.COLUMNS does not call it auto_increment: a second run adds a row.
+    "autocommit-replace-zero-auto-random",
+    ["REPLACE INTO ar (id, v) VALUES (0, 'z')", "SELECT 1"],
+    0,
+    setup=["CREATE TABLE ar (id BIGINT AUTO_RANDOM PRIMARY KEY, v VARCHAR(8))"],
+    before={"SELECT COUNT(*), MIN(v) FROM ar": [(0, None)]},
+    after={"SELECT COUNT(*), MIN(v) FROM ar": [(1, "z")]},
+    idem=False,
+    faults=(DROP,),
+    flavors=("tidb",),
+)
+inflight(
     # With NO_AUTO_VALUE_ON_ZERO (as DM sets it) the 0 is the row's id: replayed, still one row.
     "autocommit-replace-zero-id-no-auto-value",
     ["SET SESSION sql_mode = 'NO_AUTO_VALUE_ON_ZERO'", "REPLACE INTO a (id, v) VALUES (0, 'z')", "SELECT 1"],
@@ -580,6 +593,55 @@ inflight(
     setup=[U, "INSERT INTO u (id, k, v) VALUES (1, 5, 'old')"],
     before={"SELECT id, k, v FROM u": [(1, 5, "old")]},
     after={"SELECT id, k, v FROM u": [(2, 5, "x")]},
+    idem=False,
+    faults=(DROP,),
+)
+inflight(
+    # Upserts on a table with two unique indexes: each row updates the first row it conflicts
+    # with (by id, else by u), which depends on the rows before it. Run again from its own end,
+    # this transaction leaves row 1 with v = 1, not 2 (found by brute force; safe mode once
+    # replayed it).
+    "safe-odku-two-unique-keys",
+    [
+        "BEGIN",
+        *(f"INSERT INTO k2 VALUES ({row}) ON DUPLICATE KEY UPDATE v = VALUES(v)" for row in ("1, 1, 1", "4, 1, 1", "2, 1, 2", "2, 4, 2")),
+        "COMMIT",
+        "SELECT 1",
+    ],
+    5,
+    setup=["CREATE TABLE k2 (id INT PRIMARY KEY, u INT NOT NULL, v INT, UNIQUE KEY (u))"],
+    before={"SELECT id, u, v FROM k2 ORDER BY id": []},
+    after={"SELECT id, u, v FROM k2 ORDER BY id": [(1, 1, 2), (2, 4, 2)]},
+    idem=False,
+    faults=(DROP,),
+)
+inflight(
+    # A DELETE that selects by a non-key column the transaction then sets: run again from its
+    # own end, the DELETE finds v = 'x' and removes the row the first run kept.
+    "safe-delete-by-a-column-the-transaction-sets",
+    ["BEGIN", "DELETE FROM d2 WHERE id = 1 AND v = 'x'", "UPDATE d2 SET v = 'x' WHERE id = 1", "COMMIT", "SELECT 1"],
+    3,
+    setup=["CREATE TABLE d2 (id INT PRIMARY KEY, v VARCHAR(8))", "INSERT INTO d2 VALUES (1, 'y')"],
+    before={"SELECT id, v FROM d2": [(1, "y")]},
+    after={"SELECT id, v FROM d2": [(1, "x")]},
+    idem=False,
+    faults=(DROP,),
+)
+inflight(
+    # An upsert that inserts u without updating it, after an UPDATE of u: the first run inserts
+    # (1, 2, 0); a second finds the row, the UPDATE makes u 1, and the upsert keeps it.
+    "safe-upsert-keeps-a-column-the-transaction-sets",
+    [
+        "BEGIN",
+        "UPDATE d3 SET u = 1 WHERE id = 1",
+        "INSERT INTO d3 (id, u, v) VALUES (1, 2, 0) ON DUPLICATE KEY UPDATE v = VALUES(v)",
+        "COMMIT",
+        "SELECT 1",
+    ],
+    3,
+    setup=["CREATE TABLE d3 (id INT PRIMARY KEY, u INT, v INT)"],
+    before={"SELECT id, u, v FROM d3": []},
+    after={"SELECT id, u, v FROM d3": [(1, 2, 0)]},
     idem=False,
     faults=(DROP,),
 )

@@ -852,10 +852,12 @@ def test_is_idempotent_is_linear_on_a_huge_replace():
 
 # --- idempotence: claims and proofs by the table's keys -------------------------------------------
 
-from proxy.sqltext.idempotence import TableKeys, claim, proves  # noqa: E402
+from proxy.sqltext.idempotence import TableKeys, claim, proves, proves_together  # noqa: E402
 
-KEYS = TableKeys(unique_keys=(frozenset({"id"}),), key_columns=frozenset({"id", "email"}), columns=("id", "v", "email"),
+KEYS = TableKeys(unique_keys=(frozenset({"id"}),), key_columns=frozenset({"id"}), columns=("id", "v", "email"),
                  auto_increment="id")  # fmt: skip
+# The same table with a UNIQUE index on the nullable email as well.
+TWO_KEYS = attrs.evolve(KEYS, key_columns=frozenset({"id", "email"}))
 
 
 @pytest.mark.parametrize(
@@ -876,9 +878,10 @@ KEYS = TableKeys(unique_keys=(frozenset({"id"}),), key_columns=frozenset({"id", 
         ("REPLACE INTO t (id, v) VALUES ('', 'x')", False),
         ("REPLACE INTO t (id, v) VALUES (1, 'a'), (0, 'b')", False),
         ("INSERT INTO t (id, v) VALUES (0, 'a') ON DUPLICATE KEY UPDATE v = VALUES(v)", False),
-        ("REPLACE INTO t (id, v) VALUES ('7', 'x'), (-3, 'y'), (1e3, 'z'), (TRUE, 'w')", True),
+        ("REPLACE INTO t (id, v) VALUES (-3, 'y')", False),  # 0 in an UNSIGNED column (not strict)
+        ("REPLACE INTO t (id, v) VALUES ('7', 'x'), (+3, 'y'), (1e3, 'z'), (TRUE, 'w')", True),
         ("INSERT INTO t (id, v) VALUES (1, 'a') ON DUPLICATE KEY UPDATE v = VALUES(v)", True),
-        ("INSERT INTO t (id, v) VALUES (1, 'a') ON DUPLICATE KEY UPDATE email = 'z'", False),  # changes a unique column
+        ("INSERT INTO t (id, v) VALUES (1, 'a') ON DUPLICATE KEY UPDATE id = 7", False),  # changes the key
         # ODKU c = constant: a first run that inserts the row, a second that updates it, must
         # leave it the same: only when every row inserts that constant into c.
         ("INSERT INTO t (id, v) VALUES (1, 'a') ON DUPLICATE KEY UPDATE v = 'a'", True),
@@ -893,7 +896,6 @@ KEYS = TableKeys(unique_keys=(frozenset({"id"}),), key_columns=frozenset({"id", 
         ("DELETE FROM t WHERE v = 1 LIMIT 1", False),  # not a key: another row each time
         ("DELETE FROM t WHERE id IN (1, 2)", True),
         ("UPDATE t SET v = 'b' WHERE id = 1", True),
-        ("UPDATE t SET email = 'b' WHERE id = 1", False),
         ("UPDATE t SET v = 'b' WHERE v = 'a'", False),
     ],
 )
@@ -924,12 +926,68 @@ def test_zero_is_an_id_with_no_auto_value_on_zero(sql):
     assert proves(claim(sql, MARIADB), KEYS, zero_is_value=True)
 
 
-def test_zero_id_with_another_unique_key():
-    """A 0 id generates one, but the row is still pinned by another unique key: an ODKU finds
-    it again by that key; a REPLACE deletes it and inserts it with a new id each time."""
-    keys = attrs.evolve(KEYS, unique_keys=(frozenset({"id"}), frozenset({"email"})))
-    assert proves(claim("INSERT INTO t VALUES (0, 'a', 'x@y') ON DUPLICATE KEY UPDATE v = VALUES(v)", MARIADB), keys)
+def test_zero_id_replace_with_another_unique_key():
+    """A 0 id generates one: the row is pinned by the other unique key, but a REPLACE deletes it
+    and inserts it with a new id each time."""
+    keys = attrs.evolve(KEYS, unique_keys=(frozenset({"id"}), frozenset({"email"})), key_columns=frozenset({"id", "email"}))
+    assert proves(claim("REPLACE INTO t VALUES (5, 'a', 'x@y')", MARIADB), keys)
     assert not proves(claim("REPLACE INTO t VALUES (0, 'a', 'x@y')", MARIADB), keys)
+
+
+@pytest.mark.parametrize(
+    "sql, proven",
+    [
+        # An upsert updates the first row it conflicts with by either index: not "the row with
+        # key K" any more (tests/recovery/test_matrix.py, safe-odku-two-unique-keys).
+        ("INSERT INTO t (id, v) VALUES (1, 'a') ON DUPLICATE KEY UPDATE v = VALUES(v)", False),
+        ("INSERT INTO t VALUES (1, 'a', 'e') ON DUPLICATE KEY UPDATE id = VALUES(id), v = VALUES(v), email = VALUES(email)", False),
+        # A REPLACE deletes every row it conflicts with; DELETE and UPDATE select by one key.
+        ("REPLACE INTO t VALUES (1, 'a', 'e'), (2, 'b', 'e')", True),
+        ("DELETE FROM t WHERE id = 1", True),
+        ("UPDATE t SET v = 'b' WHERE id = 1", True),
+        ("UPDATE t SET email = 'b' WHERE id = 1", False),  # changes a unique column
+    ],
+)
+def test_two_unique_indexes(sql, proven):
+    c = claim(sql, MARIADB)
+    assert (c is not None and proves(c, TWO_KEYS)) == proven
+
+
+@pytest.mark.parametrize(
+    "sqls, why",
+    [
+        (["DELETE FROM t WHERE id = 1 AND v = 'x'", "UPDATE t SET v = 'x' WHERE id = 1"], "depends on v"),
+        (
+            [
+                "UPDATE t SET email = 'e' WHERE id = 1 AND v = 'x'",
+                "INSERT INTO t VALUES (1, 'x', 'e') ON DUPLICATE KEY UPDATE v = VALUES(v)",
+            ],
+            "depends on v",
+        ),
+        # An upsert inserts v but does not update it: found the second time, the row keeps the
+        # UPDATE's v; inserted the first time, it had the upsert's.
+        (
+            [
+                "UPDATE t SET v = 'x' WHERE id = 1",
+                "INSERT INTO t (id, v, email) VALUES (1, 'y', 'e') ON DUPLICATE KEY UPDATE email = VALUES(email)",
+            ],
+            "depends on v",
+        ),
+        (
+            ["INSERT INTO t (id, v) VALUES (1, 'y') ON DUPLICATE KEY UPDATE v = VALUES(v)", "DELETE FROM t WHERE id = 1 AND v = 'y'"],
+            "depends on v",
+        ),
+        (["UPDATE t SET v = 'x' WHERE id = 1", "INSERT INTO t (id, v) VALUES (1, 'y') ON DUPLICATE KEY UPDATE v = VALUES(v)"], None),
+        (["DELETE FROM t WHERE id = 1 AND v = 'x'", "REPLACE INTO t VALUES (1, 'x', 'e')"], None),  # made anew each time
+        (["DELETE FROM t WHERE id = 1", "UPDATE t SET v = 'x' WHERE id = 1"], None),
+        (["DELETE FROM u WHERE id = 1 AND v = 'x'", "UPDATE t SET v = 'x' WHERE id = 1"], None),  # another table
+    ],
+)
+def test_a_sequence_that_selects_by_what_it_changes(sqls, why):
+    claims = [claim(sql, MARIADB) for sql in sqls]
+    assert all(c is not None and proves(c, KEYS) for c in claims)
+    found = proves_together([(c.table, c, KEYS) for c in claims])
+    assert (found is None) if why is None else (why in found)
 
 
 def test_triggers_and_foreign_keys_forbid_the_proof():
