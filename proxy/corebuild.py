@@ -30,6 +30,7 @@ __all__ = ["COMPILED", "MANIFEST", "choose", "mode", "source_of"]
 _PACKAGES = {
     "protocol": ("auth", "constants", "framing", "packets", "response", "resultset", "scramble"),
     "sqltext": (
+        "claims",
         "ddl",
         "expressions",
         "functions",

@@ -17,7 +17,8 @@ from proxy.recovery.plan import StatementFacts
 from proxy.session.completed import SESSION_ONLY_COMMANDS
 from proxy.session.transaction import JournalEntry
 from proxy.sqltext import Analysis, Kind
-from proxy.sqltext.idempotence import claim, repeatable
+from proxy.sqltext.claims import claim
+from proxy.sqltext.idempotence import repeatable
 
 if TYPE_CHECKING:
     from proxy.cycle.inflight import Inflight

@@ -23,7 +23,8 @@ from proxy.recovery.tablekeys import KeyCache, lower_text
 from proxy.session.state import PreparedStatement, SessionState
 from proxy.session.texts import text_of
 from proxy.sqltext import Dialect, ServerReading, SqlParseError, Token, TokenKind, analyze, iter_tokens, quote_string
-from proxy.sqltext.idempotence import Claim, TableKeys, claim, proves, proves_together, repeatable
+from proxy.sqltext.claims import Claim, claim
+from proxy.sqltext.idempotence import TableKeys, proves, proves_together, repeatable
 from proxy.sqltext.inserts import InsertHead, insert_head, insert_rows, insert_target
 from proxy.sqltext.tokens import name
 

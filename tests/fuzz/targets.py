@@ -80,7 +80,8 @@ from proxy.sqltext import (
     split_statements,
     tokenize,
 )
-from proxy.sqltext.idempotence import changes_no_rows, claim
+from proxy.sqltext.claims import claim
+from proxy.sqltext.idempotence import changes_no_rows
 from proxy.sqltext.redact import redact
 from proxy.sqltext.split import CannotSplit, count_rows, split_values_statement
 from proxy.sqltext.triage import fast_verb, may_pin_session

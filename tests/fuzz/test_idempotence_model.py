@@ -17,7 +17,8 @@ import random
 import pytest
 
 from proxy.sqltext import MARIADB
-from proxy.sqltext.idempotence import TableKeys, claim, proves, proves_together
+from proxy.sqltext.claims import claim
+from proxy.sqltext.idempotence import TableKeys, proves, proves_together
 
 Row = dict[str, int]
 
@@ -103,6 +104,12 @@ def _statement(rng: random.Random):
         sets = ", ".join(f"{c} = VALUES({c})" if v == "new" else f"{c} = {v}" for c, v in updates.items())
         return f"INSERT INTO t (id, u, v) VALUES {values} ON DUPLICATE KEY UPDATE {sets}", [("upsert", r, updates) for r in rows]
     where = _where(rng)
+    if kind == "delete" and rng.random() < 0.3:  # several keys: an IN list, or ORed conjunctions
+        if rng.random() < 0.5:
+            key, values = rng.choice(("id", "u")), rng.sample(range(1, 4), 2)
+            return f"DELETE FROM t WHERE {key} IN ({values[0]}, {values[1]})", [("delete", {key: x}) for x in values]
+        alternatives = [where, _where(rng)]
+        return "DELETE FROM t WHERE " + " OR ".join(f"({_sql(a)})" for a in alternatives), [("delete", a) for a in alternatives]
     if kind == "delete":
         return f"DELETE FROM t WHERE {_sql(where)}", [("delete", where)]
     values = {"v": rng.randint(0, 1)} if rng.random() < 0.8 else {"u": rng.randint(1, 3)}

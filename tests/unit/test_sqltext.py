@@ -852,7 +852,8 @@ def test_is_idempotent_is_linear_on_a_huge_replace():
 
 # --- idempotence: claims and proofs by the table's keys -------------------------------------------
 
-from proxy.sqltext.idempotence import TableKeys, claim, proves, proves_together  # noqa: E402
+from proxy.sqltext.claims import claim  # noqa: E402
+from proxy.sqltext.idempotence import TableKeys, proves, proves_together  # noqa: E402
 
 KEYS = TableKeys(unique_keys=(frozenset({"id"}),), key_columns=frozenset({"id"}), columns=("id", "v", "email"),
                  auto_increment="id")  # fmt: skip
