@@ -108,7 +108,9 @@ async def _disproof(keys: KeyCache, backend: Backend, c: Claim, current_db: str 
     if not proves(c, table_keys, fk_checks, zero_is_value):
         return (f"{database}.{table}: the statement does not pin a unique key with constants (or gives its AUTO_INCREMENT "
                 "column a value that may be 0, or the table has triggers / is referenced by foreign keys)")  # fmt: skip
-    proven.append(((database, table), c, table_keys))
+    # Tables told apart without case: on TiDB (and with lower_case_table_names = 1) `T` is `t`;
+    # where they are two tables, a dependency taken between them only refuses a proof.
+    proven.append(((database.lower(), table.lower()), c, table_keys))
     return None
 
 

@@ -628,6 +628,18 @@ inflight(
     faults=(DROP,),
 )
 inflight(
+    # The same on TiDB, where table names are without case: `D2` is `d2`.
+    "safe-delete-by-a-column-the-transaction-sets-other-case",
+    ["BEGIN", "DELETE FROM D2 WHERE id = 1 AND v = 'x'", "UPDATE d2 SET v = 'x' WHERE id = 1", "COMMIT", "SELECT 1"],
+    3,
+    setup=["CREATE TABLE d2 (id INT PRIMARY KEY, v VARCHAR(8))", "INSERT INTO d2 VALUES (1, 'y')"],
+    before={"SELECT id, v FROM d2": [(1, "y")]},
+    after={"SELECT id, v FROM d2": [(1, "x")]},
+    idem=False,
+    faults=(DROP,),
+    flavors=("tidb",),
+)
+inflight(
     # An upsert that inserts u without updating it, after an UPDATE of u: the first run inserts
     # (1, 2, 0); a second finds the row, the UPDATE makes u 1, and the upsert keeps it.
     "safe-upsert-keeps-a-column-the-transaction-sets",
