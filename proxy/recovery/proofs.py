@@ -23,7 +23,7 @@ from proxy.recovery.tablekeys import KeyCache, lower_text
 from proxy.session.state import PreparedStatement, SessionState
 from proxy.session.texts import text_of
 from proxy.sqltext import Dialect, ServerReading, SqlParseError, Token, TokenKind, analyze, iter_tokens, quote_string
-from proxy.sqltext.claims import Claim, claim
+from proxy.sqltext.claims import Claim, claim, stored_as_zero
 from proxy.sqltext.idempotence import TableKeys, proves, proves_together, repeatable
 from proxy.sqltext.inserts import InsertHead, insert_head, insert_rows, insert_target
 from proxy.sqltext.tokens import name
@@ -244,9 +244,13 @@ async def _generated(keys: KeyCache, backend: Backend, text: str, reading: Serve
         if len(value) != 1:
             return None  # an expression: not followed
         token = value[0]
-        word = token.text.upper() if token.kind is TokenKind.WORD else None
-        if word in ("NULL", "DEFAULT") or (token.kind is TokenKind.NUMBER and not zero_is_value and float(token.text) == 0):
+        if token.kind is TokenKind.WORD and token.text.upper() in ("NULL", "DEFAULT"):
             return True
         if token.kind not in (TokenKind.NUMBER, TokenKind.STRING):
             return None
+        zero = False if zero_is_value else stored_as_zero(token.text)
+        if zero is None:
+            return None
+        if zero:
+            return True  # 0, '0', 0.4: generated
     return False  # every row gave the id

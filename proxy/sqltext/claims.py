@@ -14,7 +14,7 @@ from proxy.sqltext.dialect import UNKNOWN, Dialect
 from proxy.sqltext.inserts import InsertHead, insert_head, insert_target, table_name, table_ref_end
 from proxy.sqltext.lexer import IDC, NAME_KINDS, WS, SqlParseError, Token, TokenKind, quoted_string
 
-__all__ = ["Claim", "claim"]
+__all__ = ["Claim", "claim", "stored_as_zero"]
 
 
 @attrs.frozen
@@ -181,15 +181,24 @@ def _fixed_columns(row, columns: list[str] | None, null_params) -> tuple[frozens
 _NUMBER = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
 
-def _maybe_zero(value: str) -> bool:
-    """May the server store this literal as 0 in an integer column? Only a number of 1 or more
-    (or TRUE), bare or quoted, surely is not: 0, '0', '', 0.4, FALSE, a hex or bit value, a
-    string may be (converted); a negative number is 0 in an UNSIGNED column without strict
-    mode; and a ``?`` may be bound to 0."""
-    if value.upper() == "TRUE":
-        return False
-    text = value[1:-1] if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"" else value
-    return _NUMBER.fullmatch(text.strip()) is None or float(text) < 1
+def stored_as_zero(literal: str) -> bool | None:
+    """Does an integer column store this literal as 0 (which in an AUTO_INCREMENT column makes a
+    new id, unless sql_mode has NO_AUTO_VALUE_ON_ZERO)? True for 0, '0', 0.4, FALSE; False for a
+    number of 1 or more, bare or quoted, and TRUE; None when the text cannot tell: 0.5 to 1 (a
+    float rounds half to even), a negative number (0 in an UNSIGNED column without strict mode),
+    a hex or bit value, another string, a ``?``."""
+    upper = literal.upper()
+    if upper in ("TRUE", "FALSE"):
+        return upper == "FALSE"
+    text = literal[1:-1] if len(literal) >= 2 and literal[0] == literal[-1] and literal[0] in "'\"" else literal
+    if _NUMBER.fullmatch(text.strip()) is None:
+        return None
+    value = float(text)
+    return True if abs(value) < 0.5 else False if value >= 1 else None
+
+
+def _maybe_zero(literal: str) -> bool:
+    return stored_as_zero(literal) is not False
 
 
 def _on_duplicate_assigned(

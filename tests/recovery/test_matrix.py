@@ -1599,6 +1599,16 @@ for m in MODES:
         [Alt([OK(), OK(rows=((41,),)), ONE], {QA: [(41, "x")]})],
     )
     add(
+        # '0' generates an id as 0 does: LAST_INSERT_ID() is 41, not what came before (the
+        # proxy once took the quoted 0 for an id the statement gave).
+        "last-insert-id-quoted-zero-after-idle-close",
+        m,
+        ["INSERT INTO a (id, v) VALUES (7, 'p')", "INSERT INTO a (id, v) VALUES ('0', 'x')", "SELECT LAST_INSERT_ID()", "SELECT 1"],
+        fault(IDLE, 2),
+        [A],
+        [Alt([OK(), OK(), OK(rows=((41,),)), ONE], {QA: [(7, "p"), (41, "x")]})],
+    )
+    add(
         "autocommit-off-restored",
         m,
         ["SET autocommit = 0", "INSERT INTO t VALUES (1, 'a')", "COMMIT", "INSERT INTO t VALUES (2, 'b')", "ROLLBACK", "SELECT 1"],

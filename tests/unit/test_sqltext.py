@@ -852,7 +852,7 @@ def test_is_idempotent_is_linear_on_a_huge_replace():
 
 # --- idempotence: claims and proofs by the table's keys -------------------------------------------
 
-from proxy.sqltext.claims import claim  # noqa: E402
+from proxy.sqltext.claims import claim, stored_as_zero  # noqa: E402
 from proxy.sqltext.idempotence import TableKeys, proves, proves_together  # noqa: E402
 
 KEYS = TableKeys(unique_keys=(frozenset({"id"}),), key_columns=frozenset({"id"}), columns=("id", "v", "email"),
@@ -925,6 +925,16 @@ def test_zero_is_an_id_with_no_auto_value_on_zero(sql):
     """DM sets sql_mode NO_AUTO_VALUE_ON_ZERO on its connections: there a 0 is the row's id."""
     assert not proves(claim(sql, MARIADB), KEYS)
     assert proves(claim(sql, MARIADB), KEYS, zero_is_value=True)
+
+
+@pytest.mark.parametrize(
+    "literal, zero",
+    [("0", True), ("'0'", True), ("0.4", True), ("-0.2", True), ("FALSE", True), ("1", False), ("'12'", False),
+     ("1e3", False), ("TRUE", False), ("0.5", None), ("-1", None), ("''", None), ("x'00'", None), ("'1abc'", None),
+     ("?", None)],
+)  # fmt: skip
+def test_stored_as_zero(literal, zero):
+    assert stored_as_zero(literal) is zero
 
 
 def test_zero_id_replace_with_another_unique_key():
