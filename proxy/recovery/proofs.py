@@ -62,7 +62,7 @@ async def unproven(backend: Backend, commands: list[JournalEntry | Inflight], tr
     # 0 into an AUTO_INCREMENT column is a value only with NO_AUTO_VALUE_ON_ZERO, in the session
     # as it is now and as it was when the transaction began (DM sets it on its connections).
     zero_is_value = all(_zero_is_value(s) for s in (state, before) if s is not None) and state is not None
-    proven: list[tuple[object, Claim, TableKeys]] = []  # each statement's table, claim and keys
+    proven: list[tuple[str, Claim, TableKeys]] = []  # each statement's table, claim and keys
     for command in commands:
         payload = command.payload
         if text_of(payload, command.statement) is None:
@@ -93,7 +93,7 @@ def _zero_is_value(state: SessionState) -> bool:
 
 
 async def _disproof(keys: KeyCache, backend: Backend, c: Claim, current_db: str | None, session_changed: bool,
-                    fk_checks: bool, zero_is_value: bool, proven: list[tuple[object, Claim, TableKeys]]) -> str | None:  # fmt: skip
+                    fk_checks: bool, zero_is_value: bool, proven: list[tuple[str, Claim, TableKeys]]) -> str | None:  # fmt: skip
     """Why the table's keys do not prove ``c``; None when they do (``proven`` gets it then)."""
     database, table = c.table
     if database is None:
@@ -110,7 +110,7 @@ async def _disproof(keys: KeyCache, backend: Backend, c: Claim, current_db: str 
                 "column a value that may be 0, or the table has triggers / is referenced by foreign keys)")  # fmt: skip
     # Tables told apart without case: on TiDB (and with lower_case_table_names = 1) `T` is `t`;
     # where they are two tables, a dependency taken between them only refuses a proof.
-    proven.append(((database.lower(), table.lower()), c, table_keys))
+    proven.append((f"{database}.{table}".lower(), c, table_keys))
     return None
 
 

@@ -90,8 +90,8 @@ def proves(c: Claim, keys: TableKeys, foreign_key_checks: bool = True, zero_is_v
     return not (c.assigned & keys.key_columns) and not (c.assigned & c.where)
 
 
-def proves_together(proven: list[tuple[object, Claim, TableKeys]]) -> str | None:
-    """Statements each proven alone, with their tables (any key that tells tables apart) and
+def proves_together(proven: list[tuple[str, Claim, TableKeys]]) -> str | None:
+    """Statements each proven alone, with their tables (a name that tells tables apart) and
     keys: why the sequence is not idempotent, or None. Run again from its own end, the sequence
     meets its rows in another state; that matters where a statement's effect depends on a column
     outside the unique keys that another statement changes, but for a REPLACE, which makes its
@@ -104,8 +104,8 @@ def proves_together(proven: list[tuple[object, Claim, TableKeys]]) -> str | None
       has the statement's value, a row found the second time keeps its own), and an UPDATE sets it.
 
     Found by brute force against a model of the server (tests/fuzz/test_idempotence_model.py)."""
-    written: dict[object, set[str]] = {}  # by an UPDATE's SET or an upsert (inserted or updated)
-    set_by_update: dict[object, set[str]] = {}
+    written: dict[str, set[str]] = {}  # by an UPDATE's SET or an upsert (inserted or updated)
+    set_by_update: dict[str, set[str]] = {}
     for table, c, keys in proven:
         if c.upsert:
             written.setdefault(table, set()).update(_inserted(c, keys) | c.updates)
@@ -118,7 +118,7 @@ def proves_together(proven: list[tuple[object, Claim, TableKeys]]) -> str | None
         else:
             depends = set(c.where - keys.key_columns) & written.get(table, set())
         if depends:
-            return f"a statement's effect depends on {', '.join(sorted(depends))}, which the transaction also changes"
+            return f"{table}: a statement's effect depends on {', '.join(sorted(depends))}, which the transaction also changes"
     return None
 
 

@@ -138,7 +138,7 @@ def test_what_is_proven_is_idempotent_in_the_model(two_keys, auto_increment, zer
         claims = [claim(sql, MARIADB) for sql, _steps in statements]
         if not all(c is not None and proves(c, keys, zero_is_value=zero_is_value) for c in claims):
             continue
-        if proves_together([(c.table, c, keys) for c in claims if c is not None]) is not None:
+        if proves_together([(c.table[1], c, keys) for c in claims if c is not None]) is not None:
             continue
         table = Table(start, unique, auto_increment, zero_is_value)
         try:
