@@ -61,7 +61,7 @@ async def unproven(backend: Backend, commands: list[JournalEntry | Inflight], tr
     session_changed = before is not None and state is not None and before.database != state.database
     # 0 into an AUTO_INCREMENT column is a value only with NO_AUTO_VALUE_ON_ZERO, in the session
     # as it is now and as it was when the transaction began (DM sets it on its connections).
-    zero_is_value = all(_zero_is_value(s) for s in (state, before) if s is not None) and state is not None
+    zero_is_value = state is not None and _zero_is_value(state) and (before is None or _zero_is_value(before))
     proven: list[tuple[str, Claim, TableKeys]] = []  # each statement's table, claim and keys
     for command in commands:
         payload = command.payload

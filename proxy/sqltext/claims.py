@@ -140,6 +140,7 @@ def _insert_claim(sql: str, dialect: Dialect, nbe: bool, null_params: list[bool]
     if table is None:
         return None
     same: tuple[tuple[str, str], ...] = ()
+    updates: frozenset[str] = frozenset()
     if head.verb == "INSERT":
         updated = _on_duplicate_assigned(tail, columns, nbe)
         if updated is None:
@@ -153,7 +154,7 @@ def _insert_claim(sql: str, dialect: Dialect, nbe: bool, null_params: list[bool]
     maybe_zero = frozenset().union(*(z for _, z in per_row))
     if kept is None:
         upsert = head.verb == "INSERT"
-        return Claim(table, fixed, assigned, replaces=not upsert, upsert=upsert, updates=updates if upsert else frozenset(),
+        return Claim(table, fixed, assigned, replaces=not upsert, upsert=upsert, updates=updates,
                      columns=tuple(columns) if upsert and columns is not None else None, maybe_zero=maybe_zero)  # fmt: skip
     return Claim(table, fixed, assigned, same_as_inserted=same, columns=tuple(columns) if columns is not None else None,
                  rows=tuple(kept), upsert=True, updates=updates, maybe_zero=maybe_zero)  # fmt: skip

@@ -1,10 +1,10 @@
 """Safe mode: may a statement be applied again, after it (and the rest of its transaction) may
 already have been applied, and leave the same rows?
 
-Two steps. The text gives a ``Claim`` (``proxy.sqltext.claims.claim``): the statement is a keyed write whose values
-are all constants -- REPLACE / INSERT ... ON DUPLICATE KEY UPDATE c = VALUES(c) | constant,
-DELETE ... WHERE <key> = constant ..., UPDATE ... SET c = constant WHERE <key> = constant --,
-and which columns it fixes. The table's keys (``TableKeys``, read from information_schema)
+Two steps. The text gives a ``Claim`` (``proxy.sqltext.claims.claim``): the statement is a
+keyed write whose values are all constants -- REPLACE / INSERT ... ON DUPLICATE KEY UPDATE c =
+VALUES(c) | constant, DELETE ... WHERE <key> = constant ..., UPDATE ... SET c = constant WHERE
+<key> = constant --, and which columns it fixes. The table's keys (``TableKeys``, read from information_schema)
 then decide (``proves``):
 
 - REPLACE / ODKU: every row gives every column of one PRIMARY or UNIQUE key (all its columns
@@ -30,9 +30,10 @@ then decide (``proves``):
 
 A sequence of such statements is idempotent too: each sets "the row with key K" to fixed
 values or removes it, and an UPDATE only applies to a row that exists, so running the sequence
-again from its own end state gives the same end state. (Checked by brute force over random
-tables with one and two unique keys, random start states and sequences of up to four such
-statements: no divergence, but for the ODKU with two keys, which is excluded.)
+again from its own end state gives the same end state -- except where a statement's effect
+depends on a column outside the keys that another one changes (``proves_together``). A model of
+the server checks all of it on random tables, start states and sequences
+(tests/fuzz/test_idempotence_model.py).
 
 Transaction control, SET of session/user variables to constants and read-only statements
 change no rows: they are idempotent without a claim.
@@ -62,7 +63,7 @@ class TableKeys:
     columns: tuple[str, ...]  # the visible ones, in table order: what an INSERT without a column list fills
     has_triggers: bool = False
     referenced: bool = False  # a foreign key of another table refers to it
-    auto_increment: str | None = None  # the AUTO_INCREMENT column (on TiDB, or the AUTO_RANDOM key)
+    auto_increment: str | None = None  # the AUTO_INCREMENT column (or, on TiDB, the AUTO_RANDOM key)
 
 
 def proves(c: Claim, keys: TableKeys, foreign_key_checks: bool = True, zero_is_value: bool = False) -> bool:
