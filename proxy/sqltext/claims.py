@@ -44,7 +44,7 @@ class Claim:
     same_as_inserted: tuple[tuple[str, str], ...] = ()
     columns: tuple[str, ...] | None = None
     rows: tuple[tuple[str, ...], ...] = ()
-    # Columns some row gives a value that may be stored as 0 (``_maybe_zero``): in an
+    # Columns some row gives a value that may be stored as 0 (``stored_as_zero``): in an
     # AUTO_INCREMENT column that generates a new id, unless sql_mode has NO_AUTO_VALUE_ON_ZERO.
     maybe_zero: frozenset[str | int] = frozenset()
 
@@ -174,7 +174,7 @@ def _fixed_columns(row, columns: list[str] | None, null_params) -> tuple[frozens
             continue  # NULL: an AUTO_INCREMENT id generated anew, or a nullable key
         column = columns[i] if columns is not None and i < len(columns) else i
         fixed.add(column)
-        if _maybe_zero(value):
+        if stored_as_zero(value) is not False:
             zero.add(column)
     return frozenset(fixed), frozenset(zero)
 
@@ -196,10 +196,6 @@ def stored_as_zero(literal: str) -> bool | None:
         return None
     value = float(text)
     return True if abs(value) < 0.5 else False if value >= 1 else None
-
-
-def _maybe_zero(literal: str) -> bool:
-    return stored_as_zero(literal) is not False
 
 
 def _on_duplicate_assigned(

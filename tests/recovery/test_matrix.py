@@ -476,8 +476,8 @@ inflight(
     ["REPLACE INTO a (id, v) VALUES (0, 'z')", "SELECT 1"],
     0,
     setup=[A],
-    before={"SELECT id, v FROM a ORDER BY id": []},
-    after={"SELECT id, v FROM a ORDER BY id": [(41, "z")]},
+    before={QA: []},
+    after={QA: [(41, "z")]},
     idem=False,
     faults=(DROP,),
 )
@@ -500,8 +500,8 @@ inflight(
     ["SET SESSION sql_mode = 'NO_AUTO_VALUE_ON_ZERO'", "REPLACE INTO a (id, v) VALUES (0, 'z')", "SELECT 1"],
     1,
     setup=[A],
-    before={"SELECT id, v FROM a ORDER BY id": []},
-    after={"SELECT id, v FROM a ORDER BY id": [(0, "z")]},
+    before={QA: []},
+    after={QA: [(0, "z")]},
     idem=True,
     faults=(DROP,),
 )
