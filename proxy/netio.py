@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import socket
 import struct
 from collections.abc import Callable
@@ -45,7 +46,8 @@ class PeerFinished(PeerClosed):
 class Channel:
     """One TCP connection: raw chunk I/O plus a packet decoder for whole-packet reads."""
 
-    __slots__ = ("sock", "name", "decoder", "_unyielded", "closed", "between_commands", "_interrupting", "tape", "_watch")
+    __slots__ = ("sock", "name", "decoder", "_unyielded", "closed", "between_commands", "_interrupting", "tape", "_watch",
+                 "_peek")  # fmt: skip
 
     def __init__(self, sock: socket.socket, name: str) -> None:
         sock.setblocking(False)
@@ -65,6 +67,7 @@ class Channel:
         # A client's: what it reads lands in the session's record first (``proxy.handover.slot``).
         self.tape = None
         self._watch: tuple[Any, Callable[[BaseException], None]] | None = None  # ``watch``'s poller and ``gone``
+        self._peek: select.poll | None = None  # ``data_pending``'s, made at its first call
 
     def watch(self, poller: Any, readable: Callable[[], None], gone: Callable[[BaseException], None]) -> None:
         """The fast lane's way to wait (``proxy.relay.fastlane``): ``readable()`` is called from
@@ -222,13 +225,17 @@ class Channel:
         """True when the peer has sent something (or closed) that nobody has read yet."""
         if self.decoder.buffered():
             return True
-        try:
-            self.sock.recv(1, socket.MSG_PEEK)  # data, or b"" for EOF: either way the peer spoke
-            return True
-        except BlockingIOError:
-            return False
-        except OSError:
-            return True
+        # poll(2), not a peeking recv: "nothing yet" is the usual answer, and recv says it with
+        # an exception whose message is decoded from the locale (callgrind: ~4k instructions, a
+        # tenth of a statement's fast lane). Bytes, the end, an error: any event means it spoke.
+        fd = self.sock.fileno()
+        if self.closed or fd < 0:
+            return True  # as a recv on it would raise
+        peek = self._peek
+        if peek is None:
+            peek = self._peek = select.poll()
+            peek.register(fd, select.POLLIN | select.POLLPRI)
+        return bool(peek.poll(0))
 
     def send_nowait(self, data: bytes) -> None:
         """Best effort, never blocks (a goodbye packet before closing)."""

@@ -242,6 +242,7 @@ def _take_over(channel, plain: Channel, tls: ssl.SSLObject, incoming: ssl.Memory
     channel._unyielded = plain._unyielded
     channel.tape = None  # a TLS session is never taken over by another process
     channel._watch = None  # nor carried by the fast lane (its records are not the socket's bytes)
+    channel._peek = None
     channel.closed = False
     channel.tls, channel._in, channel._out = tls, incoming, outgoing
     channel._flushing = False
