@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import time
 
 import attrs
@@ -1056,10 +1057,35 @@ from proxy.sqltext.triage import fast_verb  # noqa: E402
         (" SELECT 1", None),
         ("INSERT INTO t VALUES (1)", b"INSERT"),
         ("INSERT INTO t VALUES (1); COMMIT", None),
+        ("insert\tinto t values (1)", b"INSERT"),
+        ("Replace\x0binto t values (1)", b"REPLACE"),
+        ("UPDATE\x0ct SET a = 1", b"UPDATE"),
+        ("DELETE", None),  # no whitespace after the verb
+        ("REPLACES INTO t", None),
+        ("INSERTS INTO t", None),
+        ("UPDATE_ t", None),
+        ("DELETE\x00FROM t", None),
+        ("İNSERT INTO t VALUES (1)", None),
     ],
 )
 def test_fast_verb(sql, verb):
     assert fast_verb(b"\x03" + sql.encode(), multi=True) == verb
+
+
+_VERB_AS_A_REGEX = re.compile(rb"([A-Za-z]{6,7})[ \t\n\r\f\v]")  # fast_verb's verb, as it was first written
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.text(alphabet="SELECTinsertUPDAERPL_ \t\n\r\x0b\x0c\x00;(1İ", max_size=12), st.booleans())
+def test_the_fast_verb_is_the_one_the_regex_reads(text, multi):
+    """fast_verb reads the verb byte by byte; the regex says what it must read."""
+    payload = b"\x03" + text.encode()
+    m = _VERB_AS_A_REGEX.match(payload, 1)
+    verb = fast_verb(payload, multi)
+    if m is None or m.group(1).upper() not in (b"INSERT", b"REPLACE", b"UPDATE", b"DELETE"):
+        assert verb is None or verb == b"SELECT" and m is not None and m.group(1).upper() == b"SELECT", payload
+    else:
+        assert verb == (None if multi and b";" in payload else m.group(1).upper()), payload
 
 
 _select_words = st.sampled_from(
